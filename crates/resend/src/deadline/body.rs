@@ -1,0 +1,122 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use super::Deadline;
+use crate::error::{BoxError, Error, Phase};
+
+pin_project! {
+    /// A response body that is read under the call's deadline.
+    ///
+    /// Returned by [`DeadlineService`](super::DeadlineService). Reading it
+    /// after the deadline has passed fails with
+    /// [`ErrorKind::DeadlineExceeded`](crate::ErrorKind) (phase
+    /// [`Body`](crate::Phase::Body)); an error of the inner body (a connection
+    /// reset mid-body) becomes a resend [`Error`] of kind
+    /// [`Transport`](crate::ErrorKind::Transport) with the original as its source.
+    #[derive(Debug)]
+    pub struct DeadlineBody<B> {
+        #[pin]
+        inner: B,
+        #[pin]
+        sleep: Option<Sleep>,
+        deadline: Deadline,
+        start: Instant,
+        upstream: Option<Arc<str>>,
+        failed: bool,
+    }
+}
+
+impl<B> DeadlineBody<B> {
+    pub(super) fn new(
+        inner: B,
+        deadline: Deadline,
+        start: Instant,
+        upstream: Option<Arc<str>>,
+    ) -> Self {
+        Self {
+            inner,
+            sleep: None,
+            deadline,
+            start,
+            upstream,
+            failed: false,
+        }
+    }
+
+    /// The deadline this body is read under.
+    pub fn deadline(&self) -> Deadline {
+        self.deadline
+    }
+
+    /// The inner body.
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+
+    /// Unwraps the inner body, dropping the deadline.
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+impl<B> Body for DeadlineBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        if *this.failed {
+            return Poll::Ready(None);
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                *this.failed = true;
+                let e: BoxError = e.into();
+                let mut e = if e.is::<Error>() {
+                    Error::from_box(e)
+                } else {
+                    Error::transport(e).with_phase(Phase::Body)
+                };
+                e.set_upstream_if_none(this.upstream.as_ref());
+                return Poll::Ready(Some(Err(e.into())));
+            }
+            Poll::Ready(Some(Ok(frame))) => return Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {}
+        }
+        if this.sleep.as_mut().as_pin_mut().is_none() {
+            this.sleep
+                .set(Some(tokio::time::sleep_until(this.deadline.instant())));
+        }
+        if let Some(s) = this.sleep.as_pin_mut() {
+            if s.poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+        *this.failed = true;
+        let mut e = Error::deadline_exceeded(Phase::Body, this.start.elapsed());
+        e.set_upstream_if_none(this.upstream.as_ref());
+        Poll::Ready(Some(Err(e.into())))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

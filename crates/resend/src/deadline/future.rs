@@ -1,0 +1,134 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use super::{phase, Deadline, DeadlineBody};
+use crate::error::{BoxError, Error, Phase};
+
+pin_project! {
+    /// Response future of [`DeadlineService`](super::DeadlineService).
+    #[derive(Debug)]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+        start: Instant,
+        upstream: Option<Arc<str>>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    #[derive(Debug)]
+    enum Kind<F> {
+        Running {
+            #[pin]
+            inner: F,
+            // Created only when the inner future first returns `Pending`, so
+            // a call answered at once never touches the timer.
+            #[pin]
+            sleep: Option<Sleep>,
+            deadline: Deadline,
+            phase: Phase,
+        },
+        Expired,
+        Done,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn new(
+        inner: F,
+        deadline: Deadline,
+        start: Instant,
+        upstream: Option<Arc<str>>,
+    ) -> Self {
+        Self {
+            kind: Kind::Running {
+                inner,
+                sleep: None,
+                deadline,
+                phase: Phase::Attempt,
+            },
+            start,
+            upstream,
+        }
+    }
+
+    pub(super) fn expired(start: Instant, upstream: Option<Arc<str>>) -> Self {
+        Self {
+            kind: Kind::Expired,
+            start,
+            upstream,
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<DeadlineBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let (inner, mut sleep, deadline, last_phase) = match this.kind.as_mut().project() {
+            KindProj::Running {
+                inner,
+                sleep,
+                deadline,
+                phase,
+            } => (inner, sleep, *deadline, phase),
+            KindProj::Expired => {
+                this.kind.set(Kind::Done);
+                let mut e = Error::deadline_exceeded(Phase::Start, this.start.elapsed());
+                e.set_upstream_if_none(this.upstream.as_ref());
+                return Poll::Ready(Err(e.into()));
+            }
+            KindProj::Done => panic!("DeadlineService future polled after completion"),
+        };
+
+        // The inner future first: a response that is ready wins a tie with
+        // the clock.
+        let (result, phase) = phase::observe(|| inner.poll(cx));
+        *last_phase = phase;
+        match result {
+            Poll::Ready(Ok(response)) => {
+                let upstream = this.upstream.take();
+                let start = *this.start;
+                this.kind.set(Kind::Done);
+                return Poll::Ready(Ok(
+                    response.map(|b| DeadlineBody::new(b, deadline, start, upstream))
+                ));
+            }
+            Poll::Ready(Err(e)) => {
+                this.kind.set(Kind::Done);
+                let mut e: BoxError = e.into();
+                if let Some(ours) = e.downcast_mut::<Error>() {
+                    if ours.is_deadline_exceeded() {
+                        ours.set_elapsed(this.start.elapsed());
+                    }
+                    ours.set_upstream_if_none(this.upstream.as_ref());
+                }
+                return Poll::Ready(Err(e));
+            }
+            Poll::Pending => {}
+        }
+
+        if sleep.as_mut().as_pin_mut().is_none() {
+            sleep.set(Some(tokio::time::sleep_until(deadline.instant())));
+        }
+        if let Some(s) = sleep.as_pin_mut() {
+            ready!(s.poll(cx));
+        }
+        this.kind.set(Kind::Done);
+        let mut e = Error::deadline_exceeded(phase, this.start.elapsed());
+        e.set_upstream_if_none(this.upstream.as_ref());
+        Poll::Ready(Err(e.into()))
+    }
+}

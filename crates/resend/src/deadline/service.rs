@@ -1,0 +1,89 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::{after, Deadline, DeadlineBody, DeadlineLayer};
+use crate::error::BoxError;
+
+/// Middleware that fixes and enforces a call's deadline.
+///
+/// See [`DeadlineLayer`] for what it does.
+#[derive(Clone, Debug)]
+pub struct DeadlineService<S> {
+    inner: S,
+    total: Duration,
+    upstream: Option<Arc<str>>,
+}
+
+impl<S> DeadlineService<S> {
+    /// Wraps `inner`, giving each call at most `total`.
+    pub const fn new(inner: S, total: Duration) -> Self {
+        Self {
+            inner,
+            total,
+            upstream: None,
+        }
+    }
+
+    pub(crate) fn with_upstream(mut self, upstream: Option<Arc<str>>) -> Self {
+        self.upstream = upstream;
+        self
+    }
+
+    /// A [`DeadlineLayer`] giving each call at most `total`.
+    pub const fn layer(total: Duration) -> DeadlineLayer {
+        DeadlineLayer::new(total)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for DeadlineService<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Error: Into<BoxError>,
+{
+    type Response = Response<DeadlineBody<ResB>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        let start = Instant::now();
+        let mut deadline = Deadline::at(after(start, self.total));
+        if let Some(ambient) = Deadline::current() {
+            deadline = deadline.min(ambient);
+        }
+        if let Some(own) = req.extensions().get::<Deadline>() {
+            deadline = deadline.min(*own);
+        }
+        let upstream = self.upstream.clone();
+        if deadline.instant() <= start {
+            // The budget was spent before the call began: send nothing.
+            return ResponseFuture::expired(start, upstream);
+        }
+        req.extensions_mut().insert(deadline);
+        ResponseFuture::new(self.inner.call(req), deadline, start, upstream)
+    }
+}

@@ -1,0 +1,289 @@
+//! Paused-clock tests of the deadline and attempt layers together.
+
+use std::convert::Infallible;
+use std::future::pending;
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use tokio::time::{advance, Instant};
+use tokio_test::{assert_pending, assert_ready};
+use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
+
+use crate::deadline::{phase, scope, Deadline, DeadlineLayer};
+use crate::error::{Error, ErrorKind, Phase};
+use crate::timeout::AttemptTimeoutLayer;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn silent() -> impl tower_service::Service<
+    Request<()>,
+    Response = Response<Full<bytes::Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    service_fn(|_req: Request<()>| pending::<Result<Response<Full<bytes::Bytes>>, Infallible>>())
+}
+
+/// An upstream that records the deadline it saw and answers after `delay`.
+fn answering_after(
+    delay: Duration,
+) -> impl tower_service::Service<
+    Request<()>,
+    Response = Response<Option<Deadline>>,
+    Error = Infallible,
+> + Clone {
+    service_fn(move |req: Request<()>| async move {
+        tokio::time::sleep(delay).await;
+        Ok::<_, Infallible>(Response::new(req.extensions().get::<Deadline>().copied()))
+    })
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_silent_service_fails_at_the_deadline() {
+    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(silent());
+    let start = Instant::now();
+    let err = Error::from_box(svc.oneshot(Request::new(())).await.unwrap_err());
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+    assert_eq!(err.phase(), Some(Phase::Attempt));
+    assert_eq!(err.elapsed(), Some(Duration::from_secs(1)));
+    assert!(!err.is_not_sent());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_deadline_is_not_a_moment_early() {
+    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(silent());
+    let mut fut = tokio_test::task::spawn(svc.oneshot(Request::new(())));
+    assert_pending!(fut.poll());
+    advance(999 * MS).await;
+    assert_pending!(fut.poll());
+    advance(MS).await;
+    let err = Error::from_box(assert_ready!(fut.poll()).unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_deadline_reports_a_wait_an_inner_layer_announced() {
+    // Stands in for a retry layer: waits, and says so through the beacon.
+    let waiting = service_fn(|_req: Request<()>| {
+        std::future::poll_fn(|_cx| {
+            phase::report(Phase::Waiting);
+            std::task::Poll::<Result<Response<()>, Infallible>>::Pending
+        })
+    });
+    let svc = DeadlineLayer::new(Duration::from_secs(1))
+        .upstream("shipping")
+        .layer(waiting);
+    let err = Error::from_box(svc.oneshot(Request::new(())).await.unwrap_err());
+    assert_eq!(err.phase(), Some(Phase::Waiting));
+    assert_eq!(err.upstream(), Some("shipping"));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn attempt_timeout_fires_first_as_attempt_timeout() {
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(1)))
+        .layer(AttemptTimeoutLayer::new(400 * MS))
+        .service(silent());
+    let start = Instant::now();
+    let err = Error::from_box(svc.oneshot(Request::new(())).await.unwrap_err());
+    assert_eq!(start.elapsed(), 400 * MS);
+    assert_eq!(err.kind(), ErrorKind::AttemptTimeout);
+    assert_eq!(err.limit(), Some(400 * MS));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn with_300ms_left_the_attempt_gets_300ms_and_the_deadline_is_blamed() {
+    let own_deadline = Deadline::after(Duration::from_millis(300));
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(1)))
+        .layer(AttemptTimeoutLayer::new(400 * MS))
+        .service(silent());
+    let mut req = Request::new(());
+    req.extensions_mut().insert(own_deadline);
+    let start = Instant::now();
+    let err = Error::from_box(svc.oneshot(req).await.unwrap_err());
+    assert_eq!(start.elapsed(), 300 * MS);
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+    assert_eq!(err.phase(), Some(Phase::Attempt));
+    assert_eq!(err.elapsed(), Some(300 * MS));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn attempt_layer_alone_respects_the_time_left() {
+    // Only the attempt layer: the deadline comes from the ambient scope.
+    let svc = AttemptTimeoutLayer::new(400 * MS).layer(silent());
+    let start = Instant::now();
+    let err = scope(Deadline::after(250 * MS), svc.oneshot(Request::new(())))
+        .await
+        .unwrap_err();
+    let err = Error::from_box(err);
+    assert_eq!(start.elapsed(), 250 * MS);
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_ambient_deadline_shorter_than_total_wins() {
+    let svc = DeadlineLayer::new(Duration::from_secs(10)).layer(answering_after(Duration::ZERO));
+    let ambient = Deadline::after(Duration::from_secs(2));
+    let seen = scope(ambient, svc.clone().oneshot(Request::new(())))
+        .await
+        .unwrap()
+        .into_body()
+        .into_inner();
+    assert_eq!(seen, Some(ambient));
+
+    // And it is enforced, not just written down.
+    let slow = DeadlineLayer::new(Duration::from_secs(10)).layer(silent());
+    let start = Instant::now();
+    let err = scope(ambient, slow.oneshot(Request::new(())))
+        .await
+        .unwrap_err();
+    assert_eq!(Error::from_box(err).kind(), ErrorKind::DeadlineExceeded);
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_longer_ambient_deadline_does_not_extend_total() {
+    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(answering_after(Duration::ZERO));
+    let start = Instant::now();
+    let seen = scope(
+        Deadline::after(Duration::from_secs(60)),
+        svc.oneshot(Request::new(())),
+    )
+    .await
+    .unwrap()
+    .into_body()
+    .into_inner();
+    assert_eq!(seen, Some(Deadline::at(start + Duration::from_secs(1))));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_request_deadline_is_never_extended() {
+    let svc = DeadlineLayer::new(Duration::from_secs(10)).layer(answering_after(Duration::ZERO));
+    let own = Deadline::after(Duration::from_millis(500));
+    let mut req = Request::new(());
+    req.extensions_mut().insert(own);
+    let seen = svc.oneshot(req).await.unwrap().into_body().into_inner();
+    assert_eq!(seen, Some(own));
+
+    // A shorter total shrinks the request's own deadline.
+    let svc = DeadlineLayer::new(Duration::from_millis(100)).layer(answering_after(Duration::ZERO));
+    let mut req = Request::new(());
+    req.extensions_mut().insert(own);
+    let start = Instant::now();
+    let seen = svc.oneshot(req).await.unwrap().into_body().into_inner();
+    assert_eq!(seen, Some(Deadline::at(start + 100 * MS)));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_spent_budget_sends_nothing() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = {
+        let calls = calls.clone();
+        service_fn(move |_req: Request<()>| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<_, Infallible>(Response::new(())) }
+        })
+    };
+    let spent = Deadline::after(10 * MS);
+    advance(20 * MS).await;
+    let mut req = Request::new(());
+    req.extensions_mut().insert(spent);
+    let err = DeadlineLayer::new(Duration::from_secs(1))
+        .layer(counted.clone())
+        .oneshot(req)
+        .await
+        .unwrap_err();
+    let err = Error::from_box(err);
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+    assert_eq!(err.phase(), Some(Phase::Start));
+    assert!(err.is_not_sent());
+
+    let mut req = Request::new(());
+    req.extensions_mut().insert(spent);
+    let err = AttemptTimeoutLayer::new(Duration::from_secs(1))
+        .layer(counted)
+        .oneshot(req)
+        .await
+        .unwrap_err();
+    assert!(Error::from_box(err).is_not_sent());
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_ready_response_wins_a_tie_with_the_clock() {
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(1)))
+        .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)))
+        .service(answering_after(Duration::from_secs(1)));
+    assert!(svc.oneshot(Request::new(())).await.is_ok());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_body_is_read_under_the_deadline() {
+    // Headers at once, then a body that never ends.
+    let trickle =
+        service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(Never)) });
+    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(trickle);
+    let start = Instant::now();
+    let resp = svc.oneshot(Request::new(())).await.unwrap();
+    let err = resp.into_body().collect().await.unwrap_err();
+    let err = Error::from_box(err);
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+    assert_eq!(err.phase(), Some(Phase::Body));
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_body_error_becomes_a_transport_error_that_may_have_been_processed() {
+    let broken = service_fn(|_req: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(OneThenError { sent: false }))
+    });
+    let resp = DeadlineLayer::new(Duration::from_secs(1))
+        .upstream("up")
+        .layer(broken)
+        .oneshot(Request::new(()))
+        .await
+        .unwrap();
+    let err = Error::from_box(resp.into_body().collect().await.unwrap_err());
+    assert_eq!(err.kind(), ErrorKind::Transport);
+    assert!(!err.is_not_sent());
+    assert_eq!(err.phase(), Some(Phase::Body));
+    assert_eq!(err.upstream(), Some("up"));
+}
+
+/// A body that never yields.
+struct Never;
+impl http_body::Body for Never {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+/// One data frame, then a connection reset.
+struct OneThenError {
+    sent: bool,
+}
+impl http_body::Body for OneThenError {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, std::io::Error>>> {
+        if std::mem::replace(&mut self.sent, true) {
+            std::task::Poll::Ready(Some(Err(std::io::ErrorKind::ConnectionReset.into())))
+        } else {
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(bytes::Bytes::from_static(
+                b"par",
+            )))))
+        }
+    }
+}

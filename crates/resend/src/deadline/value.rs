@@ -1,0 +1,178 @@
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::task::futures::TaskLocalFuture;
+use tokio::time::Instant;
+
+tokio::task_local! {
+    static AMBIENT: Deadline;
+}
+
+/// An absolute point in time by which a call must be finished.
+///
+/// A `Deadline` is a [`tokio::time::Instant`], so tests on tokio's paused clock
+/// control it. It travels in request [extensions](http::Extensions) and in an
+/// ambient task-local [`scope`]. Deadlines only ever shrink: combine two with
+/// [`min`](Ord::min), which keeps the earlier.
+///
+/// ```
+/// use std::time::Duration;
+/// use resend::Deadline;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let d = Deadline::after(Duration::from_secs(2));
+/// assert!(!d.is_expired());
+/// assert!(d.remaining() <= Duration::from_secs(2));
+///
+/// // Combining never extends a deadline.
+/// let sooner = Deadline::after(Duration::from_millis(500));
+/// assert_eq!(d.min(sooner), sooner);
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline(Instant);
+
+impl Deadline {
+    /// A deadline at `instant`.
+    pub const fn at(instant: Instant) -> Self {
+        Self(instant)
+    }
+
+    /// A deadline `budget` from now. A budget too large to represent is
+    /// clamped to about thirty years, as tokio's timers do.
+    pub fn after(budget: Duration) -> Self {
+        Self(after(Instant::now(), budget))
+    }
+
+    /// The instant of this deadline.
+    pub const fn instant(self) -> Instant {
+        self.0
+    }
+
+    /// Time left until the deadline; zero once it has passed.
+    pub fn remaining(self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+
+    /// Time left at `now`; zero once it has passed.
+    pub fn remaining_at(self, now: Instant) -> Duration {
+        self.0.saturating_duration_since(now)
+    }
+
+    /// True once the deadline has passed.
+    pub fn is_expired(self) -> bool {
+        self.0 <= Instant::now()
+    }
+
+    /// The ambient deadline of the current task, set by [`scope`], if any.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use resend::{deadline, Deadline};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// assert_eq!(Deadline::current(), None);
+    /// let d = Deadline::after(Duration::from_secs(1));
+    /// deadline::scope(d, async move {
+    ///     assert_eq!(Deadline::current(), Some(d));
+    /// })
+    /// .await;
+    /// # }
+    /// ```
+    pub fn current() -> Option<Self> {
+        AMBIENT.try_with(|d| *d).ok()
+    }
+}
+
+/// `now + budget`, clamped like tokio's timers clamp far-off deadlines.
+pub(crate) fn after(now: Instant, budget: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    now.checked_add(budget.min(FAR))
+        .unwrap_or_else(|| now + Duration::from_secs(86_400))
+}
+
+/// Runs `future` with `deadline` as the ambient deadline of the task.
+///
+/// Every resend stack called inside (a [`DeadlineLayer`](super::DeadlineLayer),
+/// an [`AttemptTimeoutLayer`](crate::AttemptTimeoutLayer), a
+/// [`DeadlineHeaderLayer`](super::DeadlineHeaderLayer)) inherits it, with no
+/// plumbing. A server opens one scope per inbound request; a job runner one per
+/// job. Scopes nest and only shrink: inside a scope, a new scope with a later
+/// deadline keeps the earlier one.
+///
+/// The scope belongs to the task that awaits the returned future: a task
+/// started with `tokio::spawn` inside it does not inherit it (open a scope
+/// there too, with [`Deadline::current`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use resend::{deadline, Deadline};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let outer = Deadline::after(Duration::from_secs(1));
+/// deadline::scope(outer, async move {
+///     // A later deadline cannot extend the ambient one.
+///     deadline::scope(Deadline::after(Duration::from_secs(60)), async move {
+///         assert_eq!(Deadline::current(), Some(outer));
+///     })
+///     .await;
+/// })
+/// .await;
+/// # }
+/// ```
+pub fn scope<F: Future>(deadline: Deadline, future: F) -> TaskLocalFuture<Deadline, F> {
+    let deadline = Deadline::current().map_or(deadline, |d| d.min(deadline));
+    AMBIENT.scope(deadline, future)
+}
+
+/// Runs `f` with `deadline` as the ambient deadline, for synchronous code
+/// that builds or polls futures itself. The same rules as [`scope`] apply.
+pub fn sync_scope<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
+    let deadline = Deadline::current().map_or(deadline, |d| d.min(deadline));
+    AMBIENT.sync_scope(deadline, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn remaining_shrinks_with_the_clock_and_saturates() {
+        let d = Deadline::after(Duration::from_secs(1));
+        assert_eq!(d.remaining(), Duration::from_secs(1));
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(d.remaining(), Duration::from_millis(700));
+        assert!(!d.is_expired());
+        tokio::time::advance(Duration::from_millis(700)).await;
+        assert!(d.is_expired());
+        assert_eq!(d.remaining(), Duration::ZERO);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(d.remaining(), Duration::ZERO);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn huge_budgets_do_not_overflow() {
+        let d = Deadline::after(Duration::MAX);
+        assert!(d.remaining() > Duration::from_secs(86_400 * 365));
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn nested_scopes_only_shrink() {
+        let long = Deadline::after(Duration::from_secs(10));
+        let short = Deadline::after(Duration::from_secs(1));
+        scope(long, async move {
+            assert_eq!(Deadline::current(), Some(long));
+            scope(short, async move {
+                assert_eq!(Deadline::current(), Some(short));
+                scope(long, async move {
+                    assert_eq!(Deadline::current(), Some(short));
+                })
+                .await;
+            })
+            .await;
+        })
+        .await;
+        assert_eq!(Deadline::current(), None);
+        assert_eq!(sync_scope(short, Deadline::current), Some(short));
+    }
+}

@@ -1,0 +1,442 @@
+//! The one error type of resend, and what it says about a failed call.
+//!
+//! Every resend layer that fails on its own account (a deadline, an attempt
+//! timeout, a connect timeout) fails with [`Error`]. Standalone layers follow
+//! tower and return a [`BoxError`] with an [`Error`] inside, which callers find
+//! with [`Error::from_box`] (or `downcast_ref`). The facts are the same either
+//! way: the [`ErrorKind`], the upstream's name, the attempts made, the time
+//! spent and the cause as [`source`](std::error::Error::source).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A type-erased error, as tower middleware passes errors around.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong, in terms of what the caller may do next.
+///
+/// The enum is `#[non_exhaustive]`: later layers (retries, budgets) add kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The call's deadline ran out: the whole budget of the call is spent.
+    /// [`Error::phase`] tells whether an attempt was in flight or a wait was running.
+    DeadlineExceeded,
+    /// One attempt took longer than the per-attempt timeout, while the
+    /// call's deadline still had time left.
+    AttemptTimeout,
+    /// The connection could not be made within the connect timeout. Nothing
+    /// was sent.
+    ConnectTimeout,
+    /// The transport failed: connection refused, DNS, reset, a broken body.
+    /// [`Error::is_not_sent`] tells whether the request can have reached the server.
+    Transport,
+}
+
+impl ErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::DeadlineExceeded => "deadline exceeded",
+            Self::AttemptTimeout => "attempt timed out",
+            Self::ConnectTimeout => "connect timed out",
+            Self::Transport => "transport error",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the call was doing when its deadline ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Phase {
+    /// No attempt could start: the deadline had passed before the request was
+    /// sent. Nothing was sent.
+    Start,
+    /// An attempt was in flight: the request was sent or being sent, and no
+    /// answer had come.
+    Attempt,
+    /// The call was waiting between attempts (a backoff or a Retry-After).
+    Waiting,
+    /// The response had arrived and its body was being read.
+    Body,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Start => "before the request was sent",
+            Self::Attempt => "while an attempt was in flight",
+            Self::Waiting => "while waiting to retry",
+            Self::Body => "while reading the response body",
+        })
+    }
+}
+
+/// The error of a resend call: what went wrong, where and after how long.
+///
+/// It cannot be built outside resend; it always says something human, and its
+/// cause is available through [`source`](std::error::Error::source).
+///
+/// ```
+/// use resend::{Error, ErrorKind};
+///
+/// fn report(e: &Error) -> String {
+///     match e.kind() {
+///         ErrorKind::DeadlineExceeded => format!("gave up after {:?}", e.elapsed()),
+///         _ if e.is_not_sent() => "never reached the server: safe to send again".to_owned(),
+///         _ => e.to_string(),
+///     }
+/// }
+/// # let _ = report;
+/// ```
+pub struct Error {
+    // Boxed so that `Result<Response, Error>` stays one pointer wide on the
+    // success path.
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: ErrorKind,
+    not_sent: bool,
+    phase: Option<Phase>,
+    limit: Option<Duration>,
+    upstream: Option<Arc<str>>,
+    attempts: u32,
+    elapsed: Option<Duration>,
+    source: Option<BoxError>,
+}
+
+impl Error {
+    fn new(kind: ErrorKind) -> Self {
+        Self {
+            inner: Box::new(Inner {
+                kind,
+                not_sent: kind == ErrorKind::ConnectTimeout,
+                phase: None,
+                limit: None,
+                upstream: None,
+                attempts: 0,
+                elapsed: None,
+                source: None,
+            }),
+        }
+    }
+
+    pub(crate) fn deadline_exceeded(phase: Phase, elapsed: Duration) -> Self {
+        let mut e = Self::new(ErrorKind::DeadlineExceeded);
+        e.inner.not_sent = phase == Phase::Start;
+        e.inner.phase = Some(phase);
+        e.inner.elapsed = Some(elapsed);
+        e
+    }
+
+    pub(crate) fn attempt_timeout(limit: Duration) -> Self {
+        let mut e = Self::new(ErrorKind::AttemptTimeout);
+        e.inner.limit = Some(limit);
+        e.inner.elapsed = Some(limit);
+        e.inner.attempts = 1;
+        e
+    }
+
+    pub(crate) fn connect_timeout(limit: Duration) -> Self {
+        let mut e = Self::new(ErrorKind::ConnectTimeout);
+        e.inner.limit = Some(limit);
+        e.inner.elapsed = Some(limit);
+        e
+    }
+
+    /// A connector failed: nothing can have been written to the server.
+    pub(crate) fn connect(source: BoxError) -> Self {
+        let mut e = Self::new(ErrorKind::Transport);
+        e.inner.not_sent = true;
+        e.inner.source = Some(source);
+        e
+    }
+
+    pub(crate) fn transport(source: BoxError) -> Self {
+        let mut e = Self::new(ErrorKind::Transport);
+        e.inner.source = Some(source);
+        e
+    }
+
+    pub(crate) fn with_phase(mut self, phase: Phase) -> Self {
+        self.inner.phase = Some(phase);
+        self
+    }
+
+    /// Fills in the upstream's name if no inner layer did.
+    pub(crate) fn set_upstream_if_none(&mut self, name: Option<&Arc<str>>) {
+        if self.inner.upstream.is_none() {
+            self.inner.upstream = name.cloned();
+        }
+    }
+
+    pub(crate) fn set_elapsed(&mut self, elapsed: Duration) {
+        self.inner.elapsed = Some(elapsed);
+    }
+
+    /// Turns any error a tower service returned into a resend [`Error`].
+    ///
+    /// A resend [`Error`] in the box is taken out as it is. Anything else
+    /// becomes [`ErrorKind::Transport`] with the original error as its source;
+    /// when a resend error or a hyper-util connect error is found anywhere in
+    /// its [`source`](std::error::Error::source) chain, the result keeps what
+    /// that says: a connect timeout stays [`ErrorKind::ConnectTimeout`], and a
+    /// failure to connect stays [not sent](Self::is_not_sent).
+    ///
+    /// ```
+    /// use resend::{BoxError, Error, ErrorKind};
+    ///
+    /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+    /// let e = Error::from_box(BoxError::from(io));
+    /// assert_eq!(e.kind(), ErrorKind::Transport);
+    /// assert!(!e.is_not_sent());
+    /// ```
+    pub fn from_box(error: BoxError) -> Self {
+        let error = match error.downcast::<Self>() {
+            Ok(e) => return *e,
+            Err(other) => other,
+        };
+        // Look down the chain for facts an inner layer established.
+        let mut kind = ErrorKind::Transport;
+        let mut not_sent = false;
+        let mut limit = None;
+        let mut upstream = None;
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+        while let Some(e) = next {
+            if let Some(ours) = e.downcast_ref::<Self>() {
+                kind = ours.inner.kind;
+                not_sent = ours.inner.not_sent;
+                limit = ours.inner.limit;
+                upstream.clone_from(&ours.inner.upstream);
+                break;
+            }
+            if is_hyper_connect_error(e) {
+                not_sent = true;
+            }
+            next = e.source();
+        }
+        let mut e = Self::new(kind);
+        e.inner.not_sent = not_sent || e.inner.not_sent;
+        e.inner.limit = limit;
+        e.inner.upstream = upstream;
+        e.inner.source = Some(error);
+        e
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.inner.kind
+    }
+
+    /// True when the request cannot have reached the server: the connection
+    /// was refused, timed out, or failed before anything was written (DNS,
+    /// TLS handshake). Such a request is always safe to send again.
+    pub fn is_not_sent(&self) -> bool {
+        self.inner.not_sent
+    }
+
+    /// True for [`ErrorKind::DeadlineExceeded`].
+    pub fn is_deadline_exceeded(&self) -> bool {
+        self.inner.kind == ErrorKind::DeadlineExceeded
+    }
+
+    /// True for every kind of timeout: deadline, attempt and connect.
+    pub fn is_timeout(&self) -> bool {
+        matches!(
+            self.inner.kind,
+            ErrorKind::DeadlineExceeded | ErrorKind::AttemptTimeout | ErrorKind::ConnectTimeout
+        )
+    }
+
+    /// For [`ErrorKind::DeadlineExceeded`]: what the call was doing when the
+    /// deadline ran out.
+    pub fn phase(&self) -> Option<Phase> {
+        self.inner.phase
+    }
+
+    /// The limit that fired, for attempt and connect timeouts.
+    pub fn limit(&self) -> Option<Duration> {
+        self.inner.limit
+    }
+
+    /// The upstream's name, when the stack was named.
+    pub fn upstream(&self) -> Option<&str> {
+        self.inner.upstream.as_deref()
+    }
+
+    /// The attempts made before this error, when a layer counted them (0 if
+    /// none did).
+    pub fn attempts(&self) -> u32 {
+        self.inner.attempts
+    }
+
+    /// How long the call (or, for an attempt or connect timeout, the attempt)
+    /// ran before it failed, when a layer measured it.
+    pub fn elapsed(&self) -> Option<Duration> {
+        self.inner.elapsed
+    }
+}
+
+#[cfg(feature = "hyper-client")]
+fn is_hyper_connect_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(hyper_util::client::legacy::Error::is_connect)
+}
+
+#[cfg(not(feature = "hyper-client"))]
+fn is_hyper_connect_error(_: &(dyn std::error::Error + 'static)) -> bool {
+    false
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &i.kind);
+        if i.not_sent {
+            d.field("not_sent", &true);
+        }
+        if let Some(p) = i.phase {
+            d.field("phase", &p);
+        }
+        if let Some(l) = i.limit {
+            d.field("limit", &l);
+        }
+        if let Some(u) = &i.upstream {
+            d.field("upstream", u);
+        }
+        if i.attempts > 0 {
+            d.field("attempts", &i.attempts);
+        }
+        if let Some(e) = i.elapsed {
+            d.field("elapsed", &e);
+        }
+        if let Some(s) = &i.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        if let Some(u) = &i.upstream {
+            write!(f, "{u}: ")?;
+        }
+        match i.kind {
+            ErrorKind::DeadlineExceeded => {
+                f.write_str("deadline exceeded")?;
+                if let Some(p) = i.phase {
+                    write!(f, " {p}")?;
+                }
+            }
+            ErrorKind::AttemptTimeout => f.write_str("attempt timed out")?,
+            ErrorKind::ConnectTimeout => f.write_str("connect timed out (nothing was sent)")?,
+            ErrorKind::Transport if i.not_sent => {
+                f.write_str("could not connect (nothing was sent)")?;
+            }
+            ErrorKind::Transport => f.write_str("transport error")?,
+        }
+        if let Some(l) = i.limit {
+            write!(f, " after {l:?}")?;
+        } else if let Some(e) = i.elapsed {
+            write!(f, " after {e:?}")?;
+        }
+        if i.attempts > 1 {
+            write!(f, " ({} attempts)", i.attempts)?;
+        }
+        if let Some(s) = &i.source {
+            if i.kind == ErrorKind::Transport {
+                write!(f, ": {s}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boxed_resend_error_comes_back_as_it_was() {
+        let e = Error::attempt_timeout(Duration::from_millis(400));
+        let back = Error::from_box(Box::new(e));
+        assert_eq!(back.kind(), ErrorKind::AttemptTimeout);
+        assert_eq!(back.limit(), Some(Duration::from_millis(400)));
+    }
+
+    #[test]
+    fn not_sent_is_found_down_the_source_chain() {
+        #[derive(Debug)]
+        struct Wrapper(Error);
+        impl fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("client error")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = Error::from_box(Box::new(Wrapper(Error::connect(Box::new(refused)))));
+        assert_eq!(e.kind(), ErrorKind::Transport);
+        assert!(e.is_not_sent());
+        // The original error is kept as the source.
+        assert!(std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<Wrapper>())
+            .is_some());
+
+        let e = Error::from_box(Box::new(Wrapper(Error::connect_timeout(
+            Duration::from_secs(2),
+        ))));
+        assert_eq!(e.kind(), ErrorKind::ConnectTimeout);
+        assert!(e.is_not_sent());
+    }
+
+    #[test]
+    fn foreign_errors_are_transport_and_maybe_sent() {
+        let e = Error::from_box("boom".into());
+        assert_eq!(e.kind(), ErrorKind::Transport);
+        assert!(!e.is_not_sent());
+        assert_eq!(e.to_string(), "transport error: boom");
+    }
+
+    #[test]
+    fn messages_say_what_fired() {
+        let mut e = Error::deadline_exceeded(Phase::Waiting, Duration::from_secs(1));
+        e.set_upstream_if_none(Some(&Arc::from("shipping")));
+        assert_eq!(
+            e.to_string(),
+            "shipping: deadline exceeded while waiting to retry after 1s"
+        );
+        assert_eq!(
+            Error::attempt_timeout(Duration::from_millis(400)).to_string(),
+            "attempt timed out after 400ms"
+        );
+    }
+
+    #[test]
+    fn error_is_one_pointer_wide() {
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+    }
+}

@@ -1,0 +1,93 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use crate::error::{BoxError, Error, Phase};
+
+pin_project! {
+    /// Response future of [`AttemptTimeout`](super::AttemptTimeout).
+    #[derive(Debug)]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: Option<F>,
+        // Created only if the inner future is not ready at once.
+        #[pin]
+        sleep: Option<Sleep>,
+        start: Instant,
+        until: Instant,
+        by_deadline: bool,
+        per_attempt: Duration,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn new(
+        inner: F,
+        start: Instant,
+        until: Instant,
+        by_deadline: bool,
+        per_attempt: Duration,
+    ) -> Self {
+        Self {
+            inner: Some(inner),
+            sleep: None,
+            start,
+            until,
+            by_deadline,
+            per_attempt,
+        }
+    }
+
+    /// The deadline passed before the attempt began: nothing is sent.
+    pub(super) fn expired() -> Self {
+        let now = Instant::now();
+        Self {
+            inner: None,
+            sleep: None,
+            start: now,
+            until: now,
+            by_deadline: true,
+            per_attempt: Duration::ZERO,
+        }
+    }
+}
+
+impl<F, T, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            return Poll::Ready(Err(
+                Error::deadline_exceeded(Phase::Start, Duration::ZERO).into()
+            ));
+        };
+        if let Poll::Ready(result) = inner.poll(cx) {
+            return Poll::Ready(result.map_err(Into::into));
+        }
+        if this.sleep.as_mut().as_pin_mut().is_none() {
+            this.sleep.set(Some(tokio::time::sleep_until(*this.until)));
+        }
+        if let Some(s) = this.sleep.as_pin_mut() {
+            ready!(s.poll(cx));
+        }
+        // Drop the attempt now: its connection is released, not kept waiting.
+        this.inner.set(None);
+        let e = if *this.by_deadline {
+            // The deadline was the tighter limit; the enclosing DeadlineLayer
+            // fills in how long the whole call took.
+            Error::deadline_exceeded(Phase::Attempt, this.start.elapsed())
+        } else {
+            Error::attempt_timeout(*this.per_attempt)
+        };
+        Poll::Ready(Err(e.into()))
+    }
+}
