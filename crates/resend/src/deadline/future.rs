@@ -7,7 +7,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use super::{phase, Deadline, DeadlineBody};
+use super::{context, Deadline, DeadlineBody};
 use crate::error::{BoxError, Error, Phase};
 
 pin_project! {
@@ -95,7 +95,7 @@ where
 
         // The inner future first: a response that is ready wins a tie with
         // the clock.
-        let (result, phase) = phase::observe(|| inner.poll(cx));
+        let (result, phase) = context::enter(deadline, None, || inner.poll(cx));
         *last_phase = phase;
         match result {
             Poll::Ready(Ok(response)) => {

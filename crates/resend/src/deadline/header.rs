@@ -158,8 +158,15 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let deadline = req.extensions().get::<Deadline>().copied();
-        if let Some(deadline) = deadline.or_else(Deadline::current) {
+        let call = super::context::current().map(|(d, _)| d);
+        let deadline = match (
+            call.or_else(Deadline::current),
+            req.extensions().get::<Deadline>(),
+        ) {
+            (Some(d), Some(r)) => Some(d.min(*r)),
+            (d, r) => d.or(r.copied()),
+        };
+        if let Some(deadline) = deadline {
             let budget = deadline.remaining().saturating_sub(self.config.margin);
             if is_grpc(&req) {
                 set_lower(

@@ -33,10 +33,10 @@
 //! ```
 
 mod body;
+pub(crate) mod context;
 mod future;
 mod header;
 mod layer;
-pub(crate) mod phase;
 mod service;
 mod value;
 mod wire;
@@ -46,7 +46,7 @@ pub use future::ResponseFuture;
 pub use header::{DeadlineHeader, DeadlineHeaderLayer, DEFAULT_MARGIN, GRPC_TIMEOUT};
 pub use layer::DeadlineLayer;
 pub use service::DeadlineService;
-pub(crate) use value::after;
+pub(crate) use value::clamp;
 pub use value::{scope, sync_scope, Deadline};
 pub use wire::{
     encode_grpc_timeout, encode_millis, parse_grpc_timeout, parse_millis, InvalidTimeout,

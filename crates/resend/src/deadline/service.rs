@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{after, Deadline, DeadlineBody, DeadlineLayer};
+use super::{clamp, context, Deadline, DeadlineBody, DeadlineLayer};
 use crate::error::BoxError;
 
 /// Middleware that fixes and enforces a call's deadline.
@@ -25,7 +25,7 @@ impl<S> DeadlineService<S> {
     pub const fn new(inner: S, total: Duration) -> Self {
         Self {
             inner,
-            total,
+            total: clamp(total),
             upstream: None,
         }
     }
@@ -71,7 +71,8 @@ where
 
     fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         let start = Instant::now();
-        let mut deadline = Deadline::at(after(start, self.total));
+        // `total` is clamped at construction: this cannot overflow.
+        let mut deadline = Deadline::at(start + self.total);
         if let Some(ambient) = Deadline::current() {
             deadline = deadline.min(ambient);
         }
@@ -84,6 +85,8 @@ where
             return ResponseFuture::expired(start, upstream);
         }
         req.extensions_mut().insert(deadline);
-        ResponseFuture::new(self.inner.call(req), deadline, start, upstream)
+        let inner = &mut self.inner;
+        let (future, _) = context::enter(deadline, Some(start), || inner.call(req));
+        ResponseFuture::new(future, deadline, start, upstream)
     }
 }

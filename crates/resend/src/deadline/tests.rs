@@ -10,7 +10,7 @@ use tokio::time::{advance, Instant};
 use tokio_test::{assert_pending, assert_ready};
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 
-use crate::deadline::{phase, scope, Deadline, DeadlineLayer};
+use crate::deadline::{context, scope, Deadline, DeadlineLayer};
 use crate::error::{Error, ErrorKind, Phase};
 use crate::timeout::AttemptTimeoutLayer;
 
@@ -68,7 +68,7 @@ async fn the_deadline_reports_a_wait_an_inner_layer_announced() {
     // Stands in for a retry layer: waits, and says so through the beacon.
     let waiting = service_fn(|_req: Request<()>| {
         std::future::poll_fn(|_cx| {
-            phase::report(Phase::Waiting);
+            context::report(Phase::Waiting);
             std::task::Poll::<Result<Response<()>, Infallible>>::Pending
         })
     });

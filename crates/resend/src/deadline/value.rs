@@ -84,10 +84,23 @@ impl Deadline {
     }
 }
 
+/// The longest budget resend works with: about thirty years, as tokio's
+/// timers clamp far-off deadlines. Layers clamp their budgets to it once, at
+/// construction, so that `now + budget` cannot overflow on the hot path.
+pub(crate) const MAX_BUDGET: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// Clamps a configured budget to [`MAX_BUDGET`].
+pub(crate) const fn clamp(budget: Duration) -> Duration {
+    if budget.as_secs() > MAX_BUDGET.as_secs() {
+        MAX_BUDGET
+    } else {
+        budget
+    }
+}
+
 /// `now + budget`, clamped like tokio's timers clamp far-off deadlines.
-pub(crate) fn after(now: Instant, budget: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
-    now.checked_add(budget.min(FAR))
+fn after(now: Instant, budget: Duration) -> Instant {
+    now.checked_add(budget.min(MAX_BUDGET))
         .unwrap_or_else(|| now + Duration::from_secs(86_400))
 }
 

@@ -7,7 +7,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::AttemptTimeoutLayer;
-use crate::deadline::{after, Deadline};
+use crate::deadline::{clamp, context, Deadline};
 use crate::error::BoxError;
 
 /// Middleware bounding each attempt; see [`AttemptTimeoutLayer`].
@@ -20,7 +20,10 @@ pub struct AttemptTimeout<S> {
 impl<S> AttemptTimeout<S> {
     /// Wraps `inner`, giving each attempt at most `per_attempt`.
     pub const fn new(inner: S, per_attempt: Duration) -> Self {
-        Self { inner, per_attempt }
+        Self {
+            inner,
+            per_attempt: clamp(per_attempt),
+        }
     }
 
     /// An [`AttemptTimeoutLayer`] giving each attempt at most `per_attempt`.
@@ -58,10 +61,20 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let start = Instant::now();
-        let own = after(start, self.per_attempt);
-        let deadline = req.extensions().get::<Deadline>().copied();
-        match deadline.or_else(Deadline::current) {
+        // Inside a DeadlineLayer, the call's deadline (and, for the first
+        // attempt, the time) come from its context; the request's own
+        // deadline can only be tighter.
+        let (deadline, start) = match context::current() {
+            Some((call, now)) => (Some(call), now.unwrap_or_else(Instant::now)),
+            None => (Deadline::current(), Instant::now()),
+        };
+        // `per_attempt` is clamped at construction: this cannot overflow.
+        let own = start + self.per_attempt;
+        let deadline = match (deadline, req.extensions().get::<Deadline>()) {
+            (Some(d), Some(r)) => Some(d.min(*r)),
+            (d, r) => d.or(r.copied()),
+        };
+        match deadline {
             Some(d) if d.instant() <= start => ResponseFuture::expired(),
             Some(d) if d.instant() <= own => ResponseFuture::new(
                 self.inner.call(req),
