@@ -1,0 +1,12 @@
+//! The pure logic of retrying: how long to back off before the next attempt
+//! ([`Backoff`], exponential with full jitter), and how long the server asked
+//! us to wait ([`parse_retry_after`] for HTTP's `Retry-After` in both its
+//! forms, [`parse_grpc_pushback`] for gRPC's `grpc-retry-pushback-ms`). None
+//! of it sleeps or touches a clock: callers pass in the random source and the
+//! current time, so every result can be reproduced in tests.
+
+mod backoff;
+mod retry_after;
+
+pub use backoff::{Backoff, InvalidBackoff};
+pub use retry_after::{parse_grpc_pushback, parse_retry_after, InvalidRetryAfter, Pushback};
