@@ -71,6 +71,7 @@
 pub mod connect;
 pub mod deadline;
 mod error;
+pub mod retry;
 pub mod timeout;
 
 #[cfg(feature = "hyper-client")]
