@@ -231,7 +231,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn grpc_round_trip_never_grows(nanos in any::<u64>(), secs in 0u64..(400_000_000_000)) {
+        fn grpc_round_trip_never_grows(nanos in any::<u64>(), secs in 0u64..400_000_000_000) {
             for budget in [Duration::from_nanos(nanos), Duration::from_secs(secs)] {
                 let v = encode_grpc_timeout(budget);
                 prop_assert!(v.len() <= GRPC_TIMEOUT_MAX_DIGITS + 1);
