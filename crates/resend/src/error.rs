@@ -11,6 +11,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::classify::Class;
+use crate::retry::Attempts;
+
 /// A type-erased error, as tower middleware passes errors around.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -32,6 +35,19 @@ pub enum ErrorKind {
     /// The transport failed: connection refused, DNS, reset, a broken body.
     /// [`Error::is_not_sent`] tells whether the request can have reached the server.
     Transport,
+    /// The server may have acted on a request that is not safe to send again
+    /// (a POST without an Idempotency-Key that timed out, or got a 5xx).
+    /// Verify before sending it again: look the resource up.
+    OutcomeUnknown,
+    /// Every attempt allowed failed; the last failure is the
+    /// [`source`](std::error::Error::source).
+    RetriesExhausted,
+    /// A retry was allowed but the shared retry budget was empty: the
+    /// upstream is failing for many calls at once.
+    BudgetExhausted,
+    /// A retry was needed but the request body was too large to keep a copy
+    /// of, so it cannot be sent again.
+    BodyNotReplayable,
 }
 
 impl ErrorKind {
@@ -41,6 +57,10 @@ impl ErrorKind {
             Self::AttemptTimeout => "attempt timed out",
             Self::ConnectTimeout => "connect timed out",
             Self::Transport => "transport error",
+            Self::OutcomeUnknown => "outcome unknown",
+            Self::RetriesExhausted => "retries exhausted",
+            Self::BudgetExhausted => "retry budget exhausted",
+            Self::BodyNotReplayable => "body not replayable",
         }
     }
 }
@@ -109,7 +129,22 @@ struct Inner {
     upstream: Option<Arc<str>>,
     attempts: u32,
     elapsed: Option<Duration>,
+    history: Option<Attempts>,
     source: Option<BoxError>,
+}
+
+/// What a caller that owns the retries (a job runner) should do after an
+/// [`Error`], from [`Error::retry_advice`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryAdvice {
+    /// Safe to run again, after this wait (zero: at once).
+    After(Duration),
+    /// The server may have acted: verify (look the resource up) before
+    /// sending again.
+    VerifyFirst,
+    /// Sending the same request again will not help.
+    Never,
 }
 
 impl Error {
@@ -123,6 +158,7 @@ impl Error {
                 upstream: None,
                 attempts: 0,
                 elapsed: None,
+                history: None,
                 source: None,
             }),
         }
@@ -163,6 +199,39 @@ impl Error {
         let mut e = Self::new(ErrorKind::Transport);
         e.inner.source = Some(source);
         e
+    }
+
+    /// The retry layer's verdict on a call that failed: `kind`, with the
+    /// attempt history and the last failure as its source.
+    pub(crate) fn retry(kind: ErrorKind, history: Attempts, source: Option<BoxError>) -> Self {
+        let mut e = Self::new(kind);
+        e.inner.not_sent = !history.any_sent();
+        e.inner.attempts = history.len();
+        e.inner.elapsed = Some(history.elapsed());
+        if kind == ErrorKind::DeadlineExceeded {
+            e.inner.phase = Some(Phase::Waiting);
+        }
+        // Keep what the last failure established (its limit, its name).
+        if let Some(last) = source.as_deref().and_then(|s| s.downcast_ref::<Self>()) {
+            e.inner.limit = last.inner.limit;
+            e.inner.upstream.clone_from(&last.inner.upstream);
+            if kind == ErrorKind::DeadlineExceeded && last.is_deadline_exceeded() {
+                e.inner.phase = last.inner.phase;
+            }
+        }
+        e.inner.history = Some(history);
+        e.inner.source = source;
+        e
+    }
+
+    /// Attaches the attempt history to an error passed on as it was.
+    pub(crate) fn with_history(mut self, history: Attempts) -> Self {
+        self.inner.attempts = history.len();
+        if !history.any_sent() {
+            self.inner.not_sent = true;
+        }
+        self.inner.history = Some(history);
+        self
     }
 
     pub(crate) fn with_phase(mut self, phase: Phase) -> Self {
@@ -277,6 +346,49 @@ impl Error {
         self.inner.attempts
     }
 
+    /// What each attempt got and how long the call waited between them, when
+    /// a retry layer ran the call.
+    pub fn history(&self) -> Option<&Attempts> {
+        self.inner.history.as_ref()
+    }
+
+    /// True for [`ErrorKind::OutcomeUnknown`]: the server may have acted on
+    /// the request; verify before sending it again.
+    pub fn is_outcome_unknown(&self) -> bool {
+        self.inner.kind == ErrorKind::OutcomeUnknown
+    }
+
+    /// What a caller that owns the retries (a job runner) should do now.
+    ///
+    /// ```
+    /// use resend::{Error, RetryAdvice};
+    ///
+    /// fn after_failure(e: &Error) -> &'static str {
+    ///     match e.retry_advice() {
+    ///         RetryAdvice::After(_) => "release the job for later",
+    ///         RetryAdvice::VerifyFirst => "look the resource up before sending again",
+    ///         RetryAdvice::Never => "fail the job for a person to review",
+    ///         _ => "fail the job",
+    ///     }
+    /// }
+    /// # let _ = after_failure;
+    /// ```
+    pub fn retry_advice(&self) -> RetryAdvice {
+        const LATER: Duration = Duration::from_secs(1);
+        match self.inner.kind {
+            ErrorKind::OutcomeUnknown => RetryAdvice::VerifyFirst,
+            _ if self.inner.not_sent => RetryAdvice::After(Duration::ZERO),
+            ErrorKind::BodyNotReplayable => RetryAdvice::VerifyFirst,
+            _ => {
+                let last = self.inner.history.as_ref().and_then(Attempts::last);
+                match last.map(|a| a.class()) {
+                    Some(Class::Rejected) => RetryAdvice::Never,
+                    _ => RetryAdvice::After(last.and_then(|a| a.server_wait()).unwrap_or(LATER)),
+                }
+            }
+        }
+    }
+
     /// How long the call (or, for an attempt or connect timeout, the attempt)
     /// ran before it failed, when a layer measured it.
     pub fn elapsed(&self) -> Option<Duration> {
@@ -318,6 +430,9 @@ impl fmt::Debug for Error {
         if let Some(e) = i.elapsed {
             d.field("elapsed", &e);
         }
+        if let Some(h) = &i.history {
+            d.field("history", h);
+        }
         if let Some(s) = &i.source {
             d.field("source", s);
         }
@@ -344,6 +459,17 @@ impl fmt::Display for Error {
                 f.write_str("could not connect (nothing was sent)")?;
             }
             ErrorKind::Transport => f.write_str("transport error")?,
+            ErrorKind::OutcomeUnknown => f.write_str(
+                "outcome unknown: the server may have processed the request, \
+                 which is not safe to send again; verify (look the resource up) before resending",
+            )?,
+            ErrorKind::RetriesExhausted => f.write_str("retries exhausted")?,
+            ErrorKind::BudgetExhausted => f.write_str(
+                "retry budget exhausted: the upstream is failing for many calls, not retried",
+            )?,
+            ErrorKind::BodyNotReplayable => f.write_str(
+                "a retry was needed but the request body was too large to keep, so it was not resent",
+            )?,
         }
         if let Some(l) = i.limit {
             write!(f, " after {l:?}")?;
@@ -354,7 +480,7 @@ impl fmt::Display for Error {
             write!(f, " ({} attempts)", i.attempts)?;
         }
         if let Some(s) = &i.source {
-            if i.kind == ErrorKind::Transport {
+            if i.kind != ErrorKind::AttemptTimeout && i.kind != ErrorKind::ConnectTimeout {
                 write!(f, ": {s}")?;
             }
         }

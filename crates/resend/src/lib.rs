@@ -68,6 +68,7 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod classify;
 pub mod connect;
 pub mod deadline;
 mod error;
@@ -77,5 +78,6 @@ pub mod timeout;
 #[cfg(feature = "hyper-client")]
 pub use connect::hyper_client;
 pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
-pub use error::{BoxError, Error, ErrorKind, Phase};
+pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
+pub use retry::{Attempts, RetryLayer};
 pub use timeout::AttemptTimeoutLayer;

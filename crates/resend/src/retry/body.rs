@@ -87,6 +87,8 @@ pub struct ReplayBody<B> {
 enum Inner<B> {
     /// The body was at its end when wrapped: nothing to read or replay.
     Empty,
+    /// Passed through once, never replayed (an outer layer retries).
+    Direct(Pin<Box<B>>),
     /// A reader over the shared copy and the rest of the original.
     Shared(Reader<B>),
 }
@@ -197,6 +199,18 @@ where
         }
     }
 
+    /// Wraps `body` to be sent once and never replayed: no copy is kept.
+    pub(crate) fn passthrough(body: B) -> Self {
+        if body.is_end_stream() {
+            return Self {
+                inner: Inner::Empty,
+            };
+        }
+        Self {
+            inner: Inner::Direct(Box::pin(body)),
+        }
+    }
+
     /// A body for the next attempt, replaying from the start. None when the
     /// body is not replayable: it has grown past the cap, or the original
     /// stream failed.
@@ -210,6 +224,7 @@ where
                     inner: Inner::Empty,
                 })
             }
+            Inner::Direct(_) => return None,
             Inner::Shared(reader) => reader,
         };
         let mut state = lock(&reader.shared);
@@ -232,7 +247,7 @@ where
     /// replayable body.
     pub fn is_capped(&self) -> bool {
         match &self.inner {
-            Inner::Empty => false,
+            Inner::Empty | Inner::Direct(_) => false,
             Inner::Shared(reader) => lock(&reader.shared).capped,
         }
     }
@@ -442,6 +457,14 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match &mut self.get_mut().inner {
             Inner::Empty => Poll::Ready(None),
+            Inner::Direct(body) => match body.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(
+                    frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
+                ))),
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
             Inner::Shared(reader) => reader.poll_frame(cx),
         }
     }
@@ -449,6 +472,7 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Empty => true,
+            Inner::Direct(body) => body.is_end_stream(),
             Inner::Shared(reader) => reader.is_end_stream(),
         }
     }
@@ -456,6 +480,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Empty => SizeHint::with_exact(0),
+            Inner::Direct(body) => body.size_hint(),
             Inner::Shared(reader) => reader.size_hint(),
         }
     }
@@ -466,6 +491,7 @@ impl<B> fmt::Debug for ReplayBody<B> {
         let mut d = f.debug_struct("ReplayBody");
         let reader = match &self.inner {
             Inner::Empty => return d.field("empty", &true).finish(),
+            Inner::Direct(_) => return d.field("passthrough", &true).finish(),
             Inner::Shared(reader) => reader,
         };
         d.field("generation", &reader.cursor.generation)

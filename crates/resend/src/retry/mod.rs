@@ -1,17 +1,86 @@
-//! Retrying: how long to back off before the next attempt ([`Backoff`],
-//! exponential with full jitter), how long the server asked us to wait
-//! ([`parse_retry_after`] for HTTP's `Retry-After` in both its forms,
-//! [`parse_grpc_pushback`] for gRPC's `grpc-retry-pushback-ms`), and a request
-//! body that can be sent again ([`ReplayBody`]).
+//! Safe retries: classify, decide, wait, replay.
 //!
-//! The parsers and the backoff neither sleep nor read a clock: callers pass
-//! in the random source and the current time, so every result can be
-//! reproduced in tests.
+//! [`RetryLayer`] runs each call's attempts. After every attempt the
+//! [classifier](crate::classify) says what the server may have done, and the
+//! layer decides by this table (DESIGN section 4). A request is
+//! **replay-safe** when its method is idempotent (GET, HEAD, OPTIONS, TRACE,
+//! PUT, DELETE) or it carries an `Idempotency-Key` (or `X-Idempotency-Key`).
+//!
+//! | class | replay-safe request | unsafe request without key |
+//! |---|---|---|
+//! | Success, Rejected | return it | return it |
+//! | NotSent, NotProcessed | retry after backoff | retry after backoff |
+//! | Overloaded | retry after Retry-After (or the 1 s floor) plus jittered backoff | 429: same; 503: stop, [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown) |
+//! | InProgress | retry after backoff, with the same key | (cannot happen) |
+//! | Unknown | retry after backoff | stop: [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown), verify before resending |
+//!
+//! Every retry also needs an attempt left (3 in all by default), time left (the
+//! wait plus a useful attempt must fit before the deadline; a Retry-After past
+//! it ends the call at once), a token from the shared [`RetryBudget`], and a
+//! body that can be replayed ([`ReplayBody`], 64 KiB kept by default).
+//!
+//! Backoff is exponential with full jitter ([`Backoff`]): random in
+//! `[0, min(cap, base * 2^n)]`. After an overloaded answer the jittered
+//! backoff is added on top of the server's wait, so that clients told the same
+//! `Retry-After` do not come back in step.
+//!
+//! Only one layer retries: a `RetryLayer` called by another one passes the
+//! request through. A request can opt out with the [`NoRetry`] extension.
+//! Every final response carries [`Attempts`] in its extensions; every error
+//! carries them in [`Error::history`](crate::Error::history).
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Empty;
+//! use bytes::Bytes;
+//! use resend::retry::{Attempts, ReplayBody, RetryLayer};
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // An upstream that answers 503 twice, then 200.
+//! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+//! let upstream = service_fn(move |_req: Request<ReplayBody<Empty<Bytes>>>| {
+//!     let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+//!     let status = if n < 2 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+//!     async move { Ok::<_, std::convert::Infallible>(Response::builder().status(status).body(()).unwrap()) }
+//! });
+//! let client = RetryLayer::new().seed(7).layer(upstream);
+//!
+//! let resp = client.oneshot(Request::get("http://up/items").body(Empty::new()).unwrap()).await.unwrap();
+//! assert_eq!(resp.status(), StatusCode::OK);
+//! assert_eq!(resp.extensions().get::<Attempts>().unwrap().len(), 3);
+//! # }
+//! ```
 
+mod attempts;
 mod backoff;
 mod body;
+mod budget;
+mod future;
+mod layer;
+mod policy;
 mod retry_after;
+mod service;
 
+pub use attempts::{Attempt, Attempts, Stop};
 pub use backoff::{Backoff, InvalidBackoff};
 pub use body::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
+pub use budget::{InvalidBudget, RetryBudget};
+pub use future::ResponseFuture;
+pub use layer::RetryLayer;
+pub use policy::{
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT, DEFAULT_OVERLOAD_FLOOR,
+};
 pub use retry_after::{parse_grpc_pushback, parse_retry_after, InvalidRetryAfter, Pushback};
+pub use service::Retry;
+
+/// A request extension that turns retries off for that request: it is sent
+/// once, whatever happens.
+///
+/// ```
+/// let mut req = http::Request::post("http://api/charge").body(()).unwrap();
+/// req.extensions_mut().insert(resend::retry::NoRetry);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoRetry;

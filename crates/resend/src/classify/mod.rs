@@ -1,0 +1,238 @@
+//! What one attempt's result says the server may have done.
+//!
+//! A [`Classify`] looks at one attempt's response or error and answers with a
+//! [`Classification`]: a [`Class`], whether the server may have acted on the
+//! request, and what it said about waiting. It knows the protocol and nothing
+//! of the business; per-API quirks are configuration
+//! ([`HttpClassifier::on_status`]). The retry layer decides from it.
+//!
+//! The default, [`HttpClassifier`], implements this table:
+//!
+//! | observation | class | was it processed? |
+//! |---|---|---|
+//! | 1xx, 2xx, 3xx | [`Success`](Class::Success) | yes |
+//! | connect refused or timed out, DNS, TLS handshake: nothing was written | [`NotSent`](Class::NotSent) | no |
+//! | HTTP/2 `REFUSED_STREAM`, a graceful `GOAWAY` beyond the last stream id | [`NotSent`](Class::NotSent) | no |
+//! | 408, 425 | [`NotProcessed`](Class::NotProcessed) | no |
+//! | 429 | [`Overloaded`](Class::Overloaded), with its `Retry-After` | no |
+//! | 409 on a request that carries an Idempotency-Key | [`InProgress`](Class::InProgress): the same key is still running | not yet |
+//! | 503 | [`Overloaded`](Class::Overloaded), with its `Retry-After` | unknown |
+//! | 500, 502, 504, other 5xx but 501, 505, 511 | [`Unknown`](Class::Unknown) | maybe |
+//! | a timeout after the request was written, a reset mid-response, a body error | [`Unknown`](Class::Unknown) | maybe |
+//! | other 4xx, 501, 505, 511, 409 without a key | [`Rejected`](Class::Rejected) | no, refused |
+//!
+//! A timeout is never "it failed": it is "we do not know". Connect failures
+//! are the one place where we can know that nothing was sent.
+//!
+//! ```
+//! use http::{Method, Request, Response, StatusCode};
+//! use resend::classify::{Class, Classify, HttpClassifier, RequestFacts};
+//!
+//! let req = Request::post("http://api/orders").body(()).unwrap();
+//! let facts = RequestFacts::of(&req);
+//!
+//! let c = HttpClassifier::new();
+//! let resp = Response::builder().status(503).header("retry-after", "2").body(()).unwrap();
+//! let got = c.classify_response(&facts, &resp);
+//! assert_eq!(got.class(), Class::Overloaded);
+//! assert!(got.maybe_processed());
+//! assert_eq!(got.retry_after(), Some(std::time::Duration::from_secs(2)));
+//!
+//! // "This API's 409 means it already exists": configuration, not a fork.
+//! let c = HttpClassifier::new().on_status(StatusCode::CONFLICT, Class::Rejected);
+//! let resp = Response::builder().status(409).body(()).unwrap();
+//! assert_eq!(c.classify_response(&facts, &resp).class(), Class::Rejected);
+//! ```
+
+mod http;
+
+use std::fmt;
+use std::time::Duration;
+
+use ::http::{HeaderMap, Method, Request, Response, Uri};
+
+use crate::retry::Pushback;
+
+pub use self::http::HttpClassifier;
+
+/// What an attempt's result says the server did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Class {
+    /// The server answered and the answer is final (1xx, 2xx, 3xx).
+    Success,
+    /// The server refused the request as it is; sending it again will not help.
+    Rejected,
+    /// Nothing reached the server: it is always safe to send again.
+    NotSent,
+    /// The server received the request and says it did not act on it (408, 425).
+    NotProcessed,
+    /// The server is shedding load (429, 503); it may say when to come back.
+    Overloaded,
+    /// A request with the same Idempotency-Key is still running (409 with a key).
+    InProgress,
+    /// The server may or may not have acted on the request: a 5xx, a timeout
+    /// after the request was written, a connection lost mid-response.
+    Unknown,
+}
+
+impl Class {
+    /// A short lower-case name, as used in tracing events.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Rejected => "rejected",
+            Self::NotSent => "not_sent",
+            Self::NotProcessed => "not_processed",
+            Self::Overloaded => "overloaded",
+            Self::InProgress => "in_progress",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A [`Class`] and what goes with it: whether the server may have acted on
+/// the request, and what it said about waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Classification {
+    class: Class,
+    maybe_processed: bool,
+    pushback: Option<Pushback>,
+}
+
+impl Classification {
+    /// A classification of `class`, with the default answer to "may it have
+    /// been processed?": yes for [`Unknown`](Class::Unknown), no for the others
+    /// (a [`Success`](Class::Success) was processed, and is final anyway).
+    pub const fn new(class: Class) -> Self {
+        Self {
+            class,
+            maybe_processed: matches!(class, Class::Unknown),
+            pushback: None,
+        }
+    }
+
+    /// Marks that the server may have acted on the request (a 503).
+    #[must_use]
+    pub const fn with_maybe_processed(mut self, maybe: bool) -> Self {
+        self.maybe_processed = maybe;
+        self
+    }
+
+    /// Records what the server said about waiting (`Retry-After`,
+    /// `grpc-retry-pushback-ms`).
+    #[must_use]
+    pub const fn with_pushback(mut self, pushback: Option<Pushback>) -> Self {
+        self.pushback = pushback;
+        self
+    }
+
+    /// The class.
+    pub const fn class(&self) -> Class {
+        self.class
+    }
+
+    /// True when the server may have acted on the request, so that an unsafe
+    /// request must not be sent again without verifying.
+    pub const fn maybe_processed(&self) -> bool {
+        self.maybe_processed
+    }
+
+    /// What the server said about waiting, if anything.
+    pub const fn pushback(&self) -> Option<Pushback> {
+        self.pushback
+    }
+
+    /// The wait the server asked for, if it asked for one.
+    pub const fn retry_after(&self) -> Option<Duration> {
+        match self.pushback {
+            Some(Pushback::After(d)) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// The facts about a request that classification and the retry decision use.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestFacts<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+}
+
+/// The header names recognised as an idempotency key on outgoing requests.
+pub(crate) const KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-idempotency-key"];
+
+impl<'a> RequestFacts<'a> {
+    /// The facts of `req`.
+    pub fn of<B>(req: &'a Request<B>) -> Self {
+        Self::new(req.method(), req.uri(), req.headers())
+    }
+
+    /// The facts of a request made of these parts.
+    pub const fn new(method: &'a Method, uri: &'a Uri, headers: &'a HeaderMap) -> Self {
+        Self {
+            method,
+            uri,
+            headers,
+        }
+    }
+
+    /// The request's method.
+    pub const fn method(&self) -> &'a Method {
+        self.method
+    }
+
+    /// The request's URI.
+    pub const fn uri(&self) -> &'a Uri {
+        self.uri
+    }
+
+    /// The request's headers.
+    pub const fn headers(&self) -> &'a HeaderMap {
+        self.headers
+    }
+
+    /// True when the request carries an idempotency key (`Idempotency-Key`,
+    /// or `X-Idempotency-Key` as Go's net/http also recognises).
+    pub fn has_idempotency_key(&self) -> bool {
+        KEY_HEADERS.iter().any(|h| self.headers.contains_key(*h))
+    }
+
+    /// True when the method is idempotent by definition (RFC 9110 §9.2.2):
+    /// GET, HEAD, OPTIONS, TRACE, PUT, DELETE.
+    pub fn is_idempotent_method(&self) -> bool {
+        is_idempotent(self.method)
+    }
+}
+
+/// True for GET, HEAD, OPTIONS, TRACE, PUT and DELETE.
+pub(crate) fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// Classifies one attempt's result.
+///
+/// Implement it to teach resend another protocol or an API's quirks; most
+/// users configure [`HttpClassifier`] instead.
+pub trait Classify<B> {
+    /// Classifies a response.
+    fn classify_response(&self, req: &RequestFacts<'_>, resp: &Response<B>) -> Classification;
+
+    /// Classifies an error of the inner service (the transport, or an inner
+    /// resend layer such as the attempt timeout).
+    fn classify_error(
+        &self,
+        req: &RequestFacts<'_>,
+        err: &(dyn std::error::Error + 'static),
+    ) -> Classification;
+}

@@ -1,0 +1,252 @@
+use std::fmt;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::classify::Class;
+
+/// One attempt of a call: what it got, how long the call waited before it,
+/// and how long it took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    class: Class,
+    status: Option<StatusCode>,
+    waited: Duration,
+    took: Duration,
+    server_wait: Option<Duration>,
+}
+
+impl Attempt {
+    pub(crate) const fn new(
+        class: Class,
+        status: Option<StatusCode>,
+        waited: Duration,
+        took: Duration,
+        server_wait: Option<Duration>,
+    ) -> Self {
+        Self {
+            class,
+            status,
+            waited,
+            took,
+            server_wait,
+        }
+    }
+
+    /// What the attempt's result says the server did.
+    pub const fn class(&self) -> Class {
+        self.class
+    }
+
+    /// The response status, when the attempt got a response.
+    pub const fn status(&self) -> Option<StatusCode> {
+        self.status
+    }
+
+    /// How long the call waited before this attempt (zero for the first).
+    pub const fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// How long the attempt took, from sending to its result.
+    pub const fn took(&self) -> Duration {
+        self.took
+    }
+
+    /// The wait the server asked for (`Retry-After`), if it asked.
+    pub const fn server_wait(&self) -> Option<Duration> {
+        self.server_wait
+    }
+}
+
+/// Why a call stopped retrying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Stop {
+    /// The result was final: a success, or a rejection that will not change.
+    Final,
+    /// Retrying was not allowed for this call: switched off, or an outer
+    /// retry layer is in charge.
+    Disabled,
+    /// The attempt cap was reached.
+    MaxAttempts,
+    /// The shared retry budget was empty.
+    Budget,
+    /// The wait and a useful attempt did not fit before the deadline, or the
+    /// server asked for a wait beyond it.
+    Deadline,
+    /// The server asked for a longer wait than the configured maximum, or
+    /// asked not to be retried.
+    ServerSaidNo,
+    /// The server may have acted on a request that is not safe to resend.
+    OutcomeUnknown,
+    /// The request body was too large to keep a copy of.
+    NotReplayable,
+}
+
+impl fmt::Display for Stop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Final => "final answer",
+            Self::Disabled => "retries disabled",
+            Self::MaxAttempts => "attempt cap reached",
+            Self::Budget => "retry budget exhausted",
+            Self::Deadline => "no time left for another attempt",
+            Self::ServerSaidNo => "server asked not to retry (soon)",
+            Self::OutcomeUnknown => "outcome unknown, not safe to resend",
+            Self::NotReplayable => "body too large to resend",
+        })
+    }
+}
+
+/// What happened during a call: every attempt, the waits between them, the
+/// total time and why retrying stopped.
+///
+/// The retry layer puts it in the extensions of every final response, and on
+/// every error ([`Error::history`](crate::Error::history)).
+///
+/// ```
+/// use resend::retry::Attempts;
+///
+/// fn describe(resp: &http::Response<()>) -> String {
+///     match resp.extensions().get::<Attempts>() {
+///         Some(a) => format!("{} attempt(s) in {:?}, stopped: {}", a.len(), a.elapsed(), a.stop()),
+///         None => "not called through a retry layer".to_owned(),
+///     }
+/// }
+/// # let _ = describe;
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attempts {
+    // The first attempt inline: a call answered at once allocates nothing here.
+    first: Option<Attempt>,
+    rest: Vec<Attempt>,
+    elapsed: Duration,
+    stop: Stop,
+}
+
+impl Attempts {
+    pub(crate) const fn new() -> Self {
+        Self {
+            first: None,
+            rest: Vec::new(),
+            elapsed: Duration::ZERO,
+            stop: Stop::Final,
+        }
+    }
+
+    pub(crate) fn push(&mut self, attempt: Attempt) {
+        if self.first.is_none() {
+            self.first = Some(attempt);
+        } else {
+            self.rest.push(attempt);
+        }
+    }
+
+    pub(crate) fn finish(&mut self, elapsed: Duration, stop: Stop) {
+        self.elapsed = elapsed;
+        self.stop = stop;
+    }
+
+    /// The number of attempts made.
+    pub fn len(&self) -> u32 {
+        u32::from(self.first.is_some())
+            .saturating_add(u32::try_from(self.rest.len()).unwrap_or(u32::MAX))
+    }
+
+    /// True when no attempt was made.
+    pub fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// The attempts, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Attempt> + '_ {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    /// The last attempt.
+    pub fn last(&self) -> Option<&Attempt> {
+        self.rest.last().or(self.first.as_ref())
+    }
+
+    /// The total time of the call, waits included.
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// The total time spent waiting between attempts.
+    pub fn waited(&self) -> Duration {
+        self.iter().map(Attempt::waited).sum()
+    }
+
+    /// Why retrying stopped.
+    pub fn stop(&self) -> Stop {
+        self.stop
+    }
+
+    /// True when at least one attempt may have reached the server.
+    pub fn any_sent(&self) -> bool {
+        self.iter().any(|a| a.class != Class::NotSent)
+    }
+}
+
+impl fmt::Display for Attempts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, a) in self.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", waited {:?}, ", a.waited)?;
+            }
+            match a.status {
+                Some(s) => write!(f, "#{} {} ({})", i + 1, s.as_u16(), a.class)?,
+                None => write!(f, "#{} {}", i + 1, a.class)?,
+            }
+        }
+        write!(f, "; {:?} in all; {}", self.elapsed, self.stop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_order_and_totals() {
+        let mut a = Attempts::new();
+        assert!(a.is_empty());
+        a.push(Attempt::new(
+            Class::NotSent,
+            None,
+            Duration::ZERO,
+            Duration::from_millis(1),
+            None,
+        ));
+        assert!(!a.any_sent());
+        a.push(Attempt::new(
+            Class::Overloaded,
+            Some(StatusCode::SERVICE_UNAVAILABLE),
+            Duration::from_millis(100),
+            Duration::from_millis(5),
+            Some(Duration::from_secs(1)),
+        ));
+        a.push(Attempt::new(
+            Class::Success,
+            Some(StatusCode::OK),
+            Duration::from_secs(1),
+            Duration::from_millis(5),
+            None,
+        ));
+        a.finish(Duration::from_millis(1111), Stop::Final);
+        assert_eq!(a.len(), 3);
+        assert!(a.any_sent());
+        assert_eq!(a.waited(), Duration::from_millis(1100));
+        assert_eq!(a.last().and_then(Attempt::status), Some(StatusCode::OK));
+        assert_eq!(
+            a.iter().map(Attempt::class).collect::<Vec<_>>(),
+            [Class::NotSent, Class::Overloaded, Class::Success]
+        );
+        assert_eq!(
+            a.to_string(),
+            "#1 not_sent, waited 100ms, #2 503 (overloaded), waited 1s, #3 200 (success); 1.111s in all; final answer"
+        );
+    }
+}

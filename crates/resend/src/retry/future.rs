@@ -1,0 +1,311 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use super::layer::Shared;
+use super::policy::Decision;
+use super::service::call_marked;
+use super::{Attempt, Attempts, ReplayBody, Stop};
+use crate::classify::{Class, Classification, Classify, RequestFacts};
+use crate::deadline::{context, Deadline};
+use crate::error::{BoxError, Error, ErrorKind, Phase};
+
+pin_project! {
+    /// Response future of [`Retry`](super::Retry).
+    pub struct ResponseFuture<F, S, B, C> {
+        #[pin]
+        state: State<F>,
+        // `None`: an outer retry layer is in charge; the call passes through.
+        retrying: Option<Retrying<S, B, C>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Calling { #[pin] future: F },
+        Waiting { #[pin] sleep: Sleep },
+        Readying,
+        Done,
+    }
+}
+
+/// Everything a call needs to try again. Kept inline: moving it is cheaper
+/// than allocating it on every call.
+pub(crate) struct Retrying<S, B, C> {
+    service: S,
+    parts: Parts,
+    body: Option<ReplayBody<B>>,
+    next_body: Option<ReplayBody<B>>,
+    shared: Arc<Shared<C>>,
+    replay_safe: bool,
+    allowed: bool,
+    deadline: Option<Deadline>,
+    start: Instant,
+    attempt_start: Instant,
+    waited: Duration,
+    history: Attempts,
+    rng: Option<fastrand::Rng>,
+    span: tracing::Span,
+}
+
+impl<S, B, C> Retrying<S, B, C> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        service: S,
+        parts: Parts,
+        body: Option<ReplayBody<B>>,
+        shared: Arc<Shared<C>>,
+        replay_safe: bool,
+        allowed: bool,
+        deadline: Option<Deadline>,
+        now: Instant,
+    ) -> Self {
+        let span = tracing::debug_span!(
+            "resend.call",
+            upstream = shared.upstream.as_deref().unwrap_or(""),
+            method = %parts.method,
+            path = parts.uri.path(),
+            replay_safe,
+        );
+        Self {
+            service,
+            parts,
+            body,
+            next_body: None,
+            shared,
+            replay_safe,
+            allowed,
+            deadline,
+            start: now,
+            attempt_start: now,
+            waited: Duration::ZERO,
+            history: Attempts::new(),
+            rng: None,
+            span,
+        }
+    }
+
+    fn rng(&mut self) -> &mut fastrand::Rng {
+        let shared = &self.shared;
+        self.rng.get_or_insert_with(|| match shared.seed {
+            // Each call draws its own sequence, reproducibly.
+            Some(seed) => {
+                let n = shared.calls.fetch_add(1, Ordering::Relaxed);
+                fastrand::Rng::with_seed(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            }
+            None => fastrand::Rng::new(),
+        })
+    }
+
+    /// Ends the call with `result` and the reason retrying stopped.
+    fn finish<R>(
+        &mut self,
+        result: Result<Response<R>, BoxError>,
+        stop: Stop,
+    ) -> Result<Response<R>, BoxError> {
+        let elapsed = self.start.elapsed();
+        let mut history = std::mem::replace(&mut self.history, Attempts::new());
+        history.finish(elapsed, stop);
+        let upstream = self.shared.upstream.as_ref();
+        match result {
+            Ok(mut resp) if stop != Stop::OutcomeUnknown => {
+                resp.extensions_mut().insert(history);
+                Ok(resp)
+            }
+            Ok(_) => {
+                let mut e = Error::retry(ErrorKind::OutcomeUnknown, history, None);
+                e.set_upstream_if_none(upstream);
+                Err(e.into())
+            }
+            Err(source) => {
+                let kind = match stop {
+                    Stop::OutcomeUnknown => Some(ErrorKind::OutcomeUnknown),
+                    Stop::MaxAttempts if history.len() > 1 => Some(ErrorKind::RetriesExhausted),
+                    Stop::Budget => Some(ErrorKind::BudgetExhausted),
+                    Stop::NotReplayable => Some(ErrorKind::BodyNotReplayable),
+                    Stop::Deadline => Some(ErrorKind::DeadlineExceeded),
+                    _ => None,
+                };
+                let mut e = match kind {
+                    Some(kind) => Error::retry(kind, history, Some(source)),
+                    None => Error::from_box(source).with_history(history),
+                };
+                e.set_upstream_if_none(upstream);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+impl<F, S, B, C> ResponseFuture<F, S, B, C> {
+    pub(crate) fn passthrough(future: F) -> Self {
+        Self {
+            state: State::Calling { future },
+            retrying: None,
+        }
+    }
+
+    pub(crate) fn retrying(future: F, retrying: Retrying<S, B, C>) -> Self {
+        Self {
+            state: State::Calling { future },
+            retrying: Some(retrying),
+        }
+    }
+}
+
+impl<F, S, B, C, ResB, E> Future for ResponseFuture<F, S, B, C>
+where
+    F: Future<Output = Result<Response<ResB>, E>>,
+    E: Into<BoxError>,
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>, Future = F, Error = E>,
+    C: Classify<ResB>,
+    B: Body,
+{
+    type Output = Result<Response<ResB>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(r) = this.retrying.as_mut() else {
+            return match this.state.project() {
+                StateProj::Calling { future } => future.poll(cx).map_err(Into::into),
+                _ => Poll::Ready(Err("retry future polled after completion".into())),
+            };
+        };
+        let span = r.span.clone();
+        let _entered = span.enter();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Calling { future } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    let took = r.attempt_start.elapsed();
+                    let facts = RequestFacts::new(&r.parts.method, &r.parts.uri, &r.parts.headers);
+                    let (c, status): (Classification, _) = match &result {
+                        Ok(resp) => (
+                            r.shared.classifier.classify_response(&facts, resp),
+                            Some(resp.status()),
+                        ),
+                        Err(e) => (r.shared.classifier.classify_error(&facts, &**e), None),
+                    };
+                    let made = r.history.len() + 1;
+                    r.history.push(Attempt::new(
+                        c.class(),
+                        status,
+                        r.waited,
+                        took,
+                        c.retry_after(),
+                    ));
+                    let remaining = r.deadline.map(|d| d.remaining());
+                    let decision = if !r.allowed {
+                        match c.class() {
+                            Class::Success | Class::Rejected => Decision::Stop(Stop::Final),
+                            _ => Decision::Stop(Stop::Disabled),
+                        }
+                    } else {
+                        let policy = r.shared.policy;
+                        let replay_safe = r.replay_safe;
+                        policy.decide(&c, replay_safe, made, r.rng(), remaining)
+                    };
+                    let decision = match decision {
+                        Decision::Retry { wait } => {
+                            let budget_ok = r.shared.budget.as_ref().is_none_or(|b| b.withdraw());
+                            match r.body.as_ref().map(ReplayBody::try_clone) {
+                                _ if !budget_ok => Decision::Stop(Stop::Budget),
+                                Some(Some(body)) => {
+                                    r.next_body = Some(body);
+                                    Decision::Retry { wait }
+                                }
+                                _ => Decision::Stop(Stop::NotReplayable),
+                            }
+                        }
+                        stop => stop,
+                    };
+                    tracing::debug!(
+                        attempt = made,
+                        class = c.class().as_str(),
+                        status = status.map(|s| s.as_u16()),
+                        wait_ms = match decision {
+                            Decision::Retry { wait } => Some(wait.as_millis() as u64),
+                            _ => None,
+                        },
+                        stop = match decision {
+                            Decision::Stop(s) => Some(tracing::field::display(s)),
+                            _ => None,
+                        },
+                        time_left_ms = remaining.map(|d| d.as_millis() as u64),
+                        "attempt"
+                    );
+                    match decision {
+                        Decision::Retry { wait } => {
+                            drop(result);
+                            r.waited = wait;
+                            this.state.set(State::Waiting {
+                                sleep: tokio::time::sleep(wait),
+                            });
+                        }
+                        Decision::Stop(stop) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(r.finish(result, stop));
+                        }
+                    }
+                }
+                StateProj::Waiting { sleep } => {
+                    if sleep.poll(cx).is_pending() {
+                        context::report(Phase::Waiting);
+                        return Poll::Pending;
+                    }
+                    this.state.set(State::Readying);
+                }
+                StateProj::Readying => {
+                    match r.service.poll_ready(cx) {
+                        Poll::Pending => {
+                            context::report(Phase::Waiting);
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Err(e)) => {
+                            // Nothing was sent: the service failed before the call.
+                            this.state.set(State::Done);
+                            let e = Error::from_box(e.into());
+                            return Poll::Ready(r.finish(Err(e.into()), Stop::Final));
+                        }
+                        Poll::Ready(Ok(())) => {}
+                    }
+                    let Some(body) = r.next_body.take() else {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err("retry without a body to send".into()));
+                    };
+                    let req = Request::from_parts(r.parts.clone(), body);
+                    r.attempt_start = Instant::now();
+                    let service = &mut r.service;
+                    let future = call_marked(|| service.call(req));
+                    this.state.set(State::Calling { future });
+                }
+                StateProj::Done => {
+                    return Poll::Ready(Err("retry future polled after completion".into()));
+                }
+            }
+        }
+    }
+}
+
+impl<F, S, B, C> std::fmt::Debug for ResponseFuture<F, S, B, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("ResponseFuture");
+        if let Some(r) = &self.retrying {
+            d.field("attempts", &r.history.len());
+        } else {
+            d.field("passthrough", &true);
+        }
+        d.finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,183 @@
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::policy::Policy;
+use super::{Backoff, Retry, RetryBudget};
+use crate::classify::HttpClassifier;
+
+/// Retries what is safe to retry, when it is worth it, and nothing else.
+///
+/// After each attempt the classifier says what the server may have done
+/// ([`classify`](crate::classify)); the layer then decides by the table of
+/// the [module docs](super): it returns final answers, never resends a
+/// request that may have been processed unless it is replay-safe (an
+/// idempotent method, or an Idempotency-Key), and retries the rest after a
+/// wait while attempts, time before the deadline and the shared
+/// [`RetryBudget`] last.
+///
+/// Defaults: 3 attempts in all, [`Backoff::DEFAULT`] (100 ms base, doubling,
+/// 5 s cap, full jitter), an overload floor of 1 s, server waits honoured up to
+/// 30 s, 50 ms as the least useful attempt, 64 KiB of body kept for replays,
+/// and the [default budget](RetryBudget::default).
+///
+/// ```
+/// use std::time::Duration;
+/// use resend::retry::{Backoff, RetryLayer};
+///
+/// let layer = RetryLayer::new()
+///     .max_attempts(4)
+///     .backoff(Backoff::new(Duration::from_millis(50), 2.0, Duration::from_secs(2)).unwrap())
+///     .upstream("shipping");
+/// # let _ = layer;
+/// ```
+#[derive(Clone, Debug)]
+pub struct RetryLayer<C = HttpClassifier> {
+    classifier: C,
+    policy: Policy,
+    budget: Option<RetryBudget>,
+    seed: Option<u64>,
+    upstream: Option<Arc<str>>,
+}
+
+/// What every clone of one retry service shares.
+#[derive(Debug)]
+pub(crate) struct Shared<C> {
+    pub(crate) classifier: C,
+    pub(crate) policy: Policy,
+    pub(crate) budget: Option<RetryBudget>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) calls: AtomicU64,
+    pub(crate) upstream: Option<Arc<str>>,
+}
+
+impl RetryLayer<HttpClassifier> {
+    /// A retry layer with the defaults and the [`HttpClassifier`].
+    pub fn new() -> Self {
+        Self {
+            classifier: HttpClassifier::new(),
+            policy: Policy::default(),
+            budget: Some(RetryBudget::default()),
+            seed: None,
+            upstream: None,
+        }
+    }
+}
+
+impl Default for RetryLayer<HttpClassifier> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C> RetryLayer<C> {
+    /// Classifies attempts with `classifier` instead.
+    pub fn classifier<C2>(self, classifier: C2) -> RetryLayer<C2> {
+        RetryLayer {
+            classifier,
+            policy: self.policy,
+            budget: self.budget,
+            seed: self.seed,
+            upstream: self.upstream,
+        }
+    }
+
+    /// Attempts in all, the first included. Default 3; 1 turns retries off
+    /// (0 counts as 1).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.policy.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The backoff between attempts. Default [`Backoff::DEFAULT`].
+    #[must_use]
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.policy.backoff = backoff;
+        self
+    }
+
+    /// The least wait after an overloaded answer (429, 503) without
+    /// `Retry-After`, so throttling is never retried within milliseconds.
+    /// Default 1 s.
+    #[must_use]
+    pub fn overload_floor(mut self, floor: Duration) -> Self {
+        self.policy.overload_floor = floor;
+        self
+    }
+
+    /// The longest wait a server may ask for (`Retry-After`) that the layer
+    /// honours; a longer one ends retrying, as the layer neither waits that
+    /// long nor comes back sooner than asked. Default 30 s.
+    #[must_use]
+    pub fn max_server_wait(mut self, max: Duration) -> Self {
+        self.policy.max_server_wait = max;
+        self
+    }
+
+    /// The least time an attempt must have before the deadline for a retry to
+    /// be worth it. Default 50 ms.
+    #[must_use]
+    pub fn min_attempt_time(mut self, min: Duration) -> Self {
+        self.policy.min_attempt = min;
+        self
+    }
+
+    /// How many bytes of request body to keep for replays; a larger body is
+    /// sent once and not retried. Default 64 KiB.
+    #[must_use]
+    pub fn replay_cap(mut self, bytes: usize) -> Self {
+        self.policy.replay_cap = bytes;
+        self
+    }
+
+    /// The shared retry budget. Default [`RetryBudget::default`]. Every
+    /// service this layer makes, and every clone of them, share it.
+    #[must_use]
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Retries without a budget: only attempts and time limit them.
+    #[must_use]
+    pub fn no_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// Seeds the jitter, so a test sees the same waits on every run. Each call
+    /// still draws its own sequence. Default: seeded from the system.
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Names the upstream in errors and tracing. Default: unnamed.
+    #[must_use]
+    pub fn upstream(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.upstream = Some(name.into());
+        self
+    }
+}
+
+impl<S, C: Clone> Layer<S> for RetryLayer<C> {
+    type Service = Retry<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Retry::from_shared(
+            inner,
+            Arc::new(Shared {
+                classifier: self.classifier.clone(),
+                policy: self.policy,
+                budget: self.budget.clone(),
+                seed: self.seed,
+                calls: AtomicU64::new(0),
+                upstream: self.upstream.clone(),
+            }),
+        )
+    }
+}

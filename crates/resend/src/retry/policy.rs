@@ -1,0 +1,230 @@
+use std::time::Duration;
+
+use super::{Backoff, Pushback, Stop};
+use crate::classify::{Class, Classification};
+
+/// The limits and waits of a retry layer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy {
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Backoff,
+    pub(crate) overload_floor: Duration,
+    pub(crate) max_server_wait: Duration,
+    pub(crate) min_attempt: Duration,
+    pub(crate) replay_cap: usize,
+}
+
+/// Default attempts in all, first included.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// Default least wait after an overloaded answer without `Retry-After`.
+pub const DEFAULT_OVERLOAD_FLOOR: Duration = Duration::from_secs(1);
+/// Default longest server-requested wait the layer will honour.
+pub const DEFAULT_MAX_SERVER_WAIT: Duration = Duration::from_secs(30);
+/// Default least time an attempt must have for a retry to be worth it.
+pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(50);
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff: Backoff::DEFAULT,
+            overload_floor: DEFAULT_OVERLOAD_FLOOR,
+            max_server_wait: DEFAULT_MAX_SERVER_WAIT,
+            min_attempt: DEFAULT_MIN_ATTEMPT,
+            replay_cap: super::DEFAULT_REPLAY_CAP,
+        }
+    }
+}
+
+/// What to do after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    Retry { wait: Duration },
+    Stop(Stop),
+}
+
+impl Policy {
+    /// The decision table of DESIGN section 4, for the attempt numbered
+    /// `made` (1 for the first) of a call with `remaining` time left, if it
+    /// has a deadline. The budget and the body's replayability are checked by
+    /// the caller afterwards, so that a token is only spent on a real retry.
+    pub(crate) fn decide(
+        &self,
+        c: &Classification,
+        replay_safe: bool,
+        made: u32,
+        rng: &mut fastrand::Rng,
+        remaining: Option<Duration>,
+    ) -> Decision {
+        // 1. Is the answer final, and may this request go out again at all?
+        match c.class() {
+            Class::Success | Class::Rejected => return Decision::Stop(Stop::Final),
+            Class::NotSent | Class::NotProcessed => {}
+            Class::Overloaded | Class::InProgress | Class::Unknown => {
+                if c.maybe_processed() && !replay_safe {
+                    return Decision::Stop(Stop::OutcomeUnknown);
+                }
+            }
+        }
+        if c.pushback() == Some(Pushback::DoNotRetry) {
+            return Decision::Stop(Stop::ServerSaidNo);
+        }
+        // 2. Attempts left?
+        if made >= self.max_attempts {
+            return Decision::Stop(Stop::MaxAttempts);
+        }
+        // 3. How long to wait: full jitter; after an overloaded answer, the
+        // server's wait (or the floor) plus the jittered backoff, so that
+        // clients told the same Retry-After do not come back in step.
+        let server_wait = c.retry_after();
+        if server_wait.is_some_and(|w| w > self.max_server_wait) {
+            return Decision::Stop(Stop::ServerSaidNo);
+        }
+        let jitter = self.backoff.wait(made.saturating_sub(1), rng);
+        let wait = match c.class() {
+            Class::Overloaded => server_wait.unwrap_or(self.overload_floor) + jitter,
+            Class::InProgress => server_wait.unwrap_or_default() + jitter,
+            _ => jitter,
+        };
+        // 4. Time left: the wait and a useful attempt must fit; a server
+        // wait past the deadline means give up now, not sleep.
+        if let Some(left) = remaining {
+            if server_wait.is_some_and(|w| w >= left) || wait + self.min_attempt > left {
+                return Decision::Stop(Stop::Deadline);
+            }
+        }
+        Decision::Retry { wait }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn policy() -> Policy {
+        Policy {
+            backoff: Backoff::new(Duration::from_millis(100), 2.0, Duration::from_secs(5)).unwrap(),
+            ..Policy::default()
+        }
+    }
+
+    fn decide(c: Classification, safe: bool, made: u32, left: Option<Duration>) -> Decision {
+        policy().decide(&c, safe, made, &mut fastrand::Rng::with_seed(1), left)
+    }
+
+    fn cls(class: Class) -> Classification {
+        Classification::new(class)
+    }
+
+    fn retries(d: Decision) -> bool {
+        matches!(d, Decision::Retry { .. })
+    }
+
+    #[test]
+    fn the_design_decision_table_row_by_row() {
+        // Success, Rejected: return it.
+        for safe in [true, false] {
+            assert_eq!(
+                decide(cls(Class::Success), safe, 1, None),
+                Decision::Stop(Stop::Final)
+            );
+            assert_eq!(
+                decide(cls(Class::Rejected), safe, 1, None),
+                Decision::Stop(Stop::Final)
+            );
+        }
+        // NotSent, NotProcessed: retry after backoff, safe or not.
+        for safe in [true, false] {
+            assert!(retries(decide(cls(Class::NotSent), safe, 1, None)));
+            assert!(retries(decide(cls(Class::NotProcessed), safe, 1, None)));
+        }
+        // Overloaded: 429 (not processed) retried either way; 503 (maybe
+        // processed) only when replay-safe, else OutcomeUnknown.
+        let c429 = cls(Class::Overloaded);
+        let c503 = cls(Class::Overloaded).with_maybe_processed(true);
+        assert!(retries(decide(c429, true, 1, None)));
+        assert!(retries(decide(c429, false, 1, None)));
+        assert!(retries(decide(c503, true, 1, None)));
+        assert_eq!(
+            decide(c503, false, 1, None),
+            Decision::Stop(Stop::OutcomeUnknown)
+        );
+        // InProgress: retry with the same key.
+        assert!(retries(decide(cls(Class::InProgress), true, 1, None)));
+        // Unknown: retry when replay-safe, else OutcomeUnknown.
+        assert!(retries(decide(cls(Class::Unknown), true, 1, None)));
+        assert_eq!(
+            decide(cls(Class::Unknown), false, 1, None),
+            Decision::Stop(Stop::OutcomeUnknown)
+        );
+    }
+
+    #[test]
+    fn waits_follow_the_class() {
+        let wait = |c, made| match decide(c, true, made, None) {
+            Decision::Retry { wait } => wait,
+            other => panic!("{other:?}"),
+        };
+        // Full jitter under the ceiling.
+        assert!(wait(cls(Class::Unknown), 1) <= Duration::from_millis(100));
+        assert!(wait(cls(Class::Unknown), 2) <= Duration::from_millis(200));
+        // Overloaded without Retry-After: at least the floor.
+        let w = wait(cls(Class::Overloaded), 1);
+        assert!(w >= S && w <= S + Duration::from_millis(100), "{w:?}");
+        // With Retry-After: at least what the server asked.
+        let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(3 * S)));
+        let w = wait(ra, 1);
+        assert!(
+            w >= 3 * S && w <= 3 * S + Duration::from_millis(100),
+            "{w:?}"
+        );
+        // A server asking for more than we honour: stop.
+        let long = cls(Class::Overloaded).with_pushback(Some(Pushback::After(120 * S)));
+        assert_eq!(
+            decide(long, true, 1, None),
+            Decision::Stop(Stop::ServerSaidNo)
+        );
+        let no = cls(Class::Overloaded).with_pushback(Some(Pushback::DoNotRetry));
+        assert_eq!(
+            decide(no, true, 1, None),
+            Decision::Stop(Stop::ServerSaidNo)
+        );
+    }
+
+    #[test]
+    fn attempts_and_time_bound_retries() {
+        assert!(retries(decide(cls(Class::NotSent), true, 2, None)));
+        assert_eq!(
+            decide(cls(Class::NotSent), true, 3, None),
+            Decision::Stop(Stop::MaxAttempts)
+        );
+        // A Retry-After at or past the deadline: stop at once.
+        let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(60 * S)));
+        let p = Policy {
+            max_server_wait: 120 * S,
+            ..policy()
+        };
+        assert_eq!(
+            p.decide(&ra, true, 1, &mut fastrand::Rng::with_seed(1), Some(10 * S)),
+            Decision::Stop(Stop::Deadline)
+        );
+        // The wait plus a useful attempt must fit.
+        assert_eq!(
+            decide(
+                cls(Class::Unknown),
+                true,
+                1,
+                Some(Duration::from_millis(40))
+            ),
+            Decision::Stop(Stop::Deadline)
+        );
+        assert!(retries(decide(
+            cls(Class::Unknown),
+            true,
+            1,
+            Some(Duration::from_millis(200))
+        )));
+    }
+}

@@ -1,0 +1,147 @@
+use std::cell::Cell;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use http_body::Body;
+use tokio::time::Instant;
+use tower_service::Service;
+
+use super::future::{ResponseFuture, Retrying};
+use super::layer::Shared;
+use super::{NoRetry, ReplayBody, RetryLayer};
+use crate::classify::{Classify, HttpClassifier, RequestFacts};
+use crate::deadline::{context, Deadline};
+use crate::error::BoxError;
+
+/// Middleware that retries safely; see [`RetryLayer`].
+#[derive(Debug)]
+pub struct Retry<S, C = HttpClassifier> {
+    inner: S,
+    shared: Arc<Shared<C>>,
+}
+
+impl<S: Clone, C> Clone for Retry<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S> Retry<S> {
+    /// A [`RetryLayer`] with the defaults.
+    pub fn layer() -> RetryLayer {
+        RetryLayer::new()
+    }
+}
+
+impl<S, C> Retry<S, C> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<C>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+// Set while a retry layer calls its inner service, so that a retry layer
+// further in finds that an outer one is in charge and passes requests
+// through: retries never multiply (3 layers of 3 attempts send 3 times, not
+// 27). A thread-local suffices: a service's `call` runs synchronously inside
+// its caller's `call` or `poll`.
+thread_local! {
+    static IN_RETRY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (a call of the inner service) marked as under a retry layer.
+pub(super) fn call_marked<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IN_RETRY.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(IN_RETRY.with(|c| c.replace(true)));
+    f()
+}
+
+impl<S, C, ReqB, ResB> Service<Request<ReqB>> for Retry<S, C>
+where
+    S: Service<Request<ReplayBody<ReqB>>, Response = Response<ResB>> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<ResB>,
+    ReqB: Body,
+{
+    type Response = Response<ResB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, S, ReqB, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        if IN_RETRY.with(Cell::get) {
+            // An outer retry layer is in charge of this request.
+            let req = req.map(ReplayBody::passthrough);
+            return ResponseFuture::passthrough(call_marked(|| self.inner.call(req)));
+        }
+        let shared = Arc::clone(&self.shared);
+        let (call_deadline, now) = match context::current() {
+            Some((d, now)) => (Some(d), now.unwrap_or_else(Instant::now)),
+            None => (Deadline::current(), Instant::now()),
+        };
+        let deadline = match (call_deadline, req.extensions().get::<Deadline>()) {
+            (Some(d), Some(r)) => Some(d.min(*r)),
+            (d, r) => d.or(r.copied()),
+        };
+        let allowed = req.extensions().get::<NoRetry>().is_none();
+        let replay_safe = {
+            let facts = RequestFacts::of(&req);
+            facts.is_idempotent_method() || facts.has_idempotency_key()
+        };
+        if let Some(budget) = &shared.budget {
+            budget.deposit();
+        }
+        let (parts, body) = req.into_parts();
+        let body = ReplayBody::new(body, shared.policy.replay_cap);
+        // A fresh body always clones; if it ever did not, it is sent as it is
+        // and simply not replayed.
+        let (first, body) = match body.try_clone() {
+            Some(first) => (first, Some(body)),
+            None => (body, None),
+        };
+        let attempt = Request::from_parts(parts.clone(), first);
+        // Call the service that was made ready; keep a clone for later attempts.
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        let future = call_marked(|| service.call(attempt));
+        ResponseFuture::retrying(
+            future,
+            Retrying::new(
+                service,
+                parts,
+                body,
+                shared,
+                replay_safe,
+                allowed,
+                deadline,
+                now,
+            ),
+        )
+    }
+}
