@@ -72,6 +72,7 @@ pub mod classify;
 pub mod connect;
 pub mod deadline;
 mod error;
+pub mod idempotency;
 pub mod retry;
 pub mod timeout;
 
@@ -79,5 +80,6 @@ pub mod timeout;
 pub use connect::hyper_client;
 pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
 pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
+pub use idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use retry::{Attempts, RetryLayer};
 pub use timeout::AttemptTimeoutLayer;
