@@ -7,7 +7,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use super::{context, Deadline, DeadlineBody};
+use super::{context, Deadline, DeadlineBody, LedgerGuard};
 use crate::error::{BoxError, Error, Phase};
 
 pin_project! {
@@ -34,6 +34,8 @@ pin_project! {
             sleep: Option<Sleep>,
             deadline: Deadline,
             phase: Phase,
+            // The call's entry in the ambient ledger, ended when it is dropped.
+            ledger: Option<LedgerGuard>,
         },
         Expired,
         Done,
@@ -46,6 +48,7 @@ impl<F> ResponseFuture<F> {
         deadline: Deadline,
         start: Instant,
         upstream: Option<Arc<str>>,
+        ledger: Option<LedgerGuard>,
     ) -> Self {
         Self {
             kind: Kind::Running {
@@ -53,6 +56,7 @@ impl<F> ResponseFuture<F> {
                 sleep: None,
                 deadline,
                 phase: Phase::Attempt,
+                ledger,
             },
             start,
             upstream,
@@ -83,6 +87,7 @@ where
                 sleep,
                 deadline,
                 phase,
+                ledger: _,
             } => (inner, sleep, *deadline, phase),
             KindProj::Expired => {
                 this.kind.set(Kind::Done);

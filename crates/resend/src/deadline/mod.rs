@@ -37,6 +37,7 @@ pub(crate) mod context;
 mod future;
 mod header;
 mod layer;
+mod ledger;
 mod service;
 mod value;
 mod wire;
@@ -45,9 +46,10 @@ pub use body::DeadlineBody;
 pub use future::ResponseFuture;
 pub use header::{DeadlineHeader, DeadlineHeaderLayer, DEFAULT_MARGIN, GRPC_TIMEOUT};
 pub use layer::DeadlineLayer;
+pub use ledger::{internal, Entry, Internal, LedgerGuard, Snapshot, Source, TimeLedger};
 pub use service::DeadlineService;
-pub(crate) use value::clamp;
-pub use value::{scope, sync_scope, Deadline};
+pub(crate) use value::{ambient, clamp};
+pub use value::{current_ledger, scope, scope_with_ledger, sync_scope, Ambient, Deadline};
 pub use wire::{
     encode_grpc_timeout, encode_millis, parse_grpc_timeout, parse_millis, InvalidTimeout,
     GRPC_TIMEOUT_MAX_DIGITS, MILLIS_MAX_DIGITS,

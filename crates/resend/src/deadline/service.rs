@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{clamp, context, Deadline, DeadlineBody, DeadlineLayer};
+use super::{ambient, clamp, context, Deadline, DeadlineBody, DeadlineLayer, Source};
 use crate::error::BoxError;
 
 /// Middleware that fixes and enforces a call's deadline.
@@ -73,8 +73,10 @@ where
         let start = Instant::now();
         // `total` is clamped at construction: this cannot overflow.
         let mut deadline = Deadline::at(start + self.total);
-        if let Some(ambient) = Deadline::current() {
+        let mut ledger = None;
+        if let Some((ambient, l)) = ambient() {
             deadline = deadline.min(ambient);
+            ledger = l;
         }
         if let Some(own) = req.extensions().get::<Deadline>() {
             deadline = deadline.min(*own);
@@ -87,6 +89,11 @@ where
         req.extensions_mut().insert(deadline);
         let inner = &mut self.inner;
         let (future, _) = context::enter(deadline, Some(start), || inner.call(req));
-        ResponseFuture::new(future, deadline, start, upstream)
+        // Inside a server's scope, say where the time goes.
+        let guard = ledger.map(|l| {
+            let name = upstream.clone().unwrap_or_else(|| Arc::from("upstream"));
+            l.start(Source::Upstream, name)
+        });
+        ResponseFuture::new(future, deadline, start, upstream, guard)
     }
 }

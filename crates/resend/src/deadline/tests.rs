@@ -287,3 +287,27 @@ impl http_body::Body for OneThenError {
         }
     }
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn outbound_calls_are_recorded_in_the_ambient_ledger() {
+    use crate::deadline::{scope_with_ledger, Source, TimeLedger};
+    let ledger = TimeLedger::new();
+    let svc = DeadlineLayer::new(Duration::from_secs(10))
+        .upstream("shipping")
+        .layer(answering_after(Duration::from_millis(250)));
+    let watch = ledger.clone();
+    let call = tokio::spawn(scope_with_ledger(
+        Deadline::after(Duration::from_secs(2)),
+        ledger.clone(),
+        async move { svc.oneshot(Request::new(())).await.map(|_| ()) },
+    ));
+    advance(100 * MS).await;
+    tokio::task::yield_now().await;
+    let running = watch.snapshot();
+    let now = running.running().expect("the call is in flight");
+    assert_eq!((now.source, &*now.name), (Source::Upstream, "shipping"));
+    call.await.unwrap().unwrap();
+    let done = ledger.snapshot();
+    assert!(done.active.is_empty());
+    assert_eq!(done.finished[0].spent, 250 * MS);
+}

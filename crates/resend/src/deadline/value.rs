@@ -4,8 +4,29 @@ use std::time::Duration;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
+use super::ledger::TimeLedger;
+
 tokio::task_local! {
-    static AMBIENT: Deadline;
+    static AMBIENT: Ambient;
+}
+
+/// What a [`scope`] hands down to the task: the deadline, and where to
+/// record the time (see [`scope_with_ledger`]).
+#[derive(Clone, Debug)]
+pub struct Ambient {
+    deadline: Deadline,
+    ledger: Option<TimeLedger>,
+}
+
+impl Ambient {
+    fn current() -> Option<Self> {
+        AMBIENT.try_with(Self::clone).ok()
+    }
+}
+
+/// The ambient deadline and ledger, in one task-local access.
+pub(crate) fn ambient() -> Option<(Deadline, Option<TimeLedger>)> {
+    AMBIENT.try_with(|a| (a.deadline, a.ledger.clone())).ok()
 }
 
 /// An absolute point in time by which a call must be finished.
@@ -80,7 +101,7 @@ impl Deadline {
     /// # }
     /// ```
     pub fn current() -> Option<Self> {
-        AMBIENT.try_with(|d| *d).ok()
+        AMBIENT.try_with(|a| a.deadline).ok()
     }
 }
 
@@ -133,16 +154,73 @@ fn after(now: Instant, budget: Duration) -> Instant {
 /// .await;
 /// # }
 /// ```
-pub fn scope<F: Future>(deadline: Deadline, future: F) -> TaskLocalFuture<Deadline, F> {
+pub fn scope<F: Future>(deadline: Deadline, future: F) -> TaskLocalFuture<Ambient, F> {
+    let ambient = match Ambient::current() {
+        Some(outer) => Ambient {
+            deadline: outer.deadline.min(deadline),
+            ledger: outer.ledger,
+        },
+        None => Ambient {
+            deadline,
+            ledger: None,
+        },
+    };
+    AMBIENT.scope(ambient, future)
+}
+
+/// Like [`scope`], and records in `ledger` where the time goes: every resend
+/// stack called inside records its outbound calls, and the task may mark its
+/// own work with [`internal`](super::internal). A server opens one per
+/// inbound request, to say in a 504 where the time went.
+///
+/// ```
+/// use std::time::Duration;
+/// use resend::deadline::{self, Deadline, Source, TimeLedger};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let ledger = TimeLedger::new();
+/// deadline::scope_with_ledger(Deadline::after(Duration::from_secs(2)), ledger.clone(), async {
+///     deadline::internal("db", tokio::time::sleep(Duration::from_millis(30))).await;
+/// })
+/// .await;
+/// let spent = &ledger.snapshot().finished[0];
+/// assert_eq!((spent.source, &*spent.name, spent.spent), (Source::Internal, "db", Duration::from_millis(30)));
+/// # }
+/// ```
+pub fn scope_with_ledger<F: Future>(
+    deadline: Deadline,
+    ledger: TimeLedger,
+    future: F,
+) -> TaskLocalFuture<Ambient, F> {
     let deadline = Deadline::current().map_or(deadline, |d| d.min(deadline));
-    AMBIENT.scope(deadline, future)
+    AMBIENT.scope(
+        Ambient {
+            deadline,
+            ledger: Some(ledger),
+        },
+        future,
+    )
+}
+
+/// The ledger of the current task's scope, if it has one.
+pub fn current_ledger() -> Option<TimeLedger> {
+    AMBIENT.try_with(|a| a.ledger.clone()).ok().flatten()
 }
 
 /// Runs `f` with `deadline` as the ambient deadline, for synchronous code
 /// that builds or polls futures itself. The same rules as [`scope`] apply.
 pub fn sync_scope<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
-    let deadline = Deadline::current().map_or(deadline, |d| d.min(deadline));
-    AMBIENT.sync_scope(deadline, f)
+    let ambient = match Ambient::current() {
+        Some(outer) => Ambient {
+            deadline: outer.deadline.min(deadline),
+            ledger: outer.ledger,
+        },
+        None => Ambient {
+            deadline,
+            ledger: None,
+        },
+    };
+    AMBIENT.sync_scope(ambient, f)
 }
 
 #[cfg(test)]
