@@ -295,18 +295,20 @@ async fn outbound_calls_are_recorded_in_the_ambient_ledger() {
     let svc = DeadlineLayer::new(Duration::from_secs(10))
         .upstream("shipping")
         .layer(answering_after(Duration::from_millis(250)));
-    let watch = ledger.clone();
-    let call = tokio::spawn(scope_with_ledger(
+    let call = scope_with_ledger(
         Deadline::after(Duration::from_secs(2)),
         ledger.clone(),
-        async move { svc.oneshot(Request::new(())).await.map(|_| ()) },
-    ));
-    advance(100 * MS).await;
-    tokio::task::yield_now().await;
-    let running = watch.snapshot();
-    let now = running.running().expect("the call is in flight");
-    assert_eq!((now.source, &*now.name), (Source::Upstream, "shipping"));
-    call.await.unwrap().unwrap();
+        svc.oneshot(Request::new(())),
+    );
+    let watch = async {
+        advance(100 * MS).await;
+        tokio::task::yield_now().await;
+        let running = ledger.snapshot();
+        let now = running.running().cloned().expect("the call is in flight");
+        assert_eq!((now.source, &*now.name), (Source::Upstream, "shipping"));
+    };
+    let (result, ()) = tokio::join!(call, watch);
+    result.unwrap();
     let done = ledger.snapshot();
     assert!(done.active.is_empty());
     assert_eq!(done.finished[0].spent, 250 * MS);
