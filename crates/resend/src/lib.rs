@@ -68,18 +68,22 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod builder;
 pub mod classify;
 pub mod connect;
 pub mod deadline;
 mod error;
 pub mod idempotency;
 pub mod retry;
+mod stack;
 pub mod timeout;
 
+pub use builder::ServiceBuilderExt;
 #[cfg(feature = "hyper-client")]
 pub use connect::hyper_client;
 pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
 pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
 pub use idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use retry::{Attempts, RetryLayer};
+pub use stack::{stack, Stack, StackBuilder, StackFuture, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
 pub use timeout::AttemptTimeoutLayer;

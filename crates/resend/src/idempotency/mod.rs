@@ -119,6 +119,7 @@ pub struct NoIdempotencyKey;
 #[derive(Clone, Debug)]
 pub struct IdempotencyKeyLayer {
     header: HeaderName,
+    enabled: bool,
 }
 
 impl IdempotencyKeyLayer {
@@ -126,6 +127,16 @@ impl IdempotencyKeyLayer {
     pub const fn new() -> Self {
         Self {
             header: IDEMPOTENCY_KEY,
+            enabled: true,
+        }
+    }
+
+    /// A layer that writes nothing: for a stack whose upstream does not
+    /// honour keys.
+    pub(crate) const fn disabled() -> Self {
+        Self {
+            header: IDEMPOTENCY_KEY,
+            enabled: false,
         }
     }
 
@@ -150,6 +161,7 @@ impl<S> Layer<S> for IdempotencyKeyLayer {
         SetIdempotencyKey {
             inner,
             header: self.header.clone(),
+            enabled: self.enabled,
         }
     }
 }
@@ -160,6 +172,7 @@ impl<S> Layer<S> for IdempotencyKeyLayer {
 pub struct SetIdempotencyKey<S> {
     inner: S,
     header: HeaderName,
+    enabled: bool,
 }
 
 impl<S> SetIdempotencyKey<S> {
@@ -203,6 +216,9 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if !self.enabled {
+            return self.inner.call(req);
+        }
         let given = req.extensions().get::<IdempotencyKey>();
         let wanted = given.is_some() || !is_idempotent(req.method());
         let has_key = req.headers().contains_key(&self.header)

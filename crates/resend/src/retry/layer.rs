@@ -164,20 +164,27 @@ impl<C> RetryLayer<C> {
     }
 }
 
+impl<C> RetryLayer<C> {
+    /// What `layer` makes, consuming the configuration (no `C: Clone` needed).
+    pub(crate) fn into_service<S>(self, inner: S) -> Retry<S, C> {
+        Retry::from_shared(
+            inner,
+            Arc::new(Shared {
+                classifier: self.classifier,
+                policy: self.policy,
+                budget: self.budget,
+                seed: self.seed,
+                calls: AtomicU64::new(0),
+                upstream: self.upstream,
+            }),
+        )
+    }
+}
+
 impl<S, C: Clone> Layer<S> for RetryLayer<C> {
     type Service = Retry<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Retry::from_shared(
-            inner,
-            Arc::new(Shared {
-                classifier: self.classifier.clone(),
-                policy: self.policy,
-                budget: self.budget.clone(),
-                seed: self.seed,
-                calls: AtomicU64::new(0),
-                upstream: self.upstream.clone(),
-            }),
-        )
+        self.clone().into_service(inner)
     }
 }

@@ -1,0 +1,268 @@
+//! The composed stack: every layer in the right order, one error type.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::classify::HttpClassifier;
+use crate::deadline::{
+    DeadlineBody, DeadlineHeader, DeadlineHeaderLayer, DeadlineLayer, DeadlineService,
+};
+use crate::error::{BoxError, Error};
+use crate::idempotency::{IdempotencyKeyLayer, SetIdempotencyKey};
+use crate::retry::{Backoff, Retry, RetryBudget, RetryLayer};
+
+use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
+
+/// Default deadline budget of a call: 10 s.
+pub const DEFAULT_TOTAL: Duration = Duration::from_secs(10);
+/// Default limit of one attempt: 5 s.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Starts a [`StackBuilder`]: the whole of resend, composed in the right
+/// order, with the defaults (10 s per call, 5 s per attempt, 3 attempts in
+/// all, the default backoff and retry budget).
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http::Request;
+/// use http_body_util::Full;
+/// use resend::{retry::ReplayBody, IdempotencyKey};
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // One stack per upstream, built once, cloned into every task.
+/// let shipping = resend::stack()
+///     .name("shipping")
+///     .total(Duration::from_secs(10))
+///     .attempt_timeout(Duration::from_secs(5))
+///     .max_attempts(3)
+///     .idempotency_keys()
+///     .service(resend::hyper_client::<ReplayBody<Full<Bytes>>>(Duration::from_secs(2)));
+///
+/// let mut req = Request::post("http://127.0.0.1:9/shipments").body(Full::new(Bytes::from("{}"))).unwrap();
+/// req.extensions_mut().insert(IdempotencyKey::new("shipment-request:42").unwrap());
+/// match shipping.clone().oneshot(req).await {
+///     Ok(resp) => { /* resp.extensions().get::<resend::Attempts>() says what happened */ }
+///     Err(e) if e.is_outcome_unknown() => { /* may have happened: look it up first */ }
+///     Err(e) => assert!(e.is_not_sent()), // nothing listens on port 9
+/// }
+/// # }
+/// ```
+pub fn stack() -> StackBuilder {
+    StackBuilder::new()
+}
+
+/// Builds a [`Stack`]; see [`stack`]. Every setting's default is stated on
+/// its method.
+#[derive(Clone, Debug)]
+pub struct StackBuilder<C = HttpClassifier> {
+    name: Option<Arc<str>>,
+    total: Duration,
+    attempt_timeout: Duration,
+    retry: RetryLayer<C>,
+    keys: IdempotencyKeyLayer,
+    header: DeadlineHeaderLayer,
+}
+
+impl StackBuilder {
+    /// The defaults; see [`stack`].
+    pub fn new() -> Self {
+        Self {
+            name: None,
+            total: DEFAULT_TOTAL,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+            retry: RetryLayer::new(),
+            keys: IdempotencyKeyLayer::disabled(),
+            header: DeadlineHeaderLayer::new(),
+        }
+    }
+}
+
+impl Default for StackBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C> StackBuilder<C> {
+    /// Names the upstream: it shows up in errors, tracing and 504 bodies.
+    /// Default: unnamed.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        self.retry = self.retry.upstream(name.clone());
+        self.name = Some(name);
+        self
+    }
+
+    /// The deadline budget of a call, shrunk to an inherited one. Default 10 s.
+    #[must_use]
+    pub fn total(mut self, total: Duration) -> Self {
+        self.total = total;
+        self
+    }
+
+    /// The limit of one attempt (never more than the time left). Default 5 s.
+    #[must_use]
+    pub fn attempt_timeout(mut self, per_attempt: Duration) -> Self {
+        self.attempt_timeout = per_attempt;
+        self
+    }
+
+    /// Attempts in all, the first included. Default 3.
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.retry = self.retry.max_attempts(attempts);
+        self
+    }
+
+    /// The backoff between attempts. Default [`Backoff::DEFAULT`].
+    #[must_use]
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.retry = self.retry.backoff(backoff);
+        self
+    }
+
+    /// The retry budget, shared by every clone of the stack. Default
+    /// [`RetryBudget::default`].
+    #[must_use]
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.retry = self.retry.budget(budget);
+        self
+    }
+
+    /// No retry budget: only attempts and time limit retries.
+    #[must_use]
+    pub fn no_budget(mut self) -> Self {
+        self.retry = self.retry.no_budget();
+        self
+    }
+
+    /// Seeds the jitter, for tests. Default: seeded from the system.
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.retry = self.retry.seed(seed);
+        self
+    }
+
+    /// Configures the retry layer further (overload floor, server waits,
+    /// replay cap…).
+    #[must_use]
+    pub fn retry<C2>(self, f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>) -> StackBuilder<C2> {
+        StackBuilder {
+            name: self.name,
+            total: self.total,
+            attempt_timeout: self.attempt_timeout,
+            retry: f(self.retry),
+            keys: self.keys,
+            header: self.header,
+        }
+    }
+
+    /// Declares that this upstream honours `Idempotency-Key`: unsafe requests
+    /// get one key per call (the caller's [`IdempotencyKey`](crate::IdempotencyKey)
+    /// or a UUID v4), reused on every attempt, which makes them replay-safe.
+    /// Default: off.
+    #[must_use]
+    pub fn idempotency_keys(mut self) -> Self {
+        self.keys = IdempotencyKeyLayer::new();
+        self
+    }
+
+    /// Also writes the time left, in milliseconds, as `name` on HTTP requests
+    /// (gRPC requests always carry `grpc-timeout`). Default: none.
+    #[must_use]
+    pub fn deadline_header(mut self, name: HeaderName) -> Self {
+        self.header = self.header.http_header(name);
+        self
+    }
+
+    /// Wraps `transport` (a hyper-util client, a reqwest adapter, a tonic
+    /// channel) in the stack.
+    pub fn service<S>(self, transport: S) -> Stack<S, C> {
+        let total = match &self.name {
+            Some(n) => DeadlineLayer::new(self.total).upstream(n.clone()),
+            None => DeadlineLayer::new(self.total),
+        };
+        let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(transport);
+        let inner = self.header.layer(inner);
+        let inner = self.retry.into_service(inner);
+        let inner = self.keys.layer(inner);
+        Stack {
+            inner: total.layer(inner),
+        }
+    }
+}
+
+type Inner<S, C> = DeadlineService<SetIdempotencyKey<Retry<DeadlineHeader<AttemptTimeout<S>>, C>>>;
+
+/// The composed stack, outside in: [`DeadlineLayer`],
+/// [`IdempotencyKeyLayer`], [`RetryLayer`], [`DeadlineHeaderLayer`],
+/// [`AttemptTimeoutLayer`], then the transport. Its error is always a
+/// [`resend::Error`](Error).
+pub struct Stack<S, C = HttpClassifier> {
+    inner: Inner<S, C>,
+}
+
+impl<S: Clone, C> Clone for Stack<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, C: std::fmt::Debug> std::fmt::Debug for Stack<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack").field("inner", &self.inner).finish()
+    }
+}
+
+impl<S, C, ReqB, ResB> Service<Request<ReqB>> for Stack<S, C>
+where
+    Inner<S, C>: Service<Request<ReqB>, Response = Response<DeadlineBody<ResB>>, Error = BoxError>,
+{
+    type Response = Response<DeadlineBody<ResB>>;
+    type Error = Error;
+    type Future = StackFuture<<Inner<S, C> as Service<Request<ReqB>>>::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner.poll_ready(cx).map_err(Error::from_box)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        StackFuture {
+            inner: self.inner.call(req),
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`Stack`].
+    #[derive(Debug)]
+    pub struct StackFuture<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F, T> Future for StackFuture<F>
+where
+    F: Future<Output = Result<T, BoxError>>,
+{
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx).map_err(Error::from_box)
+    }
+}
