@@ -211,9 +211,9 @@ impl Error {
         if kind == ErrorKind::DeadlineExceeded {
             e.inner.phase = Some(Phase::Waiting);
         }
-        // Keep what the last failure established (its limit, its name).
+        // Keep what the last failure established (its name; its limit stays
+        // with it, in the source: the call's own time is `elapsed`).
         if let Some(last) = source.as_deref().and_then(|s| s.downcast_ref::<Self>()) {
-            e.inner.limit = last.inner.limit;
             e.inner.upstream.clone_from(&last.inner.upstream);
             if kind == ErrorKind::DeadlineExceeded && last.is_deadline_exceeded() {
                 e.inner.phase = last.inner.phase;
@@ -447,6 +447,11 @@ impl fmt::Display for Error {
             write!(f, "{u}: ")?;
         }
         match i.kind {
+            ErrorKind::DeadlineExceeded
+                if i.history.as_ref().is_some_and(|h| h.stop() == crate::retry::Stop::Deadline) =>
+            {
+                f.write_str("deadline exceeded: no time left for another attempt")?;
+            }
             ErrorKind::DeadlineExceeded => {
                 f.write_str("deadline exceeded")?;
                 if let Some(p) = i.phase {

@@ -80,7 +80,7 @@ pub mod timeout;
 
 pub use builder::ServiceBuilderExt;
 #[cfg(feature = "hyper-client")]
-pub use connect::hyper_client;
+pub use connect::{hyper_client, HyperClient};
 pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
 pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
 pub use idempotency::{IdempotencyKey, IdempotencyKeyLayer};

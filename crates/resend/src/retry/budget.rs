@@ -14,6 +14,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// How many seconds of the floor rate the floor bucket keeps.
+const FLOOR_SECONDS: f64 = 5.0;
+
 /// Limits retries to a share of the calls, so that an outage costs the
 /// upstream a little extra load instead of a multiple of it.
 ///
@@ -21,8 +24,9 @@ use tokio::time::Instant;
 /// at most about 20% of calls); every retry withdraws one. Deposits fade with
 /// time (an exponential decay with time constant `window`, 10 s by default),
 /// so the balance reflects recent traffic, not all traffic since start.
-/// A floor of `min_per_sec` retries per second (1 by default, at most one
-/// second's worth at a time) lets a quiet client still retry.
+/// A floor of `min_per_sec` retries per second (1 by default), of which up to
+/// five seconds' worth is kept, lets a quiet client still retry (a call's
+/// two retries, and then some).
 ///
 /// Clones share the same balance: build one per upstream, and give it to the
 /// layer once; every clone of the stack draws on it.
@@ -44,7 +48,7 @@ struct Inner {
     calls: AtomicU64,
     ratio: f64,
     min_per_sec: f64,
-    /// What the floor bucket holds at most: one second's worth, and at
+    /// What the floor bucket holds at most: five seconds' worth, and at
     /// least one token when there is a floor at all.
     floor_cap: f64,
     window: Duration,
@@ -94,7 +98,7 @@ impl RetryBudget {
 
     fn build(ratio: f64, min_per_sec: f64, window: Duration) -> Self {
         let floor_cap = if min_per_sec > 0.0 {
-            min_per_sec.max(1.0)
+            (min_per_sec * FLOOR_SECONDS).max(1.0)
         } else {
             0.0
         };
@@ -181,11 +185,13 @@ mod tests {
         for _ in 0..100 {
             b.deposit();
         }
-        // 20% of 100 calls, plus the one-retry floor.
-        assert_eq!(drain(&b), 21);
-        // The floor refills at one per second, and holds at most one.
-        tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(drain(&b), 1);
+        // 20% of 100 calls, plus the floor's five seconds' worth.
+        assert_eq!(drain(&b), 25);
+        // The floor refills at one per second, and holds at most five.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(drain(&b), 2);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(drain(&b), 5);
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
