@@ -2,6 +2,7 @@
 //! tower's own middleware in the same run.
 //!
 //! `cargo bench -p resend --bench overhead`
+#![allow(missing_docs)] // criterion's macros make undocumented functions
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};

@@ -1,5 +1,12 @@
+//! Instruction counts of one successful call, for `valgrind --tool=callgrind`:
+//! repeatable whatever else the machine is doing, unlike wall-clock timings.
+//!
+//! ```sh
+//! cargo bench -p resend --bench callgrind --no-run
+//! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.both <bench binary> both 20000
+//! ```
+//! Variants: `bare`, `tower` (tower's Timeout), `deadline`, `attempt`, `both`.
 #![allow(missing_docs, clippy::unwrap_used)]
-//! Scratch: run one variant N times, for instruction counting under callgrind.
 use http::{Request, Response};
 use http_body_util::Empty;
 use resend::{AttemptTimeoutLayer, DeadlineLayer};
