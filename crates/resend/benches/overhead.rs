@@ -20,7 +20,7 @@ type Body = Empty<bytes::Bytes>;
 #[derive(Clone, Copy)]
 struct Instant200;
 
-impl Service<Request<Body>> for Instant200 {
+impl<B> Service<Request<B>> for Instant200 {
     type Response = Response<Body>;
     type Error = Infallible;
     type Future = Ready<Result<Response<Body>, Infallible>>;
@@ -32,7 +32,7 @@ impl Service<Request<Body>> for Instant200 {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _req: Request<Body>) -> Self::Future {
+    fn call(&mut self, _req: Request<B>) -> Self::Future {
         ready(Ok(Response::new(Body::new())))
     }
 }
@@ -75,24 +75,61 @@ fn deadline_and_attempt(c: &mut Criterion) {
             .service(Instant200);
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
-    group.bench_function("deadline_only", |b| {
+    group.finish();
+}
+
+/// tower's retry with the simplest policy a user would write: clone the
+/// request, retry 5xx up to twice.
+#[derive(Clone)]
+struct CloneAndRetry {
+    left: usize,
+}
+
+impl<E> tower::retry::Policy<Request<Body>, Response<Body>, E> for CloneAndRetry {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _req: &mut Request<Body>,
+        result: &mut Result<Response<Body>, E>,
+    ) -> Option<Self::Future> {
+        match result {
+            Ok(r) if !r.status().is_server_error() => None,
+            _ if self.left > 0 => {
+                self.left -= 1;
+                Some(ready(()))
+            }
+            _ => None,
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
+        Some(req.clone())
+    }
+}
+
+fn full_stack(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("full_stack");
+
+    group.bench_function("tower_retry_timeout", |b| {
         let svc = ServiceBuilder::new()
-            .layer(DeadlineLayer::new(Duration::from_secs(10)))
+            .timeout(Duration::from_secs(10))
+            .retry(CloneAndRetry { left: 2 })
+            .timeout(Duration::from_secs(5))
             .service(Instant200);
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
-    group.bench_function("attempt_only", |b| {
-        let svc = ServiceBuilder::new()
-            .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
-            .service(Instant200);
+
+    group.bench_function("resend_stack", |b| {
+        let svc = resend::stack().name("bench").service(Instant200);
         b.to_async(&rt).iter(|| one_call(svc.clone()));
-    });
-    group.bench_function("bare", |b| {
-        let svc = Instant200;
-        b.to_async(&rt).iter(|| one_call(svc));
     });
     group.finish();
 }
 
-criterion_group!(benches, deadline_and_attempt);
+criterion_group!(benches, deadline_and_attempt, full_stack);
 criterion_main!(benches);

@@ -30,6 +30,17 @@ struct CallContext {
     deadline: Deadline,
     now: Option<Instant>,
     phase: Phase,
+    /// An inner layer holds an armed timer that fires at or before the
+    /// deadline and wakes the task: the deadline needs no timer of its own
+    /// for this poll.
+    covered: bool,
+}
+
+/// What the inner layers reported during one `call` or `poll`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Report {
+    pub(crate) phase: Phase,
+    pub(crate) covered: bool,
 }
 
 /// Puts the previous context back when dropped.
@@ -41,23 +52,34 @@ impl Drop for Restore {
     }
 }
 
-/// Runs `f` inside a call context and returns its result together with the
-/// phase the inner layers reported (an attempt in flight, unless told otherwise).
+/// Runs `f` inside a call context and returns its result together with what
+/// the inner layers reported (an attempt in flight and no cover, unless told
+/// otherwise).
 pub(crate) fn enter<R>(
     deadline: Deadline,
     now: Option<Instant>,
     f: impl FnOnce() -> R,
-) -> (R, Phase) {
+) -> (R, Report) {
     let cx = CallContext {
         deadline,
         now,
         phase: Phase::Attempt,
+        covered: false,
     };
     let restore = Restore(CALL.with(|c| c.replace(Some(cx))));
     let r = f();
-    let phase = CALL.with(Cell::get).map_or(Phase::Attempt, |cx| cx.phase);
+    let report = CALL.with(Cell::get).map_or(
+        Report {
+            phase: Phase::Attempt,
+            covered: false,
+        },
+        |cx| Report {
+            phase: cx.phase,
+            covered: cx.covered,
+        },
+    );
     drop(restore);
-    (r, phase)
+    (r, report)
 }
 
 /// The enclosing call's deadline, and the current instant if the call is
@@ -66,8 +88,21 @@ pub(crate) fn current() -> Option<(Deadline, Option<Instant>)> {
     CALL.with(Cell::get).map(|cx| (cx.deadline, cx.now))
 }
 
+/// Tells an enclosing deadline that a timer firing at `until` is armed and
+/// will wake the task; if that is no later than the deadline, the deadline
+/// need not arm one of its own.
+pub(crate) fn cover(until: Instant) {
+    CALL.with(|c| {
+        if let Some(mut cx) = c.get() {
+            if until <= cx.deadline.instant() {
+                cx.covered = true;
+                c.set(Some(cx));
+            }
+        }
+    });
+}
+
 /// Tells an enclosing deadline, if any, what the call is doing now.
-#[allow(dead_code)] // used by the retry layer
 pub(crate) fn report(phase: Phase) {
     CALL.with(|c| {
         if let Some(mut cx) = c.get() {
@@ -90,10 +125,25 @@ mod tests {
             let ((), inner) = enter(d, Some(Instant::now()), || {
                 assert!(current().is_some_and(|(_, now)| now.is_some()));
                 report(Phase::Waiting);
+                cover(d.instant());
             });
-            assert_eq!(inner, Phase::Waiting);
+            assert_eq!(
+                inner,
+                Report {
+                    phase: Phase::Waiting,
+                    covered: true
+                }
+            );
             assert_eq!(current().map(|(d, _)| d), Some(d));
+            // A timer past the deadline covers nothing.
+            cover(d.instant() + std::time::Duration::from_millis(1));
         });
-        assert_eq!(outer, Phase::Attempt);
+        assert_eq!(
+            outer,
+            Report {
+                phase: Phase::Attempt,
+                covered: false
+            }
+        );
     }
 }

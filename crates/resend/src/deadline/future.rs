@@ -100,8 +100,9 @@ where
 
         // The inner future first: a response that is ready wins a tie with
         // the clock.
-        let (result, phase) = context::enter(deadline, None, || inner.poll(cx));
-        *last_phase = phase;
+        let (result, report) = context::enter(deadline, None, || inner.poll(cx));
+        *last_phase = report.phase;
+        let phase = report.phase;
         match result {
             Poll::Ready(Ok(response)) => {
                 let upstream = this.upstream.take();
@@ -126,6 +127,11 @@ where
         }
 
         if sleep.as_mut().as_pin_mut().is_none() {
+            if report.covered {
+                // An inner timer that fires no later than the deadline will
+                // wake us: one timer per call instead of two.
+                return Poll::Pending;
+            }
             sleep.set(Some(tokio::time::sleep_until(deadline.instant())));
         }
         if let Some(s) = sleep.as_pin_mut() {

@@ -14,7 +14,6 @@ use tower_service::Service;
 
 use super::layer::Shared;
 use super::policy::Decision;
-use super::service::call_marked;
 use super::{Attempt, Attempts, ReplayBody, Stop};
 use crate::classify::{Class, Classification, Classify, RequestFacts};
 use crate::deadline::{context, Deadline};
@@ -129,8 +128,14 @@ impl<S, B, C> Retrying<S, B, C> {
                 Err(e.into())
             }
             Err(source) => {
+                // A deadline that ran out stays the reason, whatever else
+                // also stopped the call: the caller can tell which limit fired.
+                let deadline = source
+                    .downcast_ref::<Error>()
+                    .is_some_and(Error::is_deadline_exceeded);
                 let kind = match stop {
                     Stop::OutcomeUnknown => Some(ErrorKind::OutcomeUnknown),
+                    _ if deadline => Some(ErrorKind::DeadlineExceeded),
                     Stop::MaxAttempts if history.len() > 1 => Some(ErrorKind::RetriesExhausted),
                     Stop::Budget => Some(ErrorKind::BudgetExhausted),
                     Stop::NotReplayable => Some(ErrorKind::BodyNotReplayable),
@@ -286,8 +291,7 @@ where
                     };
                     let req = Request::from_parts(r.parts.clone(), body);
                     r.attempt_start = Instant::now();
-                    let service = &mut r.service;
-                    let future = call_marked(|| service.call(req));
+                    let future = r.service.call(req);
                     this.state.set(State::Calling { future });
                 }
                 StateProj::Done => {

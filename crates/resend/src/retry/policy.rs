@@ -69,6 +69,10 @@ impl Policy {
         if c.pushback() == Some(Pushback::DoNotRetry) {
             return Decision::Stop(Stop::ServerSaidNo);
         }
+        // The deadline has passed: say so, whatever the attempt count.
+        if remaining == Some(Duration::ZERO) {
+            return Decision::Stop(Stop::Deadline);
+        }
         // 2. Attempts left?
         if made >= self.max_attempts {
             return Decision::Stop(Stop::MaxAttempts);
@@ -190,6 +194,14 @@ mod tests {
         assert_eq!(
             decide(no, true, 1, None),
             Decision::Stop(Stop::ServerSaidNo)
+        );
+    }
+
+    #[test]
+    fn a_spent_deadline_is_blamed_before_the_attempt_cap() {
+        assert_eq!(
+            decide(cls(Class::Unknown), true, 3, Some(Duration::ZERO)),
+            Decision::Stop(Stop::Deadline)
         );
     }
 

@@ -1,4 +1,3 @@
-use std::cell::Cell;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -58,26 +57,13 @@ impl<S, C> Retry<S, C> {
     }
 }
 
-// Set while a retry layer calls its inner service, so that a retry layer
-// further in finds that an outer one is in charge and passes requests
-// through: retries never multiply (3 layers of 3 attempts send 3 times, not
-// 27). A thread-local suffices: a service's `call` runs synchronously inside
-// its caller's `call` or `poll`.
-thread_local! {
-    static IN_RETRY: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `f` (a call of the inner service) marked as under a retry layer.
-pub(super) fn call_marked<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            IN_RETRY.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(IN_RETRY.with(|c| c.replace(true)));
-    f()
-}
+/// Marks a request that a retry layer is in charge of, so that a retry layer
+/// further in passes it through: retries never multiply (3 layers of 3
+/// attempts send 3 times, not 27). An extension, not a thread-local, so that
+/// it survives whatever lies between the layers (an `async` adapter, a
+/// buffer's worker task). Zero-sized: inserting it allocates nothing.
+#[derive(Clone, Copy, Debug)]
+struct RetryInCharge;
 
 impl<S, C, ReqB, ResB> Service<Request<ReqB>> for Retry<S, C>
 where
@@ -95,10 +81,10 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if IN_RETRY.with(Cell::get) {
+        if req.extensions().get::<RetryInCharge>().is_some() {
             // An outer retry layer is in charge of this request.
             let req = req.map(ReplayBody::passthrough);
-            return ResponseFuture::passthrough(call_marked(|| self.inner.call(req)));
+            return ResponseFuture::passthrough(self.inner.call(req));
         }
         let shared = Arc::clone(&self.shared);
         let (call_deadline, now) = match context::current() {
@@ -117,7 +103,8 @@ where
         if let Some(budget) = &shared.budget {
             budget.deposit();
         }
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        parts.extensions.insert(RetryInCharge);
         let body = ReplayBody::new(body, shared.policy.replay_cap);
         // A fresh body always clones; if it ever did not, it is sent as it is
         // and simply not replayed.
@@ -129,7 +116,7 @@ where
         // Call the service that was made ready; keep a clone for later attempts.
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
-        let future = call_marked(|| service.call(attempt));
+        let future = service.call(attempt);
         ResponseFuture::retrying(
             future,
             Retrying::new(

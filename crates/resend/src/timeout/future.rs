@@ -1,11 +1,12 @@
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
+use crate::deadline::context;
 use crate::error::{BoxError, Error, Phase};
 
 pin_project! {
@@ -77,7 +78,10 @@ where
             this.sleep.set(Some(tokio::time::sleep_until(*this.until)));
         }
         if let Some(s) = this.sleep.as_pin_mut() {
-            ready!(s.poll(cx));
+            if s.poll(cx).is_pending() {
+                context::cover(*this.until);
+                return Poll::Pending;
+            }
         }
         // Drop the attempt now: its connection is released, not kept waiting.
         this.inner.set(None);
