@@ -1,0 +1,630 @@
+//! End-to-end tests of resend's retries over loopback, against the scripted
+//! `resend-testkit` server, on tokio's paused clock.
+//!
+//! Every test asserts what the server saw (arrivals, their keys, bodies and
+//! times) and what the client got (status, `Attempts`, error kind), per
+//! DESIGN sections 3, 4 and 8.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{Request, StatusCode, Version};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use resend::classify::Class;
+use resend::retry::{ReplayBody, RetryLayer, Stop};
+use resend::ErrorKind;
+use resend_testkit::{Arrival, Reply, Script, TestServer};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+
+use common::{
+    attempts, closed_port, get, idle, post, stack, transport, within, Chunks, CONNECT_TIMEOUT,
+};
+
+const MS: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
+/// The ceiling of the first jittered backoff (`Backoff::DEFAULT`, base 100 ms).
+const FIRST_JITTER: Duration = Duration::from_millis(100);
+
+async fn server(script: Script) -> TestServer {
+    TestServer::start(script)
+        .await
+        .expect("start the test server")
+}
+
+// 1. Overloaded and rejected answers.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn get_through_503_503_200_answers_200_after_three_attempts() {
+    let server = server(Script::new().then_n(2, Reply::status(503))).await;
+    let client = stack().service(transport());
+
+    let resp = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect("the third attempt answers 200");
+
+    assert_eq!(resp.status(), StatusCode::OK);
+    let a = attempts(&resp);
+    assert_eq!(a.len(), 3);
+    assert_eq!(a.stop(), Stop::Final);
+    assert_eq!(
+        a.iter().map(|a| a.status()).collect::<Vec<_>>(),
+        [
+            Some(StatusCode::SERVICE_UNAVAILABLE),
+            Some(StatusCode::SERVICE_UNAVAILABLE),
+            Some(StatusCode::OK)
+        ]
+    );
+    assert_eq!(server.arrival_count(), 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn get_answered_400_is_returned_after_one_attempt() {
+    let server = server(Script::new().otherwise(Reply::status(400))).await;
+    let client = stack().service(transport());
+
+    let resp = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect("a 400 is an answer, not an error");
+
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let a = attempts(&resp);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a.stop(), Stop::Final);
+    assert_eq!(a.last().map(|a| a.class()), Some(Class::Rejected));
+    idle(10 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
+}
+
+// 2. and 3. POST under timeouts: charges per logical POST.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn post_without_key_that_worked_then_hung_is_sent_once_and_outcome_unknown() {
+    let server = server(Script::new().otherwise(Reply::work_then_hang())).await;
+    let client = stack().attempt_timeout(SECOND).service(transport());
+
+    let err = within(client.oneshot(post(server.uri("/charges"))))
+        .await
+        .expect_err("nobody answers");
+
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown);
+    assert!(err.is_outcome_unknown());
+    assert!(!err.is_not_sent());
+    let history = err.history().expect("the retry layer records the call");
+    assert_eq!(history.len(), 1);
+    assert_eq!(history.stop(), Stop::OutcomeUnknown);
+    // Nothing goes on in the background.
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
+    assert_eq!(server.effects(None), 1);
+    assert_eq!(server.total_effects(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn post_with_idempotency_keys_is_retried_with_one_key_per_logical_call() {
+    let server = server(Script::new().otherwise(Reply::work_then_hang())).await;
+    let client = stack()
+        .attempt_timeout(SECOND)
+        .idempotency_keys()
+        .service(transport());
+
+    for _ in 0..2 {
+        let err = within(client.clone().oneshot(post(server.uri("/charges"))))
+            .await
+            .expect_err("nobody answers");
+        assert_eq!(err.kind(), ErrorKind::RetriesExhausted);
+        assert!(!err.is_outcome_unknown());
+        assert_eq!(err.attempts(), 3);
+        let history = err.history().expect("the retry layer records the call");
+        assert_eq!(history.len(), 3);
+        assert_eq!(history.stop(), Stop::MaxAttempts);
+    }
+
+    idle(30 * SECOND).await;
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 6, "3 attempts (the cap) per logical POST");
+    let keys: Vec<Option<String>> = arrivals.iter().map(|a| a.idempotency_key.clone()).collect();
+    let (first, second) = keys.split_at(3);
+    assert!(first[0].is_some() && second[0].is_some(), "{keys:?}");
+    assert!(first.iter().all(|k| *k == first[0]), "{keys:?}");
+    assert!(second.iter().all(|k| *k == second[0]), "{keys:?}");
+    assert_ne!(first[0], second[0], "two logical POSTs, two keys");
+    // The testkit records one effect per arrival that did the work; with no
+    // server-side dedup each attempt counts, under its call's key.
+    assert_eq!(server.effects(first[0].as_deref()), 3);
+    assert_eq!(server.effects(second[0].as_deref()), 3);
+    assert_eq!(server.effects(None), 0);
+}
+
+// 4. Nothing sent: always safe to send again.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn post_to_a_closed_port_is_retried_up_to_the_cap_and_says_not_sent() {
+    let uri: http::Uri = format!("http://127.0.0.1:{}/charges", closed_port())
+        .parse()
+        .expect("a valid uri");
+    // No budget: a lone call's budget would stop the second retry; the cap is
+    // what this test is about.
+    let client = stack().no_budget().service(transport());
+
+    let err = within(client.oneshot(post(uri)))
+        .await
+        .expect_err("nothing listens");
+
+    assert_eq!(err.kind(), ErrorKind::RetriesExhausted);
+    assert!(err.is_not_sent());
+    assert!(!err.is_outcome_unknown());
+    assert_eq!(err.attempts(), 3);
+    let history = err.history().expect("the retry layer records the call");
+    assert_eq!(history.len(), 3);
+    assert_eq!(history.stop(), Stop::MaxAttempts);
+    assert!(history.iter().all(|a| a.class() == Class::NotSent));
+    assert!(!history.any_sent());
+}
+
+// 5. Retry-After.
+
+/// The gap between the first two arrivals.
+fn first_gap(arrivals: &[Arrival]) -> Duration {
+    assert!(arrivals.len() >= 2, "{} arrival(s)", arrivals.len());
+    arrivals[1].at - arrivals[0].at
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_429_with_retry_after_1_is_retried_after_1_s_plus_at_most_the_first_jitter() {
+    let server = server(Script::new().then(Reply::status(429).header("retry-after", "1"))).await;
+    let client = stack().service(transport());
+
+    let resp = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect("the second attempt answers");
+
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(attempts(&resp).len(), 2);
+    assert_eq!(
+        attempts(&resp).iter().next().and_then(|a| a.server_wait()),
+        Some(SECOND)
+    );
+    let gap = first_gap(&server.arrivals());
+    assert!(gap >= SECOND, "{gap:?}");
+    assert!(gap <= SECOND + FIRST_JITTER, "{gap:?}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_429_is_retried_even_for_a_post_without_key() {
+    let server = server(Script::new().then(Reply::status(429).header("retry-after", "1"))).await;
+    let client = stack().service(transport());
+
+    let resp = within(client.oneshot(post(server.uri("/charges"))))
+        .await
+        .expect("the second attempt answers");
+
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(attempts(&resp).len(), 2);
+    assert_eq!(server.arrival_count(), 2);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_503_to_a_post_without_key_is_not_retried_and_outcome_unknown() {
+    let server = server(Script::new().otherwise(Reply::status(503))).await;
+    let client = stack().service(transport());
+
+    let err = within(client.oneshot(post(server.uri("/charges"))))
+        .await
+        .expect_err("a 503 may have been processed");
+
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.attempts(), 1);
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_429_with_an_http_date_retry_after_waits_until_that_date() {
+    // HTTP-dates have a resolution of one second, and SystemTime is not
+    // paused: "now + 3 s" reads as between 2 and 3 s from now.
+    let date = httpdate::fmt_http_date(SystemTime::now() + 3 * SECOND);
+    let server = server(Script::new().then(Reply::status(429).header("retry-after", &date))).await;
+    let client = stack().service(transport());
+
+    let resp = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect("the second attempt answers");
+
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(attempts(&resp).len(), 2);
+    let gap = first_gap(&server.arrivals());
+    assert!(gap >= 2 * SECOND, "{gap:?}");
+    assert!(gap <= 3 * SECOND + FIRST_JITTER, "{gap:?}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_after_past_the_deadline_returns_the_429_at_once() {
+    let server =
+        server(Script::new().otherwise(Reply::status(429).header("retry-after", "60"))).await;
+    // Honour waits up to 120 s, so that the 10 s deadline is what says no.
+    let client = stack()
+        .total(10 * SECOND)
+        .retry(|r| r.max_server_wait(120 * SECOND))
+        .service(transport());
+
+    let start = Instant::now();
+    let resp = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect("the 429 is returned");
+
+    assert!(start.elapsed() < 100 * MS, "{:?}", start.elapsed());
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let a = attempts(&resp);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a.stop(), Stop::Deadline);
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retry_after_past_the_longest_honoured_wait_returns_the_429_at_once() {
+    let server =
+        server(Script::new().otherwise(Reply::status(429).header("retry-after", "60"))).await;
+    // Defaults: waits honoured up to 30 s; a 10 s deadline.
+    let client = stack().service(transport());
+
+    let start = Instant::now();
+    let resp = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect("the 429 is returned");
+
+    assert!(start.elapsed() < 100 * MS, "{:?}", start.elapsed());
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let a = attempts(&resp);
+    assert_eq!(a.len(), 1);
+    assert!(
+        matches!(a.stop(), Stop::ServerSaidNo | Stop::Deadline),
+        "{:?}",
+        a.stop()
+    );
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
+}
+
+// 6. Silent upstream: give up at the deadline, never later.
+
+/// Seeds for the tests whose outcome depends on the jitter drawn: the waits
+/// decide whether a third attempt fits before the deadline, and both paths
+/// must behave.
+const SEEDS: std::ops::Range<u64> = 0..16;
+
+/// One GET against a silent upstream, 1 s in all and 400 ms per attempt, with
+/// jitter seeded by `seed`; no retry budget, so that time alone limits it.
+/// Returns the error, the time it took and the arrivals at the server.
+async fn give_up_on_a_silent_upstream(seed: u64) -> (resend::Error, Duration, usize) {
+    let server = server(Script::new().otherwise(Reply::never())).await;
+    let client = stack()
+        .seed(seed)
+        .no_budget()
+        .total(SECOND)
+        .attempt_timeout(400 * MS)
+        .service(transport());
+    let start = Instant::now();
+    let err = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect_err("nobody answers");
+    (err, start.elapsed(), server.arrival_count())
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_silent_upstream_is_given_up_on_by_the_deadline_never_later() {
+    for seed in SEEDS {
+        let (err, elapsed, arrivals) = give_up_on_a_silent_upstream(seed).await;
+        assert!(elapsed <= SECOND + 5 * MS, "seed {seed}: {elapsed:?}");
+        assert!(
+            (2..=3).contains(&arrivals),
+            "seed {seed}: a GET that timed out at 400 ms of 1 s is retried: {arrivals}"
+        );
+        assert!(!err.is_not_sent(), "seed {seed}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+#[ignore = "library bug: a deadline that cuts the last allowed attempt yields RetriesExhausted, not DeadlineExceeded (retry/future.rs finish)"]
+async fn a_silent_upstream_fails_with_deadline_exceeded_whatever_the_jitter() {
+    for seed in SEEDS {
+        let (err, elapsed, _) = give_up_on_a_silent_upstream(seed).await;
+        assert!(elapsed <= SECOND + 5 * MS, "seed {seed}: {elapsed:?}");
+        assert_eq!(
+            err.kind(),
+            ErrorKind::DeadlineExceeded,
+            "seed {seed}: {err}; {:?}",
+            err.history().map(ToString::to_string)
+        );
+        assert!(err.is_deadline_exceeded());
+        assert!(err.is_timeout());
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+#[ignore = "library bug: a deadline that cuts the last allowed attempt yields RetriesExhausted, not DeadlineExceeded (retry/future.rs finish)"]
+async fn a_deadline_that_cuts_the_last_allowed_attempt_is_deadline_exceeded() {
+    // Attempt 1 times out at 600 ms; the retry (after at most 100 ms) is the
+    // last one allowed and the 1 s deadline cuts it: whatever the jitter.
+    let server = server(Script::new().otherwise(Reply::never())).await;
+    let client = stack()
+        .no_budget()
+        .max_attempts(2)
+        .total(SECOND)
+        .attempt_timeout(600 * MS)
+        .service(transport());
+    let start = Instant::now();
+    let err = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect_err("nobody answers");
+
+    assert_eq!(start.elapsed(), SECOND);
+    assert_eq!(server.arrival_count(), 2);
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded, "{err}");
+    assert!(err.is_timeout());
+}
+
+// 7. Outage: upstream attempts per logical request.
+
+/// Runs `calls` concurrent logical GETs through clones of `client` against
+/// an always-503 upstream and returns upstream attempts per logical call.
+async fn attempts_per_call_in_an_outage(
+    client: resend::Stack<common::Transport>,
+    calls: usize,
+) -> f64 {
+    let server = server(Script::new().otherwise(Reply::status(503))).await;
+    let mut set = JoinSet::new();
+    for i in 0..calls {
+        let req = get(server.uri(&format!("/items/{i}")));
+        set.spawn(client.clone().oneshot(req));
+    }
+    let mut answered = 0;
+    while let Some(joined) = within(set.join_next()).await {
+        let resp = joined
+            .expect("the task ran")
+            .expect("a 503 is returned, not an error");
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        answered += 1;
+    }
+    assert_eq!(answered, calls);
+    server.arrival_count() as f64 / calls as f64
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_outage_costs_at_most_1_3_attempts_per_call_with_the_budget() {
+    let ratio = attempts_per_call_in_an_outage(stack().service(transport()), 100).await;
+    assert!(ratio <= 1.3, "{ratio}");
+    assert!(ratio > 1.0, "the budget allows some retries: {ratio}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_outage_costs_3_attempts_per_call_without_the_budget() {
+    let ratio = attempts_per_call_in_an_outage(stack().no_budget().service(transport()), 100).await;
+    assert!(ratio >= 2.7, "{ratio}");
+    assert!(ratio <= 3.0, "{ratio}");
+}
+
+// 8. After an outage: no herd.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn after_an_outage_retries_are_spread_not_in_step() {
+    const CLIENTS: usize = 100;
+    const OUTAGE: Duration = Duration::from_secs(2);
+    const WINDOW: Duration = Duration::from_millis(50);
+
+    let start = Instant::now();
+    let server = server(Script::from_fn(move |a| {
+        if a.at.duration_since(start) < OUTAGE {
+            Reply::status(503)
+        } else {
+            Reply::ok()
+        }
+    }))
+    .await;
+
+    // 100 independent clients (each its own stack, budget and jitter seed),
+    // all sending their first attempt at t = 0.
+    let mut set = JoinSet::new();
+    for i in 0..CLIENTS {
+        let client = stack().seed(i as u64).service(transport());
+        let req = get(server.uri(&format!("/herd/{i}")));
+        set.spawn(client.oneshot(req));
+    }
+    let mut ok = 0;
+    while let Some(joined) = within(set.join_next()).await {
+        let resp = joined
+            .expect("the task ran")
+            .expect("recovers once the outage ends");
+        assert_eq!(resp.status(), StatusCode::OK, "{}", attempts(&resp));
+        ok += 1;
+    }
+    assert_eq!(ok, CLIENTS);
+
+    // Each client's arrivals in order; its first attempt was at t = 0.
+    let mut by_client: BTreeMap<String, Vec<Instant>> = BTreeMap::new();
+    for a in server.arrivals() {
+        by_client
+            .entry(a.uri.path().to_owned())
+            .or_default()
+            .push(a.at);
+    }
+    assert_eq!(by_client.len(), CLIENTS);
+    let mut retries = Vec::new();
+    for times in by_client.values_mut() {
+        times.sort();
+        assert_eq!(times[0], start, "every first attempt at t = 0");
+        retries.extend_from_slice(&times[1..]);
+    }
+    assert!(
+        retries.len() >= CLIENTS,
+        "every client retried at least once"
+    );
+
+    // Retries per 50 ms window: the busiest holds at most 3x the mean of the
+    // windows that saw retry traffic.
+    let mut windows: BTreeMap<u128, usize> = BTreeMap::new();
+    for t in &retries {
+        *windows
+            .entry(t.duration_since(start).as_nanos() / WINDOW.as_nanos())
+            .or_default() += 1;
+    }
+    let busiest = *windows.values().max().expect("retries happened");
+    let mean = retries.len() as f64 / windows.len() as f64;
+    assert!(
+        busiest as f64 <= 3.0 * mean,
+        "busiest window {busiest}, mean {mean:.1} over {} windows: {windows:?}",
+        windows.len()
+    );
+    // A herd in step would also pass that ratio (every retry of a round in
+    // one window): the clients must not come back at the same instants.
+    let mut at_instant: BTreeMap<Instant, usize> = BTreeMap::new();
+    for t in &retries {
+        *at_instant.entry(*t).or_default() += 1;
+    }
+    let most_at_once = *at_instant.values().max().expect("retries happened");
+    assert!(most_at_once <= 10, "{most_at_once} retries at one instant");
+}
+
+// 9. Bodies: replayed byte for byte under the cap, never over it.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_streamed_put_body_is_replayed_byte_for_byte() {
+    let server = server(Script::new().then(Reply::status(503))).await;
+    let body = Chunks::new(8, 4096); // 32 KiB, under the 64 KiB cap
+    let expected = body.concat();
+    let client = stack().service(resend::hyper_client::<ReplayBody<Chunks>>(CONNECT_TIMEOUT));
+
+    let req = Request::put(server.uri("/objects/1"))
+        .body(body)
+        .expect("a valid request");
+    let resp = within(client.oneshot(req))
+        .await
+        .expect("the retry answers");
+
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(attempts(&resp).len(), 2);
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 2);
+    assert_eq!(arrivals[0].body, expected);
+    assert_eq!(arrivals[1].body, arrivals[0].body);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_streamed_body_over_the_cap_is_sent_once_and_not_replayed() {
+    let server = server(Script::new().otherwise(Reply::status(503))).await;
+    let body = Chunks::new(25, 4096); // 100 KiB, over the 64 KiB cap
+    let expected = body.concat();
+    let client = stack().service(resend::hyper_client::<ReplayBody<Chunks>>(CONNECT_TIMEOUT));
+
+    let req = Request::put(server.uri("/objects/1"))
+        .body(body)
+        .expect("a valid request");
+    let resp = within(client.oneshot(req))
+        .await
+        .expect("the 503 is returned");
+
+    // retry/future.rs `finish`: a response stays a response; the reason is
+    // in its Attempts.
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let a = attempts(&resp);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a.stop(), Stop::NotReplayable);
+    idle(30 * SECOND).await;
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 1);
+    assert_eq!(
+        arrivals[0].body, expected,
+        "the one attempt sent the whole body"
+    );
+}
+
+// 10. Nested retry layers do not multiply.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn three_nested_retry_layers_send_3_times_not_27() {
+    let server = server(Script::new().otherwise(Reply::status(503))).await;
+    let layer = RetryLayer::new().max_attempts(3).no_budget().seed(7);
+    let hyper =
+        resend::hyper_client::<ReplayBody<ReplayBody<ReplayBody<Full<Bytes>>>>>(CONNECT_TIMEOUT);
+    let client = layer.layer(layer.layer(layer.layer(hyper)));
+
+    let resp = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect("the last 503 is returned");
+
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let a = attempts(&resp);
+    assert_eq!(a.len(), 3);
+    assert_eq!(a.stop(), Stop::MaxAttempts);
+    idle(60 * SECOND).await;
+    assert_eq!(server.arrival_count(), 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+#[ignore = "library bug: the nested-retry guard is a thread-local set only during the inner call(), so a stack called from an async adapter retries too (9 sends)"]
+async fn a_stack_nested_inside_a_stack_through_an_async_adapter_sends_3_times_not_9() {
+    let server = server(Script::new().otherwise(Reply::status(503))).await;
+    let inner = stack().no_budget().service(resend::hyper_client::<
+        ReplayBody<ReplayBody<Full<Bytes>>>,
+    >(CONNECT_TIMEOUT));
+    // The idiomatic adapter: call the inner stack when polled.
+    let adapter = tower::service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
+        let inner = inner.clone();
+        async move { inner.oneshot(req).await }
+    });
+    let client = stack().no_budget().service(adapter);
+
+    let resp = within(client.oneshot(get(server.uri("/items"))))
+        .await
+        .expect("the last 503 is returned");
+
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    idle(60 * SECOND).await;
+    assert_eq!(server.arrival_count(), 3);
+}
+
+// 11. The same over HTTP/2.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn over_http2_get_through_503_503_200_answers_200_after_three_attempts() {
+    let server = TestServer::builder()
+        .script(
+            Script::new()
+                .then_n(2, Reply::status(503))
+                .route("/bad", Script::new().otherwise(Reply::status(400))),
+        )
+        .http2_only()
+        .start()
+        .await
+        .expect("start the test server");
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder.http2_only(true);
+    let client = stack().service(
+        resend::connect::hyper_client_with::<ReplayBody<Full<Bytes>>>(&builder, CONNECT_TIMEOUT),
+    );
+
+    let resp = within(client.clone().oneshot(get(server.uri("/items"))))
+        .await
+        .expect("the third attempt answers 200");
+
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(attempts(&resp).len(), 3);
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 3);
+    assert!(arrivals.iter().all(|a| a.version == Version::HTTP_2));
+
+    let resp = within(client.oneshot(get(server.uri("/bad"))))
+        .await
+        .expect("a 400 is an answer, not an error");
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(attempts(&resp).len(), 1);
+    idle(10 * SECOND).await;
+    assert_eq!(server.arrival_count(), 4);
+}
