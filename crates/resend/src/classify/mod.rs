@@ -167,7 +167,10 @@ pub struct RequestFacts<'a> {
 }
 
 /// The header names recognised as an idempotency key on outgoing requests.
-pub(crate) const KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-idempotency-key"];
+pub(crate) const KEY_HEADERS: [::http::HeaderName; 2] = [
+    ::http::HeaderName::from_static("idempotency-key"),
+    ::http::HeaderName::from_static("x-idempotency-key"),
+];
 
 impl<'a> RequestFacts<'a> {
     /// The facts of `req`.
@@ -202,7 +205,7 @@ impl<'a> RequestFacts<'a> {
     /// True when the request carries an idempotency key (`Idempotency-Key`,
     /// or `X-Idempotency-Key` as Go's net/http also recognises).
     pub fn has_idempotency_key(&self) -> bool {
-        KEY_HEADERS.iter().any(|h| self.headers.contains_key(*h))
+        KEY_HEADERS.iter().any(|h| self.headers.contains_key(h))
     }
 
     /// True when the method is idempotent by definition (RFC 9110 §9.2.2):

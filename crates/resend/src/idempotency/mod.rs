@@ -222,7 +222,7 @@ where
         let given = req.extensions().get::<IdempotencyKey>();
         let wanted = given.is_some() || !is_idempotent(req.method());
         let has_key = req.headers().contains_key(&self.header)
-            || KEY_HEADERS.iter().any(|h| req.headers().contains_key(*h));
+            || KEY_HEADERS.iter().any(|h| req.headers().contains_key(h));
         if wanted && !has_key && req.extensions().get::<NoIdempotencyKey>().is_none() {
             let value = given.map_or_else(generated, |k| k.0.clone());
             req.headers_mut().insert(self.header.clone(), value);

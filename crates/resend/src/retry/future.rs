@@ -25,7 +25,10 @@ pin_project! {
         #[pin]
         state: State<F>,
         // `None`: an outer retry layer is in charge; the call passes through.
-        retrying: Option<Retrying<S, B, C>>,
+        // Boxed: the future moves through every layer on its way out of
+        // `call`, and one allocation costs less than moving ~500 bytes each
+        // time (measured with the callgrind bench).
+        retrying: Option<Box<Retrying<S, B, C>>>,
     }
 }
 
@@ -39,8 +42,7 @@ pin_project! {
     }
 }
 
-/// Everything a call needs to try again. Kept inline: moving it is cheaper
-/// than allocating it on every call.
+/// Everything a call needs to try again.
 pub(crate) struct Retrying<S, B, C> {
     service: S,
     parts: Parts,
@@ -107,13 +109,14 @@ impl<S, B, C> Retrying<S, B, C> {
         })
     }
 
-    /// Ends the call with `result` and the reason retrying stopped.
+    /// Ends the call at `now` with `result` and the reason retrying stopped.
     fn finish<R>(
         &mut self,
+        now: Instant,
         result: Result<Response<R>, BoxError>,
         stop: Stop,
     ) -> Result<Response<R>, BoxError> {
-        let elapsed = self.start.elapsed();
+        let elapsed = now.saturating_duration_since(self.start);
         let mut history = std::mem::replace(&mut self.history, Attempts::new());
         history.finish(elapsed, stop);
         let upstream = self.shared.upstream.as_ref();
@@ -164,7 +167,7 @@ impl<F, S, B, C> ResponseFuture<F, S, B, C> {
     pub(crate) fn retrying(future: F, retrying: Retrying<S, B, C>) -> Self {
         Self {
             state: State::Calling { future },
-            retrying: Some(retrying),
+            retrying: Some(Box::new(retrying)),
         }
     }
 }
@@ -193,7 +196,10 @@ where
             match this.state.as_mut().project() {
                 StateProj::Calling { future } => {
                     let result = ready!(future.poll(cx)).map_err(Into::into);
-                    let took = r.attempt_start.elapsed();
+                    // One clock read for the attempt's end, the time left
+                    // and the call's total.
+                    let now = Instant::now();
+                    let took = now.saturating_duration_since(r.attempt_start);
                     let facts = RequestFacts::new(&r.parts.method, &r.parts.uri, &r.parts.headers);
                     let (c, status): (Classification, _) = match &result {
                         Ok(resp) => (
@@ -210,7 +216,7 @@ where
                         took,
                         c.retry_after(),
                     ));
-                    let remaining = r.deadline.map(|d| d.remaining());
+                    let remaining = r.deadline.map(|d| d.remaining_at(now));
                     let decision = if !r.allowed {
                         match c.class() {
                             Class::Success | Class::Rejected => Decision::Stop(Stop::Final),
@@ -260,7 +266,7 @@ where
                         }
                         Decision::Stop(stop) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(r.finish(result, stop));
+                            return Poll::Ready(r.finish(now, result, stop));
                         }
                     }
                 }
@@ -281,7 +287,11 @@ where
                             // Nothing was sent: the service failed before the call.
                             this.state.set(State::Done);
                             let e = Error::from_box(e.into());
-                            return Poll::Ready(r.finish(Err(e.into()), Stop::Final));
+                            return Poll::Ready(r.finish(
+                                Instant::now(),
+                                Err(e.into()),
+                                Stop::Final,
+                            ));
                         }
                         Poll::Ready(Ok(())) => {}
                     }
