@@ -28,10 +28,11 @@ pin_project! {
         Running {
             #[pin]
             inner: F,
-            // Created only when the inner future first returns `Pending`, so
-            // a call answered at once never touches the timer.
-            #[pin]
-            sleep: Option<Sleep>,
+            // Armed only when the inner future is pending and no inner timer
+            // covers the deadline (an attempt timeout does, a backoff wait
+            // does not): most calls never arm it, so it is boxed rather than
+            // moved, 112 bytes of it, through every layer.
+            sleep: Option<Pin<Box<Sleep>>>,
             deadline: Deadline,
             phase: Phase,
             // The call's entry in the ambient ledger, ended when it is dropped.
@@ -81,7 +82,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let (inner, mut sleep, deadline, last_phase) = match this.kind.as_mut().project() {
+        let (inner, sleep, deadline, last_phase) = match this.kind.as_mut().project() {
             KindProj::Running {
                 inner,
                 sleep,
@@ -126,16 +127,16 @@ where
             Poll::Pending => {}
         }
 
-        if sleep.as_mut().as_pin_mut().is_none() {
+        if sleep.is_none() {
             if report.covered {
                 // An inner timer that fires no later than the deadline will
                 // wake us: one timer per call instead of two.
                 return Poll::Pending;
             }
-            sleep.set(Some(tokio::time::sleep_until(deadline.instant())));
+            *sleep = Some(Box::pin(tokio::time::sleep_until(deadline.instant())));
         }
-        if let Some(s) = sleep.as_pin_mut() {
-            ready!(s.poll(cx));
+        if let Some(s) = sleep {
+            ready!(s.as_mut().poll(cx));
         }
         this.kind.set(Kind::Done);
         let mut e = Error::deadline_exceeded(phase, this.start.elapsed());

@@ -158,26 +158,25 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let call = super::context::current().map(|(d, _)| d);
-        let deadline = match (
-            call.or_else(Deadline::current),
-            req.extensions().get::<Deadline>(),
-        ) {
-            (Some(d), Some(r)) => Some(d.min(*r)),
-            (d, r) => d.or(r.copied()),
+        // Which header, if any: decided before reading the clock.
+        let name = if is_grpc(&req) {
+            Some(GRPC_TIMEOUT)
+        } else {
+            self.config.http_header.clone()
         };
-        if let Some(deadline) = deadline {
-            let budget = deadline.remaining().saturating_sub(self.config.margin);
-            if is_grpc(&req) {
-                set_lower(
-                    &mut req,
-                    GRPC_TIMEOUT,
-                    budget,
-                    parse_grpc_timeout,
-                    encode_grpc_timeout,
-                );
-            } else if let Some(name) = &self.config.http_header {
-                set_lower(&mut req, name.clone(), budget, parse_millis, encode_millis);
+        if let Some(name) = name {
+            let call = super::context::current().map(|(d, _)| d);
+            let deadline = match (call.or_else(Deadline::current), req.extensions().get::<Deadline>()) {
+                (Some(d), Some(r)) => Some(d.min(*r)),
+                (d, r) => d.or(r.copied()),
+            };
+            if let Some(deadline) = deadline {
+                let budget = deadline.remaining().saturating_sub(self.config.margin);
+                if name == GRPC_TIMEOUT {
+                    set_lower(&mut req, name, budget, parse_grpc_timeout, encode_grpc_timeout);
+                } else {
+                    set_lower(&mut req, name, budget, parse_millis, encode_millis);
+                }
             }
         }
         self.inner.call(req)
