@@ -166,14 +166,23 @@ where
         };
         if let Some(name) = name {
             let call = super::context::current().map(|(d, _)| d);
-            let deadline = match (call.or_else(Deadline::current), req.extensions().get::<Deadline>()) {
+            let deadline = match (
+                call.or_else(Deadline::current),
+                req.extensions().get::<Deadline>(),
+            ) {
                 (Some(d), Some(r)) => Some(d.min(*r)),
                 (d, r) => d.or(r.copied()),
             };
             if let Some(deadline) = deadline {
                 let budget = deadline.remaining().saturating_sub(self.config.margin);
                 if name == GRPC_TIMEOUT {
-                    set_lower(&mut req, name, budget, parse_grpc_timeout, encode_grpc_timeout);
+                    set_lower(
+                        &mut req,
+                        name,
+                        budget,
+                        parse_grpc_timeout,
+                        encode_grpc_timeout,
+                    );
                 } else {
                     set_lower(&mut req, name, budget, parse_millis, encode_millis);
                 }

@@ -5,17 +5,17 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::head::Head;
 use super::layer::Shared;
 use super::policy::Decision;
 use super::{Attempt, Attempts, ReplayBody, Stop};
-use crate::classify::{Class, Classification, Classify, RequestFacts};
+use crate::classify::{Class, Classification, Classify};
 use crate::deadline::{context, Deadline};
 use crate::error::{BoxError, Error, ErrorKind, Phase};
 
@@ -45,7 +45,7 @@ pin_project! {
 /// Everything a call needs to try again.
 pub(crate) struct Retrying<S, B, C> {
     service: S,
-    parts: Parts,
+    head: Head,
     body: Option<ReplayBody<B>>,
     next_body: Option<ReplayBody<B>>,
     shared: Arc<Shared<C>>,
@@ -64,7 +64,7 @@ impl<S, B, C> Retrying<S, B, C> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         service: S,
-        parts: Parts,
+        head: Head,
         body: Option<ReplayBody<B>>,
         shared: Arc<Shared<C>>,
         replay_safe: bool,
@@ -75,13 +75,13 @@ impl<S, B, C> Retrying<S, B, C> {
         let span = tracing::debug_span!(
             "resend.call",
             upstream = shared.upstream.as_deref().unwrap_or(""),
-            method = %parts.method,
-            path = parts.uri.path(),
+            method = %head.method(),
+            path = head.uri().path(),
             replay_safe,
         );
         Self {
             service,
-            parts,
+            head,
             body,
             next_body: None,
             shared,
@@ -200,7 +200,7 @@ where
                     // and the call's total.
                     let now = Instant::now();
                     let took = now.saturating_duration_since(r.attempt_start);
-                    let facts = RequestFacts::new(&r.parts.method, &r.parts.uri, &r.parts.headers);
+                    let facts = r.head.facts();
                     let (c, status): (Classification, _) = match &result {
                         Ok(resp) => (
                             r.shared.classifier.classify_response(&facts, resp),
@@ -299,7 +299,7 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(Err("retry without a body to send".into()));
                     };
-                    let req = Request::from_parts(r.parts.clone(), body);
+                    let req = r.head.request(body);
                     r.attempt_start = Instant::now();
                     let future = r.service.call(req);
                     this.state.set(State::Calling { future });

@@ -58,6 +58,7 @@ mod backoff;
 mod body;
 mod budget;
 mod future;
+mod head;
 mod layer;
 mod policy;
 mod retry_after;

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::future::{ResponseFuture, Retrying};
+use super::head::{Head, RetryInCharge};
 use super::layer::Shared;
 use super::{NoRetry, ReplayBody, RetryLayer};
 use crate::classify::{Classify, HttpClassifier, RequestFacts};
@@ -57,14 +58,6 @@ impl<S, C> Retry<S, C> {
     }
 }
 
-/// Marks a request that a retry layer is in charge of, so that a retry layer
-/// further in passes it through: retries never multiply (3 layers of 3
-/// attempts send 3 times, not 27). An extension, not a thread-local, so that
-/// it survives whatever lies between the layers (an `async` adapter, a
-/// buffer's worker task). Zero-sized: inserting it allocates nothing.
-#[derive(Clone, Copy, Debug)]
-struct RetryInCharge;
-
 impl<S, C, ReqB, ResB> Service<Request<ReqB>> for Retry<S, C>
 where
     S: Service<Request<ReplayBody<ReqB>>, Response = Response<ResB>> + Clone,
@@ -112,7 +105,8 @@ where
             Some(first) => (first, Some(body)),
             None => (body, None),
         };
-        let attempt = Request::from_parts(parts.clone(), first);
+        let head = Head::keep(&parts);
+        let attempt = Request::from_parts(parts, first);
         // Call the service that was made ready; keep a clone for later attempts.
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
@@ -121,7 +115,7 @@ where
             future,
             Retrying::new(
                 service,
-                parts,
+                head,
                 body,
                 shared,
                 replay_safe,
