@@ -107,14 +107,13 @@ where
         };
         let head = Head::keep(&parts);
         let attempt = Request::from_parts(parts, first);
-        // Call the service that was made ready; keep a clone for later attempts.
-        let clone = self.inner.clone();
-        let mut service = std::mem::replace(&mut self.inner, clone);
-        let future = service.call(attempt);
+        // Call the service that was made ready; later attempts use a clone,
+        // made ready before each of them.
+        let future = self.inner.call(attempt);
         ResponseFuture::retrying(
             future,
             Retrying::new(
-                service,
+                self.inner.clone(),
                 head,
                 body,
                 shared,
