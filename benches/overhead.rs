@@ -4,38 +4,14 @@
 //! `cargo bench -p resend --bench overhead`
 #![allow(missing_docs)] // criterion's macros make undocumented functions
 
-use std::convert::Infallible;
-use std::future::{ready, Ready};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use http::{Request, Response};
-use http_body_util::Empty;
+use http::Request;
 use resend::{AttemptTimeoutLayer, DeadlineLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-type Body = Empty<bytes::Bytes>;
-
-/// An upstream that answers at once.
-#[derive(Clone, Copy)]
-struct Instant200;
-
-impl<B> Service<Request<B>> for Instant200 {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<Body>, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _req: Request<B>) -> Self::Future {
-        ready(Ok(Response::new(Body::new())))
-    }
-}
+use resend_benches::{Body, CloneAndRetry, Instant200};
 
 fn request() -> Request<Body> {
     Request::get("http://upstream/quote")
@@ -76,36 +52,6 @@ fn deadline_and_attempt(c: &mut Criterion) {
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
     group.finish();
-}
-
-/// tower's retry with the simplest policy a user would write: clone the
-/// request, retry 5xx up to twice.
-#[derive(Clone)]
-struct CloneAndRetry {
-    left: usize,
-}
-
-impl<E> tower::retry::Policy<Request<Body>, Response<Body>, E> for CloneAndRetry {
-    type Future = std::future::Ready<()>;
-
-    fn retry(
-        &mut self,
-        _req: &mut Request<Body>,
-        result: &mut Result<Response<Body>, E>,
-    ) -> Option<Self::Future> {
-        match result {
-            Ok(r) if !r.status().is_server_error() => None,
-            _ if self.left > 0 => {
-                self.left -= 1;
-                Some(ready(()))
-            }
-            _ => None,
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
-        Some(req.clone())
-    }
 }
 
 fn full_stack(c: &mut Criterion) {

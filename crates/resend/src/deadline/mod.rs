@@ -50,6 +50,7 @@ pub use ledger::{internal, Entry, Internal, LedgerGuard, Snapshot, Source, TimeL
 pub use service::DeadlineService;
 pub(crate) use value::{ambient, clamp};
 pub use value::{current_ledger, scope, scope_with_ledger, sync_scope, Ambient, Deadline};
+pub(crate) use wire::parse_digits;
 pub use wire::{
     encode_grpc_timeout, encode_millis, parse_grpc_timeout, parse_millis, InvalidTimeout,
     GRPC_TIMEOUT_MAX_DIGITS, MILLIS_MAX_DIGITS,

@@ -19,8 +19,17 @@ pub struct Ambient {
 }
 
 impl Ambient {
-    fn current() -> Option<Self> {
-        AMBIENT.try_with(Self::clone).ok()
+    /// The ambient state for a scope of `deadline` opened here: the earlier
+    /// of it and the enclosing deadline, and the enclosing ledger unless a
+    /// new one is given.
+    fn nested(deadline: Deadline, ledger: Option<TimeLedger>) -> Self {
+        match AMBIENT.try_with(Self::clone).ok() {
+            Some(outer) => Self {
+                deadline: outer.deadline.min(deadline),
+                ledger: ledger.or(outer.ledger),
+            },
+            None => Self { deadline, ledger },
+        }
     }
 }
 
@@ -155,17 +164,7 @@ fn after(now: Instant, budget: Duration) -> Instant {
 /// # }
 /// ```
 pub fn scope<F: Future>(deadline: Deadline, future: F) -> TaskLocalFuture<Ambient, F> {
-    let ambient = match Ambient::current() {
-        Some(outer) => Ambient {
-            deadline: outer.deadline.min(deadline),
-            ledger: outer.ledger,
-        },
-        None => Ambient {
-            deadline,
-            ledger: None,
-        },
-    };
-    AMBIENT.scope(ambient, future)
+    AMBIENT.scope(Ambient::nested(deadline, None), future)
 }
 
 /// Like [`scope`], and records in `ledger` where the time goes: every resend
@@ -192,14 +191,7 @@ pub fn scope_with_ledger<F: Future>(
     ledger: TimeLedger,
     future: F,
 ) -> TaskLocalFuture<Ambient, F> {
-    let deadline = Deadline::current().map_or(deadline, |d| d.min(deadline));
-    AMBIENT.scope(
-        Ambient {
-            deadline,
-            ledger: Some(ledger),
-        },
-        future,
-    )
+    AMBIENT.scope(Ambient::nested(deadline, Some(ledger)), future)
 }
 
 /// The ledger of the current task's scope, if it has one.
@@ -210,17 +202,7 @@ pub fn current_ledger() -> Option<TimeLedger> {
 /// Runs `f` with `deadline` as the ambient deadline, for synchronous code
 /// that builds or polls futures itself. The same rules as [`scope`] apply.
 pub fn sync_scope<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
-    let ambient = match Ambient::current() {
-        Some(outer) => Ambient {
-            deadline: outer.deadline.min(deadline),
-            ledger: outer.ledger,
-        },
-        None => Ambient {
-            deadline,
-            ledger: None,
-        },
-    };
-    AMBIENT.sync_scope(ambient, f)
+    AMBIENT.sync_scope(Ambient::nested(deadline, None), f)
 }
 
 #[cfg(test)]

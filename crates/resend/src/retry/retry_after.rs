@@ -181,12 +181,10 @@ fn trim_ows(mut value: &[u8]) -> &[u8] {
 
 /// Parses 1 to [`MAX_DIGITS`] ASCII digits; `None` on anything else.
 fn parse_digits(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > MAX_DIGITS {
+    if digits.len() > MAX_DIGITS {
         return None;
     }
-    digits.iter().try_fold(0u64, |n, &b| {
-        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
-    })
+    crate::deadline::parse_digits(digits)
 }
 
 #[cfg(test)]
