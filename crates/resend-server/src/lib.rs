@@ -14,7 +14,7 @@
 //!   instead of the work done twice, with the records in a [`Store`]:
 //!   [`MemoryStore`], `RedisStore` (feature `redis`) or `PostgresStore`
 //!   (feature `postgres`).
-//! - `ClientErrorResponse` (feature `axum`): a resend client error as an axum
+//! - [`ClientErrorResponse`] (feature `axum`): a resend client error as an axum
 //!   response (504 with attribution, 502 "verify before resending", …).
 //!
 //! # Layer order
@@ -51,10 +51,16 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+#[cfg(feature = "axum")]
+mod axum;
 mod body;
+pub mod deadline;
 pub mod idempotency;
 pub mod store;
 
+#[cfg(feature = "axum")]
+pub use axum::ClientErrorResponse;
 pub use body::MaybeBuffered;
+pub use deadline::{InboundDeadline, InboundDeadlineLayer};
 pub use idempotency::{Idempotency, IdempotencyLayer};
 pub use store::{MemoryStore, Store, StoreError};
