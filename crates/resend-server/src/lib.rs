@@ -63,4 +63,8 @@ pub use axum::ClientErrorResponse;
 pub use body::MaybeBuffered;
 pub use deadline::{InboundDeadline, InboundDeadlineLayer};
 pub use idempotency::{Idempotency, IdempotencyLayer};
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{MemoryStore, Store, StoreError};

@@ -26,13 +26,15 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
+pub use self::redis::DEFAULT_PREFIX as REDIS_DEFAULT_PREFIX;
+#[cfg(feature = "redis")]
 mod redis;
 
-pub use memory::{MemoryStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS};
 #[cfg(feature = "postgres")]
-pub use postgres::PostgresStore;
+pub use self::postgres::PostgresStore;
 #[cfg(feature = "redis")]
-pub use redis::RedisStore;
+pub use self::redis::RedisStore;
+pub use memory::{MemoryStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS};
 
 /// What identifies one logical operation: the caller's scope and its key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
