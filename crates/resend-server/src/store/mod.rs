@@ -31,7 +31,7 @@ pub use self::redis::DEFAULT_PREFIX as REDIS_DEFAULT_PREFIX;
 mod redis;
 
 #[cfg(feature = "postgres")]
-pub use self::postgres::PostgresStore;
+pub use self::postgres::{PostgresStore, DEFAULT_TABLE as POSTGRES_DEFAULT_TABLE};
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
 pub use memory::{MemoryStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS};
