@@ -1,1 +1,2 @@
+//! Loopback throughput (placeholder).
 fn main() {}

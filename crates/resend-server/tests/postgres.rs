@@ -4,6 +4,7 @@
 //! own keys. Without PostgreSQL: skipped with a warning, or failed when `CI`
 //! is set.
 #![cfg(feature = "postgres")]
+#![allow(clippy::print_stderr)]
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! its own key prefix. Without Redis: skipped with a warning, or failed
 //! when `CI` is set.
 #![cfg(feature = "redis")]
+#![allow(clippy::print_stderr)]
 
 mod common;
 

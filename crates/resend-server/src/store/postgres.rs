@@ -232,14 +232,14 @@ fn millis(d: Duration) -> i64 {
 }
 
 impl Store for PostgresStore {
-    fn begin(
+    async fn begin(
         &self,
         key: &RecordKey,
         fingerprint: Fingerprint,
         token: &LeaseToken,
         ttl: Ttl,
-    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        async move {
+    ) -> Result<Begin, StoreError> {
+        {
             let conn = self.conn().await?;
             let fp: &[u8] = &fingerprint.0;
             let lease = millis(ttl.lease);
@@ -305,12 +305,8 @@ impl Store for PostgresStore {
         }
     }
 
-    fn release(
-        &self,
-        key: &RecordKey,
-        token: &LeaseToken,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move {
+    async fn release(&self, key: &RecordKey, token: &LeaseToken) -> Result<(), StoreError> {
+        {
             let conn = self.conn().await?;
             conn.client
                 .execute(&conn.release, &[&key.scope, &key.key, &token.0])

@@ -1,5 +1,10 @@
 //! The rules of DESIGN section 7, written once, run on every store.
-#![allow(dead_code, unreachable_pub)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::type_complexity,
+    clippy::print_stderr
+)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;
