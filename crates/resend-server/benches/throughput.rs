@@ -72,7 +72,7 @@ async fn load(url: &str) -> f64 {
                     )))
                     .unwrap();
                 let resp = client.clone().oneshot(req).await.unwrap();
-                assert!(resp.status().is_success(), "{}", resp.status());
+                assert!(resp.status().is_success(), "{url}: {}", resp.status());
                 resp.into_body().collect().await.unwrap();
                 count.fetch_add(1, Ordering::Relaxed);
             }
@@ -106,7 +106,11 @@ async fn main() {
         ("axum, no layer", spawn(plain()).await),
         (
             "IdempotencyLayer + MemoryStore",
-            spawn(with_store(MemoryStore::new())).await,
+            spawn(with_store(
+                // Sized for the run: every request leaves a record.
+                MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30),
+            ))
+            .await,
         ),
     ];
     #[cfg(feature = "redis")]

@@ -114,13 +114,17 @@ where
     }
 }
 
-/// Drops the lease when the request ends without an answer to keep
-/// (cancellation included), unless disarmed.
+/// Ends the lease if the request is dropped (cancelled) before it did:
+/// drops it while the handler runs (the work is presumed not done), or
+/// stores the response once the handler has answered (the work is done, and
+/// must not run again).
 struct LeaseGuard<St: Store> {
     store: St,
     key: RecordKey,
     token: LeaseToken,
+    ttl: crate::store::Ttl,
     armed: bool,
+    done: Option<StoredResponse>,
 }
 
 impl<St: Store> LeaseGuard<St> {
@@ -137,14 +141,32 @@ impl<St: Store> Drop for LeaseGuard<St> {
         if !self.armed {
             return;
         }
-        tracing::debug!(key = %self.key.key, "request cancelled: dropping its idempotency lease");
-        let (store, key, token) = (self.store.clone(), self.key.clone(), self.token.clone());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(e) = store.release(&key, &token).await {
-                    tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
-                }
-            });
+        let (store, key, token, ttl) = (
+            self.store.clone(),
+            self.key.clone(),
+            self.token.clone(),
+            self.ttl,
+        );
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        match self.done.take() {
+            Some(done) => {
+                tracing::debug!(key = %key.key, "request cancelled after the work: storing its response");
+                handle.spawn(async move {
+                    if let Err(e) = store.complete(&key, &token, &done, ttl).await {
+                        tracing::error!(error = %e, "could not store an idempotent response");
+                    }
+                });
+            }
+            None => {
+                tracing::debug!(key = %key.key, "request cancelled: dropping its idempotency lease");
+                handle.spawn(async move {
+                    if let Err(e) = store.release(&key, &token).await {
+                        tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
+                    }
+                });
+            }
         }
     }
 }
@@ -257,11 +279,13 @@ where
         Ok(Begin::Acquired) => {}
     }
 
-    let guard = LeaseGuard {
+    let mut guard = LeaseGuard {
         store: store.clone(),
         key: record,
         token,
+        ttl: config.ttl,
         armed: true,
+        done: None,
     };
     let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
     let resp = match inner.call(req).await {
@@ -277,20 +301,19 @@ where
         return Ok(resp.map(MaybeBuffered::inner));
     }
     // The work is done: from here on, cancellation must not drop the lease
-    // (the next request would do the work again). Reading the body and
-    // storing the response go on in their own task.
-    let task = tokio::spawn(finish(guard, config, resp));
-    match task.await {
-        Ok(resp) => Ok(resp),
-        Err(e) => {
-            tracing::error!(error = %e, "storing an idempotent response panicked");
-            Ok(json_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                "the response could not be stored",
-            ))
-        }
+    // (the next request would do the work again). Until the body is read,
+    // a cancellation stores the status and headers.
+    let mut headers = resp.headers().clone();
+    for h in HOP_BY_HOP {
+        headers.remove(h);
     }
+    guard.done = Some(StoredResponse {
+        status,
+        headers,
+        body: Bytes::new(),
+        body_omitted: true,
+    });
+    Ok(finish(guard, config, resp).await)
 }
 
 async fn finish<St, RB>(
@@ -308,6 +331,7 @@ where
         Ok(read) => read,
         Err(e) => {
             tracing::warn!(error = %e, "response body failed: dropping the idempotency lease");
+            guard.done = None;
             guard.release().await;
             return json_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -316,25 +340,26 @@ where
             );
         }
     };
-    let mut headers = parts.headers.clone();
-    for h in HOP_BY_HOP {
-        headers.remove(h);
+    if let Some(done) = guard.done.as_mut() {
+        if ended {
+            done.body = bytes.clone();
+            done.body_omitted = false;
+        }
     }
-    let stored = StoredResponse {
-        status: parts.status,
-        headers,
-        body: if ended { bytes.clone() } else { Bytes::new() },
-        body_omitted: !ended,
+    let stored = match &guard.done {
+        Some(done) => {
+            with_timeout(
+                config.store_timeout,
+                guard
+                    .store
+                    .complete(&guard.key, &guard.token, done, config.ttl),
+            )
+            .await
+        }
+        None => Ok(()),
     };
     guard.armed = false;
-    if let Err(e) = with_timeout(
-        config.store_timeout,
-        guard
-            .store
-            .complete(&guard.key, &guard.token, &stored, config.ttl),
-    )
-    .await
-    {
+    if let Err(e) = stored {
         // The lease stays until it expires: a retry meanwhile gets 409, not
         // a second run.
         tracing::error!(error = %e, key = %guard.key.key, "could not store an idempotent response");

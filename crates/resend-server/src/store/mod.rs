@@ -31,7 +31,10 @@ pub use self::redis::DEFAULT_PREFIX as REDIS_DEFAULT_PREFIX;
 mod redis;
 
 #[cfg(feature = "postgres")]
-pub use self::postgres::{PostgresStore, DEFAULT_TABLE as POSTGRES_DEFAULT_TABLE};
+pub use self::postgres::{
+    PostgresStore, DEFAULT_CONNECTIONS as POSTGRES_DEFAULT_CONNECTIONS,
+    DEFAULT_TABLE as POSTGRES_DEFAULT_TABLE,
+};
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
 pub use memory::{MemoryStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS};
@@ -67,9 +70,9 @@ impl fmt::Debug for Fingerprint {
 pub struct LeaseToken(pub String);
 
 impl LeaseToken {
-    /// A fresh random token.
+    /// A fresh random token. Unique, not secret: it never leaves the server.
     pub fn random() -> Self {
-        Self(uuid::Uuid::new_v4().simple().to_string())
+        Self(format!("{:032x}", fastrand::u128(..)))
     }
 }
 

@@ -41,8 +41,14 @@ pub const DEFAULT_TABLE: &str = "resend_idempotency";
 pub struct PostgresStore {
     config: tokio_postgres::Config,
     table: Arc<str>,
-    conn: Arc<Mutex<Option<Arc<Conn>>>>,
+    conns: Arc<[Mutex<Option<Arc<Conn>>>]>,
+    next: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// The default number of connections of a [`PostgresStore`]: 4. Each
+/// commit waits for the log to reach disk; several connections let the
+/// database commit several requests at once.
+pub const DEFAULT_CONNECTIONS: usize = 4;
 
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -97,8 +103,17 @@ impl PostgresStore {
         Ok(Self {
             config,
             table: table.into(),
-            conn: Arc::default(),
+            conns: (0..DEFAULT_CONNECTIONS).map(|_| Mutex::new(None)).collect(),
+            next: Arc::default(),
         })
+    }
+
+    /// Uses `n` connections (at least 1), made as they are first needed.
+    /// Default [`DEFAULT_CONNECTIONS`] (4).
+    #[must_use]
+    pub fn connections(mut self, n: usize) -> Self {
+        self.conns = (0..n.max(1)).map(|_| Mutex::new(None)).collect();
+        self
     }
 
     /// The table's definition (`CREATE TABLE IF NOT EXISTS`).
@@ -164,7 +179,8 @@ impl PostgresStore {
     }
 
     async fn conn(&self) -> Result<Arc<Conn>, StoreError> {
-        let mut slot = self.conn.lock().await;
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.conns.len();
+        let mut slot = self.conns[i].lock().await;
         if let Some(c) = slot.as_ref() {
             if !c.client.is_closed() {
                 return Ok(c.clone());
