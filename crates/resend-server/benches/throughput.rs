@@ -1,0 +1,172 @@
+//! Requests per second at concurrency 16 on loopback through an axum
+//! handler: with no layer, and with the IdempotencyLayer on each store.
+//! Every request is a POST with a fresh Idempotency-Key (the full path:
+//! body read and hashed, lease taken, handler run, response stored).
+//!
+//! `cargo bench -p resend-server --all-features --bench throughput`
+//! (Redis and PostgreSQL rows need the servers of `RESEND_REDIS_URL` and
+//! `RESEND_PG_URL`; missing ones are skipped).
+#![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use resend_server::{IdempotencyLayer, MemoryStore, Store};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+const CONCURRENCY: usize = 16;
+const WARMUP: Duration = Duration::from_millis(500);
+const MEASURE: Duration = Duration::from_secs(3);
+const ROUNDS: usize = 3;
+
+async fn handler(body: Bytes) -> String {
+    format!("ok {}", body.len())
+}
+
+async fn spawn(app: Router) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/orders")
+}
+
+fn plain() -> Router {
+    Router::new().route("/orders", post(handler))
+}
+
+fn with_store<St: Store>(store: St) -> Router {
+    plain().layer(IdempotencyLayer::new(store))
+}
+
+/// Requests per second over `MEASURE`, after `WARMUP`.
+async fn load(url: &str) -> f64 {
+    let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(1));
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let mut tasks = Vec::new();
+    for w in 0..CONCURRENCY {
+        let (client, count, stop, url, run) = (
+            client.clone(),
+            count.clone(),
+            stop.clone(),
+            url.to_owned(),
+            run.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let req = Request::post(&url)
+                    .header("idempotency-key", format!("{run}-{w}-{i}"))
+                    .body(Full::new(Bytes::from_static(
+                        b"{\"sku\":\"abc\",\"qty\":1}",
+                    )))
+                    .unwrap();
+                let resp = client.clone().oneshot(req).await.unwrap();
+                assert!(resp.status().is_success(), "{url}: {}", resp.status());
+                resp.into_body().collect().await.unwrap();
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(WARMUP).await;
+    let (start, before) = (Instant::now(), count.load(Ordering::Relaxed));
+    tokio::time::sleep(MEASURE).await;
+    let done = count.load(Ordering::Relaxed) - before;
+    let secs = start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done as f64 / secs
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not: then
+    // only check that it runs.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let rounds = if quick { 1 } else { ROUNDS };
+
+    let mut targets: Vec<(&str, String)> = vec![
+        ("axum, no layer", spawn(plain()).await),
+        (
+            "IdempotencyLayer + MemoryStore",
+            spawn(with_store(
+                // Sized for the run: every request leaves a record.
+                MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30),
+            ))
+            .await,
+        ),
+    ];
+    #[cfg(feature = "redis")]
+    {
+        let url =
+            std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let store = resend_server::RedisStore::open(&url)
+            .unwrap()
+            .prefix(format!("resend-bench:{}:", uuid::Uuid::new_v4().simple()));
+        targets.push((
+            "IdempotencyLayer + RedisStore",
+            spawn(with_store(store)).await,
+        ));
+    }
+    #[cfg(feature = "postgres")]
+    {
+        let url = std::env::var("RESEND_PG_URL")
+            .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".into());
+        let store = resend_server::PostgresStore::new(&url, "resend_idempotency_bench").unwrap();
+        match store.migrate().await {
+            Ok(()) => targets.push((
+                "IdempotencyLayer + PostgresStore",
+                spawn(with_store(store)).await,
+            )),
+            Err(e) => eprintln!("PostgreSQL unusable, row skipped: {e}"),
+        }
+    }
+    if quick {
+        for (_, url) in &targets {
+            let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(1));
+            let req = Request::post(url.as_str())
+                .header("idempotency-key", uuid::Uuid::new_v4().to_string())
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            let status = client.oneshot(req).await.unwrap().status();
+            assert!(status.is_success() || status == 503, "{status}");
+        }
+        return;
+    }
+
+    // Rounds interleave the targets, so drift on a shared machine hits all alike.
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    for _ in 0..rounds {
+        for (i, (_, url)) in targets.iter().enumerate() {
+            results[i].push(load(url).await);
+        }
+    }
+    let base = median(results[0].clone());
+    println!("| setup | req/s (median of {rounds}) | vs no layer |");
+    println!("|---|---|---|");
+    for ((name, _), r) in targets.iter().zip(results) {
+        let m = median(r.clone());
+        println!(
+            "| {name} | {m:.0} | {:.1}% | rounds: {:?}",
+            100.0 * m / base,
+            r.iter().map(|x| x.round()).collect::<Vec<_>>()
+        );
+    }
+}

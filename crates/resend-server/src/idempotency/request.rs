@@ -1,0 +1,175 @@
+//! What the layer reads from a request: the key, the fingerprint, the scope.
+
+use http::request::Parts;
+use http::{HeaderName, Method};
+use sha2::{Digest, Sha256};
+
+use crate::store::Fingerprint;
+
+/// `Idempotency-Key`.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// `X-Idempotency-Key`, also accepted.
+pub const X_IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("x-idempotency-key");
+/// `Idempotent-Replayed: true` marks a response replayed from the store.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// `Idempotent-Body-Omitted: true` marks a replay whose body was larger than
+/// the cap and was not stored.
+pub const IDEMPOTENT_BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-body-omitted");
+
+/// True for GET, HEAD, OPTIONS, TRACE, PUT and DELETE.
+pub(crate) fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// The key a request carries: `Ok(None)` without one, `Err` with a reason
+/// when it is malformed (or two different keys are given).
+pub(crate) fn key(parts: &Parts) -> Result<Option<String>, &'static str> {
+    let mut found: Option<&[u8]> = None;
+    for name in [IDEMPOTENCY_KEY, X_IDEMPOTENCY_KEY] {
+        let mut values = parts.headers.get_all(&name).iter();
+        let Some(v) = values.next() else { continue };
+        if values.next().is_some() {
+            return Err("the request carries more than one idempotency key");
+        }
+        match found {
+            Some(prev) if prev != v.as_bytes() => {
+                return Err("Idempotency-Key and X-Idempotency-Key differ")
+            }
+            _ => found = Some(v.as_bytes()),
+        }
+    }
+    let Some(k) = found else { return Ok(None) };
+    resend::idempotency::validate_key(k)
+        .map_err(|_| "an idempotency key must be 1 to 255 visible ASCII characters")?;
+    // Visible ASCII is UTF-8.
+    Ok(Some(String::from_utf8_lossy(k).into_owned()))
+}
+
+/// Method, path and query, and a hash of the body.
+pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
+    let body_hash = Sha256::digest(body);
+    let mut h = Sha256::new();
+    h.update(parts.method.as_str().as_bytes());
+    h.update([0]);
+    h.update(
+        parts
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .as_bytes(),
+    );
+    h.update([0]);
+    h.update(body_hash);
+    Fingerprint(h.finalize().into())
+}
+
+/// The default scope: a hash of the `Authorization` header, so that callers
+/// with different credentials never share keys (and credentials are not
+/// stored); `anonymous` without one.
+pub fn authorization_scope(parts: &Parts) -> String {
+    match parts.headers.get(http::header::AUTHORIZATION) {
+        Some(v) => {
+            let h = Sha256::digest(v.as_bytes());
+            let mut s = String::with_capacity(36);
+            s.push_str("auth:");
+            for b in &h[..16] {
+                s.push_str(&format!("{b:02x}"));
+            }
+            s
+        }
+        None => "anonymous".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts(req: Request<()>) -> Parts {
+        req.into_parts().0
+    }
+
+    #[test]
+    fn keys_are_checked() {
+        let p = |k: &str| {
+            parts(
+                Request::post("/")
+                    .header("idempotency-key", k)
+                    .body(())
+                    .unwrap(),
+            )
+        };
+        assert_eq!(key(&p("abc")), Ok(Some("abc".into())));
+        assert!(key(&p("has space")).is_err());
+        assert!(key(&p(&"x".repeat(256))).is_err());
+        assert_eq!(
+            key(&p(&"x".repeat(255))).map(|k| k.map(|k| k.len())),
+            Ok(Some(255))
+        );
+        assert!(key(&p("")).is_err());
+        let x = parts(
+            Request::post("/")
+                .header("x-idempotency-key", "k1")
+                .body(())
+                .unwrap(),
+        );
+        assert_eq!(key(&x), Ok(Some("k1".into())));
+        let both = parts(
+            Request::post("/")
+                .header("x-idempotency-key", "k1")
+                .header("idempotency-key", "k2")
+                .body(())
+                .unwrap(),
+        );
+        assert!(key(&both).is_err());
+        let none = parts(Request::post("/").body(()).unwrap());
+        assert_eq!(key(&none), Ok(None));
+        let utf8 = parts(
+            Request::post("/")
+                .header(
+                    "idempotency-key",
+                    http::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap(),
+                )
+                .body(())
+                .unwrap(),
+        );
+        assert!(key(&utf8).is_err());
+    }
+
+    #[test]
+    fn fingerprint_covers_method_path_query_and_body() {
+        let p = |m: Method, u: &str| parts(Request::builder().method(m).uri(u).body(()).unwrap());
+        let base = fingerprint(&p(Method::POST, "/a?x=1"), b"body");
+        assert_eq!(base, fingerprint(&p(Method::POST, "/a?x=1"), b"body"));
+        assert_ne!(base, fingerprint(&p(Method::PATCH, "/a?x=1"), b"body"));
+        assert_ne!(base, fingerprint(&p(Method::POST, "/a?x=2"), b"body"));
+        assert_ne!(base, fingerprint(&p(Method::POST, "/b?x=1"), b"body"));
+        assert_ne!(base, fingerprint(&p(Method::POST, "/a?x=1"), b"bodY"));
+    }
+
+    #[test]
+    fn default_scope_hashes_the_credentials() {
+        let a = parts(
+            Request::post("/")
+                .header("authorization", "Bearer a")
+                .body(())
+                .unwrap(),
+        );
+        let b = parts(
+            Request::post("/")
+                .header("authorization", "Bearer b")
+                .body(())
+                .unwrap(),
+        );
+        assert_ne!(authorization_scope(&a), authorization_scope(&b));
+        assert!(!authorization_scope(&a).contains("Bearer"));
+        assert_eq!(
+            authorization_scope(&parts(Request::post("/").body(()).unwrap())),
+            "anonymous"
+        );
+    }
+}

@@ -1,0 +1,386 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::layer::Config;
+use super::request::{self, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
+use super::response::{json_error, retry_later};
+use crate::body::{read_capped, MaybeBuffered};
+use crate::store::{Begin, LeaseToken, RecordKey, Store, StoreError, StoredResponse};
+use crate::IdempotencyLayer;
+use resend::BoxError;
+
+/// Middleware that deduplicates requests by `Idempotency-Key`; see
+/// [`IdempotencyLayer`].
+#[derive(Clone, Debug)]
+pub struct Idempotency<S, St> {
+    inner: S,
+    store: St,
+    config: Arc<Config>,
+}
+
+impl<S, St: Store> Idempotency<S, St> {
+    /// Wraps `inner` with the defaults of [`IdempotencyLayer::new`].
+    pub fn new(inner: S, store: St) -> Self {
+        tower_layer::Layer::layer(&IdempotencyLayer::new(store), inner)
+    }
+
+    /// An [`IdempotencyLayer`] over `store`.
+    pub fn layer(store: St) -> IdempotencyLayer<St> {
+        IdempotencyLayer::new(store)
+    }
+
+    pub(crate) fn from_parts(inner: S, store: St, config: Config) -> Self {
+        Self {
+            inner,
+            store,
+            config: Arc::new(config),
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, St, B, RB> Service<Request<B>> for Idempotency<S, St>
+where
+    S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<MaybeBuffered<RB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, RB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        if request::is_idempotent(req.method()) {
+            return ResponseFuture::passthrough(self.inner.call(req.map(MaybeBuffered::inner)));
+        }
+        let (parts, body) = req.into_parts();
+        let key = match request::key(&parts) {
+            Ok(Some(key)) => key,
+            Ok(None) => {
+                if self.config.require.as_ref().is_some_and(|r| r(&parts)) {
+                    return ResponseFuture::ready(json_error(
+                        StatusCode::BAD_REQUEST,
+                        "idempotency_key_required",
+                        "this request must carry an Idempotency-Key header",
+                    ));
+                }
+                let req = Request::from_parts(parts, MaybeBuffered::inner(body));
+                return ResponseFuture::passthrough(self.inner.call(req));
+            }
+            Err(reason) => {
+                tracing::debug!(reason, "malformed idempotency key");
+                return ResponseFuture::ready(json_error(
+                    StatusCode::BAD_REQUEST,
+                    "idempotency_key_invalid",
+                    reason,
+                ));
+            }
+        };
+        // The readied service goes with the request; a clone stays.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let store = self.store.clone();
+        let config = self.config.clone();
+        ResponseFuture::slow(Box::pin(run(inner, store, config, key, parts, body)))
+    }
+}
+
+/// Ends the lease if the request is dropped (cancelled) before it did:
+/// drops it while the handler runs (the work is presumed not done), or
+/// stores the response once the handler has answered (the work is done, and
+/// must not run again).
+struct LeaseGuard<St: Store> {
+    store: St,
+    key: RecordKey,
+    token: LeaseToken,
+    ttl: crate::store::Ttl,
+    armed: bool,
+    done: Option<StoredResponse>,
+}
+
+impl<St: Store> LeaseGuard<St> {
+    async fn release(mut self) {
+        self.armed = false;
+        if let Err(e) = self.store.release(&self.key, &self.token).await {
+            tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
+        }
+    }
+}
+
+impl<St: Store> Drop for LeaseGuard<St> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, key, token, ttl) = (
+            self.store.clone(),
+            self.key.clone(),
+            self.token.clone(),
+            self.ttl,
+        );
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        match self.done.take() {
+            Some(done) => {
+                tracing::debug!(key = %key.key, "request cancelled after the work: storing its response");
+                handle.spawn(async move {
+                    if let Err(e) = store.complete(&key, &token, &done, ttl).await {
+                        tracing::error!(error = %e, "could not store an idempotent response");
+                    }
+                });
+            }
+            None => {
+                tracing::debug!(key = %key.key, "request cancelled: dropping its idempotency lease");
+                handle.spawn(async move {
+                    if let Err(e) = store.release(&key, &token).await {
+                        tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
+                    }
+                });
+            }
+        }
+    }
+}
+
+fn unavailable<B>(e: &StoreError) -> Response<MaybeBuffered<B>> {
+    tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
+    retry_later(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "idempotency_store_unavailable",
+        "the idempotency store cannot be reached; nothing was done",
+        std::time::Duration::from_secs(1),
+    )
+}
+
+async fn with_timeout<T>(
+    limit: std::time::Duration,
+    fut: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::new(format!("no answer within {limit:?}"))),
+    }
+}
+
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+];
+
+async fn run<S, St, B, RB>(
+    mut inner: S,
+    store: St,
+    config: Arc<Config>,
+    key: String,
+    parts: http::request::Parts,
+    body: B,
+) -> Result<Response<MaybeBuffered<RB>>, S::Error>
+where
+    S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    St: Store,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let bytes = match read_capped(&mut body, config.request_cap).await {
+        Ok((bytes, true)) => bytes,
+        Ok((_, false)) => {
+            return Ok(json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                &format!(
+                    "a request with an idempotency key may have at most {} bytes of body",
+                    config.request_cap
+                ),
+            ))
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "request body failed");
+            return Ok(json_error(
+                StatusCode::BAD_REQUEST,
+                "request_body_failed",
+                "the request body could not be read",
+            ));
+        }
+    };
+    let fingerprint = request::fingerprint(&parts, &bytes);
+    let record = RecordKey {
+        scope: (config.scope)(&parts),
+        key,
+    };
+    let token = LeaseToken::random();
+    let begun = with_timeout(
+        config.store_timeout,
+        store.begin(&record, fingerprint, &token, config.ttl),
+    )
+    .await;
+    match begun {
+        Err(e) => return Ok(unavailable(&e)),
+        Ok(Begin::InProgress { fingerprint: fp })
+        | Ok(Begin::Completed {
+            fingerprint: fp, ..
+        }) if fp != fingerprint => {
+            return Ok(json_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "this idempotency key was used with another request (method, path or body differ)",
+            ));
+        }
+        Ok(Begin::InProgress { .. }) => {
+            return Ok(retry_later(
+                StatusCode::CONFLICT,
+                "idempotency_key_in_progress",
+                "a request with this idempotency key is in progress; retry later",
+                config.retry_after,
+            ));
+        }
+        Ok(Begin::Completed { response, .. }) => {
+            tracing::debug!(key = %record.key, "replaying a stored response");
+            return Ok(replay(response));
+        }
+        Ok(Begin::Acquired) => {}
+    }
+
+    let mut guard = LeaseGuard {
+        store: store.clone(),
+        key: record,
+        token,
+        ttl: config.ttl,
+        armed: true,
+        done: None,
+    };
+    let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
+    let resp = match inner.call(req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            guard.release().await;
+            return Err(e);
+        }
+    };
+    let status = resp.status();
+    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+        guard.release().await;
+        return Ok(resp.map(MaybeBuffered::inner));
+    }
+    // The work is done: from here on, cancellation must not drop the lease
+    // (the next request would do the work again). Until the body is read,
+    // a cancellation stores the status and headers.
+    let mut headers = resp.headers().clone();
+    for h in HOP_BY_HOP {
+        headers.remove(h);
+    }
+    guard.done = Some(StoredResponse {
+        status,
+        headers,
+        body: Bytes::new(),
+        body_omitted: true,
+    });
+    Ok(finish(guard, config, resp).await)
+}
+
+async fn finish<St, RB>(
+    mut guard: LeaseGuard<St>,
+    config: Arc<Config>,
+    resp: Response<RB>,
+) -> Response<MaybeBuffered<RB>>
+where
+    St: Store,
+    RB: Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError>,
+{
+    let (parts, mut body) = resp.into_parts();
+    let (bytes, ended) = match read_capped(&mut body, config.response_cap).await {
+        Ok(read) => read,
+        Err(e) => {
+            tracing::warn!(error = %e, "response body failed: dropping the idempotency lease");
+            guard.done = None;
+            guard.release().await;
+            return json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "response_body_failed",
+                "the response body failed",
+            );
+        }
+    };
+    if let Some(done) = guard.done.as_mut() {
+        if ended {
+            done.body = bytes.clone();
+            done.body_omitted = false;
+        }
+    }
+    let stored = match &guard.done {
+        Some(done) => {
+            with_timeout(
+                config.store_timeout,
+                guard
+                    .store
+                    .complete(&guard.key, &guard.token, done, config.ttl),
+            )
+            .await
+        }
+        None => Ok(()),
+    };
+    guard.armed = false;
+    if let Err(e) = stored {
+        // The lease stays until it expires: a retry meanwhile gets 409, not
+        // a second run.
+        tracing::error!(error = %e, key = %guard.key.key, "could not store an idempotent response");
+    }
+    let body = if ended {
+        MaybeBuffered::full(bytes)
+    } else {
+        MaybeBuffered::chain(bytes, body)
+    };
+    Response::from_parts(parts, body)
+}
+
+fn replay<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
+    let mut resp = Response::new(MaybeBuffered::full(stored.body));
+    *resp.status_mut() = stored.status;
+    *resp.headers_mut() = stored.headers;
+    resp.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    if stored.body_omitted {
+        resp.headers_mut()
+            .insert(IDEMPOTENT_BODY_OMITTED, HeaderValue::from_static("true"));
+    }
+    resp
+}

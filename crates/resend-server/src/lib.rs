@@ -1,0 +1,70 @@
+//! The server half of resend: the caller's deadline handed down to every
+//! outbound call, a 504 that says where the time went, and `Idempotency-Key`
+//! deduplication.
+//!
+//! # Overview
+//!
+//! - [`InboundDeadlineLayer`]: reads the caller's budget (`grpc-timeout`, or
+//!   a header in milliseconds), bounds it by the server's maximum, and runs
+//!   the handler inside resend's task-local deadline scope, so every resend
+//!   client stack the handler calls inherits it. When it runs out, the answer
+//!   is a 504 whose JSON body names where the time went: an upstream, the
+//!   handler's own work, or a budget spent before the handler ran.
+//! - [`IdempotencyLayer`]: a repeated `Idempotency-Key` gets the first result
+//!   instead of the work done twice, with the records in a [`Store`]:
+//!   [`MemoryStore`], `RedisStore` (feature `redis`) or `PostgresStore`
+//!   (feature `postgres`).
+//! - [`ClientErrorResponse`] (feature `axum`): a resend client error as an axum
+//!   response (504 with attribution, 502 "verify before resending", …).
+//!
+//! # Layer order
+//!
+//! Outside in: [`InboundDeadlineLayer`], then [`IdempotencyLayer`], then the
+//! handler. A request cut by the deadline is cancelled, and its idempotency
+//! lease dropped, so the caller's retry runs.
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let svc = ServiceBuilder::new()
+//!     .layer(InboundDeadlineLayer::new(Duration::from_secs(10)))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .service(service_fn(|_req: Request<_>| async {
+//!         // Every resend stack called here inherits the caller's deadline.
+//!         assert!(resend::Deadline::current().is_some());
+//!         Ok::<_, resend::BoxError>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+//!     }));
+//! let req = Request::post("/orders").header("grpc-timeout", "2S").body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap();
+//! assert_eq!(svc.oneshot(req).await.unwrap().status(), 200);
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `axum`: `ClientErrorResponse`, a resend client error as an axum response.
+//! - `redis`: `RedisStore`.
+//! - `postgres`: `PostgresStore`.
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+#[cfg(feature = "axum")]
+mod axum;
+mod body;
+pub mod deadline;
+pub mod idempotency;
+pub mod store;
+
+#[cfg(feature = "axum")]
+pub use axum::ClientErrorResponse;
+pub use body::MaybeBuffered;
+pub use deadline::{InboundDeadline, InboundDeadlineLayer};
+pub use idempotency::{Idempotency, IdempotencyLayer};
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
+pub use store::{MemoryStore, Store, StoreError};

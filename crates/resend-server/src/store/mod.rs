@@ -1,0 +1,301 @@
+//! Where [`IdempotencyLayer`](crate::IdempotencyLayer) keeps its records.
+//!
+//! A [`Store`] decides, atomically, which request with a given (scope, key)
+//! runs: the first one takes a *lease*; later ones see the lease (the work is
+//! in progress) or the stored response (it is done). Three stores come with
+//! the crate:
+//!
+//! - [`MemoryStore`]: in this process, the embedded default; records expire,
+//!   and its memory is bounded.
+//! - `RedisStore` (feature `redis`): a lease by `SET NX PX`, the result with
+//!   a TTL, compare-and-set steps in Lua.
+//! - `PostgresStore` (feature `postgres`): one table with a primary key on
+//!   (scope, key); `INSERT ... ON CONFLICT` decides who runs.
+//!
+//! A store that cannot answer returns a [`StoreError`]; the layer then fails
+//! closed: 503, and the handler does not run.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+pub use self::redis::DEFAULT_PREFIX as REDIS_DEFAULT_PREFIX;
+#[cfg(feature = "redis")]
+mod redis;
+
+#[cfg(feature = "postgres")]
+pub use self::postgres::{
+    PostgresStore, DEFAULT_CONNECTIONS as POSTGRES_DEFAULT_CONNECTIONS,
+    DEFAULT_TABLE as POSTGRES_DEFAULT_TABLE,
+};
+#[cfg(feature = "redis")]
+pub use self::redis::RedisStore;
+pub use memory::{MemoryStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS};
+
+/// What identifies one logical operation: the caller's scope and its key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RecordKey {
+    /// The caller's identity (see
+    /// [`IdempotencyLayer::scope_with`](crate::IdempotencyLayer::scope_with)).
+    pub scope: String,
+    /// The Idempotency-Key, 1 to 255 visible ASCII characters.
+    pub key: String,
+}
+
+/// A hash of what the request asks for: method, path and query, and body.
+/// The same key with another fingerprint is a client error (422).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "..)")
+    }
+}
+
+/// Proof of holding a lease: only its holder may complete or release it, so
+/// a holder whose lease expired and was taken over cannot disturb the new one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseToken(pub String);
+
+impl LeaseToken {
+    /// A fresh random token. Unique, not secret: it never leaves the server.
+    pub fn random() -> Self {
+        Self(format!("{:032x}", fastrand::u128(..)))
+    }
+}
+
+/// How long a lease and a finished record live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ttl {
+    /// How long a lease holds before another request may take it over.
+    pub lease: Duration,
+    /// How long a finished record is kept.
+    pub record: Duration,
+}
+
+/// What [`Store::begin`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// The caller holds the lease: run the handler.
+    Acquired,
+    /// Another request with the same key holds a live lease.
+    InProgress {
+        /// Its fingerprint.
+        fingerprint: Fingerprint,
+    },
+    /// The operation finished: its stored response.
+    Completed {
+        /// Its fingerprint.
+        fingerprint: Fingerprint,
+        /// The response to replay.
+        response: StoredResponse,
+    },
+}
+
+/// A final response, as stored and replayed: status, headers and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The status code.
+    pub status: StatusCode,
+    /// The headers, hop-by-hop ones and `content-length` left out.
+    pub headers: HeaderMap,
+    /// The body, unless it was larger than the cap.
+    pub body: Bytes,
+    /// True when the body was larger than the cap and was not stored.
+    pub body_omitted: bool,
+}
+
+const FORMAT_VERSION: u8 = 1;
+
+impl StoredResponse {
+    /// Encodes the response for a store that keeps bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.body.len());
+        out.push(FORMAT_VERSION);
+        out.extend_from_slice(&self.status.as_u16().to_be_bytes());
+        out.push(u8::from(self.body_omitted));
+        let n = u32::try_from(self.headers.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&n.to_be_bytes());
+        for (name, value) in self.headers.iter().take(n as usize) {
+            put(&mut out, name.as_str().as_bytes());
+            put(&mut out, value.as_bytes());
+        }
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Decodes what [`encode`](Self::encode) wrote; `None` if the bytes are
+    /// not such a record.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut r = Reader(bytes);
+        if r.take(1)? != [FORMAT_VERSION] {
+            return None;
+        }
+        let status = StatusCode::from_u16(u16::from_be_bytes(r.take(2)?.try_into().ok()?)).ok()?;
+        let body_omitted = r.take(1)?[0] != 0;
+        let n = u32::from_be_bytes(r.take(4)?.try_into().ok()?);
+        let mut headers = HeaderMap::new();
+        for _ in 0..n {
+            let name = HeaderName::from_bytes(r.chunk()?).ok()?;
+            let value = HeaderValue::from_bytes(r.chunk()?).ok()?;
+            headers.append(name, value);
+        }
+        Some(Self {
+            status,
+            headers,
+            body: Bytes::copy_from_slice(r.0),
+            body_omitted,
+        })
+    }
+
+    /// Roughly how many bytes the record holds.
+    pub fn size(&self) -> usize {
+        self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len() + 8)
+                .sum::<usize>()
+            + 16
+    }
+}
+
+fn put(out: &mut Vec<u8>, bytes: &[u8]) {
+    let n = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&n.to_be_bytes());
+    out.extend_from_slice(&bytes[..n as usize]);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Some(head)
+    }
+
+    fn chunk(&mut self) -> Option<&'a [u8]> {
+        let n = u32::from_be_bytes(self.take(4)?.try_into().ok()?);
+        self.take(usize::try_from(n).ok()?)
+    }
+}
+
+/// A store could not answer. The layer fails closed on it (503).
+#[derive(Debug)]
+pub struct StoreError {
+    message: String,
+    source: Option<resend::BoxError>,
+}
+
+impl StoreError {
+    /// An error saying `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error saying `message`, caused by `source`.
+    pub fn with_source(message: impl Into<String>, source: impl Into<resend::BoxError>) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            Some(s) => write!(f, "idempotency store: {}: {s}", self.message),
+            None => write!(f, "idempotency store: {}", self.message),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Keeps idempotency records: who holds the lease on a key, and the response
+/// once the work is done.
+///
+/// Implementations must make [`begin`](Store::begin) atomic: of any number of
+/// concurrent calls for one key, at most one gets [`Begin::Acquired`] while
+/// the lease lives. A store is cloned into every request; clones share the
+/// records.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// Takes the lease on `key` for `ttl.lease` with `token`, if no live
+    /// lease or unexpired record holds it; otherwise says what does.
+    fn begin(
+        &self,
+        key: &RecordKey,
+        fingerprint: Fingerprint,
+        token: &LeaseToken,
+        ttl: Ttl,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
+
+    /// Stores the final response in place of the lease held with `token`,
+    /// kept for `ttl.record`. Does nothing if the lease is no longer `token`'s.
+    fn complete(
+        &self,
+        key: &RecordKey,
+        token: &LeaseToken,
+        response: &StoredResponse,
+        ttl: Ttl,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Drops the lease held with `token`, so the next request with the key
+    /// runs. Does nothing if the lease is no longer `token`'s.
+    fn release(
+        &self,
+        key: &RecordKey,
+        token: &LeaseToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_responses_round_trip_and_garbage_is_refused() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("set-cookie", HeaderValue::from_static("a=1"));
+        headers.append("set-cookie", HeaderValue::from_bytes(b"b=\xff").unwrap());
+        let r = StoredResponse {
+            status: StatusCode::CREATED,
+            headers,
+            body: Bytes::from_static(b"{\"id\":1}"),
+            body_omitted: false,
+        };
+        assert_eq!(StoredResponse::decode(&r.encode()), Some(r.clone()));
+        let enc = r.encode();
+        for cut in 0..enc.len() - r.body.len() {
+            assert_eq!(StoredResponse::decode(&enc[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(StoredResponse::decode(b"\x02garbage"), None);
+    }
+}

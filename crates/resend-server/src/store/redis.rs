@@ -1,0 +1,256 @@
+//! Idempotency records in Redis.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+use tokio::sync::OnceCell;
+
+use super::{Begin, Fingerprint, LeaseToken, RecordKey, Store, StoreError, StoredResponse, Ttl};
+
+/// The default key prefix of a [`RedisStore`]: `resend:idempotency:`.
+pub const DEFAULT_PREFIX: &str = "resend:idempotency:";
+
+// A record is one string value: `L` + fingerprint (32 bytes) + lease token
+// while the work runs, `D` + fingerprint + encoded response once it is done.
+// In Lua, strings count from 1: the kind is byte 1, the fingerprint bytes 2
+// to 33, the token or response from byte 34.
+
+/// Takes the lease with `SET NX PX`, or returns what holds the key, in one
+/// step.
+const BEGIN: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return redis.call('GET', KEYS[1])
+";
+
+/// Replaces the lease with the response (keeping the fingerprint), only if
+/// the lease is still ours.
+const COMPLETE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 1) == 'L' and string.sub(v, 34) == ARGV[1] then
+  redis.call('SET', KEYS[1], 'D' .. string.sub(v, 2, 33) .. ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+";
+
+/// Deletes the lease, only if it is still ours.
+const RELEASE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 1) == 'L' and string.sub(v, 34) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Idempotency records in Redis (feature `redis`).
+///
+/// The lease is taken with `SET NX PX` (expiring by itself if its holder
+/// dies), the response is stored with a TTL in its place, and the steps that
+/// must not interleave with another request's (take or read; compare the
+/// token and replace; compare and delete) are Lua scripts, atomic in Redis.
+/// The connection is made on first use and remade after a failure; while
+/// Redis cannot be reached, requests with a key get 503.
+///
+/// ```no_run
+/// use resend_server::{IdempotencyLayer, RedisStore};
+///
+/// let store = RedisStore::open("redis://127.0.0.1:6379")?.prefix("orders:idempotency:");
+/// let layer = IdempotencyLayer::new(store);
+/// # let _ = layer;
+/// # Ok::<(), resend_server::StoreError>(())
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    client: redis::Client,
+    conn: Arc<OnceCell<ConnectionManager>>,
+    prefix: Arc<str>,
+    scripts: Arc<[Script; 3]>,
+    connect_timeout: Duration,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("server", &self.client.get_connection_info().addr())
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn redis_error(what: &'static str) -> impl FnOnce(redis::RedisError) -> StoreError {
+    move |e| StoreError::with_source(what, e)
+}
+
+impl RedisStore {
+    /// A store on the Redis server at `url` (`redis://host:port/db`). Only
+    /// reads the URL: the connection is made on first use.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(redis_error("invalid Redis URL"))?;
+        Ok(Self {
+            client,
+            conn: Arc::new(OnceCell::new()),
+            prefix: DEFAULT_PREFIX.into(),
+            scripts: Arc::new([
+                Script::new(BEGIN),
+                Script::new(COMPLETE),
+                Script::new(RELEASE),
+            ]),
+            connect_timeout: Duration::from_secs(1),
+        })
+    }
+
+    /// Prefixes every key with `prefix`. Default [`DEFAULT_PREFIX`].
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long making a connection may take. Default 1 s.
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
+        let conn = self
+            .conn
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_number_of_retries(1);
+                self.client
+                    .get_connection_manager_with_config(config)
+                    .await
+                    .map_err(redis_error("cannot connect to Redis"))
+            })
+            .await?;
+        Ok(conn.clone())
+    }
+
+    fn redis_key(&self, key: &RecordKey) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.prefix.len() + key.scope.len() + key.key.len() + 12);
+        k.extend_from_slice(self.prefix.as_bytes());
+        // The scope's length first, so no scope and key can pass for another.
+        k.extend_from_slice(key.scope.len().to_string().as_bytes());
+        k.push(b':');
+        k.extend_from_slice(key.scope.as_bytes());
+        k.push(b':');
+        k.extend_from_slice(key.key.as_bytes());
+        k
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn record(kind: u8, fingerprint: Fingerprint, rest: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(33 + rest.len());
+    v.push(kind);
+    v.extend_from_slice(&fingerprint.0);
+    v.extend_from_slice(rest);
+    v
+}
+
+fn parse(value: &[u8]) -> Result<Begin, StoreError> {
+    let bad = || StoreError::new("unreadable record in Redis");
+    if value.len() < 33 {
+        return Err(bad());
+    }
+    let mut fp = [0; 32];
+    fp.copy_from_slice(&value[1..33]);
+    let fingerprint = Fingerprint(fp);
+    match value[0] {
+        b'L' => Ok(Begin::InProgress { fingerprint }),
+        b'D' => Ok(Begin::Completed {
+            fingerprint,
+            response: StoredResponse::decode(&value[33..]).ok_or_else(bad)?,
+        }),
+        _ => Err(bad()),
+    }
+}
+
+impl Store for RedisStore {
+    fn begin(
+        &self,
+        key: &RecordKey,
+        fingerprint: Fingerprint,
+        token: &LeaseToken,
+        ttl: Ttl,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        let rkey = self.redis_key(key);
+        let lease = record(b'L', fingerprint, token.0.as_bytes());
+        async move {
+            let mut conn = self.conn().await?;
+            // A record that expires between the SET and the GET reads as
+            // nil: try again (a few times at most).
+            for _ in 0..3 {
+                let v: Value = self.scripts[0]
+                    .key(&rkey)
+                    .arg(&lease)
+                    .arg(millis(ttl.lease))
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(redis_error("Redis lease failed"))?;
+                match v {
+                    Value::Int(1) => return Ok(Begin::Acquired),
+                    Value::BulkString(bytes) => return parse(&bytes),
+                    Value::Nil => continue,
+                    _ => return Err(StoreError::new("unexpected answer from Redis")),
+                }
+            }
+            Err(StoreError::new("Redis record kept vanishing"))
+        }
+    }
+
+    fn complete(
+        &self,
+        key: &RecordKey,
+        token: &LeaseToken,
+        response: &StoredResponse,
+        ttl: Ttl,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let rkey = self.redis_key(key);
+        let token = token.0.clone();
+        let response = response.encode();
+        async move {
+            let mut conn = self.conn().await?;
+            let _: i64 = self.scripts[1]
+                .key(&rkey)
+                .arg(token)
+                .arg(response)
+                .arg(millis(ttl.record))
+                .invoke_async(&mut conn)
+                .await
+                .map_err(redis_error("Redis store of the response failed"))?;
+            Ok(())
+        }
+    }
+
+    fn release(
+        &self,
+        key: &RecordKey,
+        token: &LeaseToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let rkey = self.redis_key(key);
+        let token = token.0.clone();
+        async move {
+            let mut conn = self.conn().await?;
+            let _: i64 = self.scripts[2]
+                .key(&rkey)
+                .arg(token)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(redis_error("Redis release failed"))?;
+            Ok(())
+        }
+    }
+}

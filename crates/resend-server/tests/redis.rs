@@ -1,0 +1,63 @@
+//! Every rule of the idempotency layer on the real Redis of this machine
+//! (`RESEND_REDIS_URL`, default `redis://127.0.0.1:6379`). Each test uses
+//! its own key prefix. Without Redis: skipped with a warning, or failed
+//! when `CI` is set.
+#![cfg(feature = "redis")]
+#![allow(clippy::print_stderr)]
+
+mod common;
+
+use std::time::Duration;
+
+use resend_server::RedisStore;
+
+fn url() -> String {
+    std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+async fn store() -> Option<RedisStore> {
+    let url = url();
+    let reachable = async {
+        let client = redis::Client::open(url.as_str()).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .ok()
+    };
+    match tokio::time::timeout(Duration::from_secs(3), reachable).await {
+        Ok(Some(_)) => {}
+        _ if common::in_ci() => panic!("Redis at {url} is unreachable, and CI is set"),
+        _ => {
+            eprintln!("WARNING: Redis at {url} is unreachable: test SKIPPED");
+            return None;
+        }
+    }
+    Some(
+        RedisStore::open(&url)
+            .unwrap()
+            .prefix(format!("resend-test:{}:", common::unique("redis"))),
+    )
+}
+
+store_rules!((flavor = "multi_thread", worker_threads = 2), store());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_lease_is_taken_over_after_it_expires() {
+    if let Some(s) = store().await {
+        common::stale_lease_taken_over(s, Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_expire_after_their_ttl() {
+    if let Some(s) = store().await {
+        common::records_expire(s, Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_gives_503_and_runs_nothing() {
+    let down = RedisStore::open("redis://127.0.0.1:1").unwrap();
+    common::store_down(down).await;
+}
