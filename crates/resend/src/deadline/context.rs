@@ -1,13 +1,13 @@
 //! What an enclosing [`DeadlineLayer`](super::DeadlineLayer) tells the layers
 //! inside it, and what they tell it back, without allocating or sharing state.
 //!
-//! The deadline service runs its inner `call` and every poll of its inner
-//! future inside a task-local scope holding a [`CallContext`]: the call's
-//! deadline, the instant the call began (only during the synchronous `call`,
-//! so the first attempt need not read the clock again), and a [`Cell`] in
-//! which a layer that is about to return `Pending` for a reason other than
-//! "an attempt is in flight" (a retry waiting out a backoff) writes that
-//! reason. When the deadline fires, it reports the phase last written.
+//! The deadline service runs its inner `call`, and every poll of its inner
+//! future, with a call context set: the call's deadline, the instant the call
+//! began (only during the synchronous `call`, so the first attempt need not
+//! read the clock again), and a [`Report`] that inner layers write: a retry
+//! waiting out a backoff says so (the phase a firing deadline reports), and
+//! an attempt timeout whose armed timer fires no later than the deadline says
+//! that it covers it (so the deadline arms no timer of its own).
 
 use std::cell::Cell;
 
@@ -16,39 +16,42 @@ use tokio::time::Instant;
 use super::Deadline;
 use crate::error::Phase;
 
-// A thread-local, not a tokio task-local: the context is only ever set for
+// Thread-locals, not a tokio task-local: the context is only ever set for
 // the length of one synchronous `call` or `poll` and restored before it
 // returns (by a guard, also on unwind), so it can never be seen from another
-// task, and a `Cell` of a `Copy` value costs a few instructions where
-// `LocalKey::sync_scope` costs hundreds.
+// task. One `Cell` per field keeps each access a word-sized load or store;
+// `LocalKey::sync_scope` costs hundreds of instructions.
 thread_local! {
-    static CALL: Cell<Option<CallContext>> = const { Cell::new(None) };
-}
-
-#[derive(Clone, Copy)]
-struct CallContext {
-    deadline: Deadline,
-    now: Option<Instant>,
-    phase: Phase,
-    /// An inner layer holds an armed timer that fires at or before the
-    /// deadline and wakes the task: the deadline needs no timer of its own
-    /// for this poll.
-    covered: bool,
+    static DEADLINE: Cell<Option<Deadline>> = const { Cell::new(None) };
+    static NOW: Cell<Option<Instant>> = const { Cell::new(None) };
+    static REPORT: Cell<Report> = const { Cell::new(Report::NONE) };
 }
 
 /// What the inner layers reported during one `call` or `poll`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Report {
     pub(crate) phase: Phase,
+    /// An inner layer holds an armed timer that fires at or before the
+    /// deadline and wakes the task: the deadline needs no timer of its own
+    /// for this poll.
     pub(crate) covered: bool,
 }
 
+impl Report {
+    const NONE: Self = Self {
+        phase: Phase::Attempt,
+        covered: false,
+    };
+}
+
 /// Puts the previous context back when dropped.
-struct Restore(Option<CallContext>);
+struct Restore(Option<Deadline>, Option<Instant>, Report);
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        CALL.with(|c| c.set(self.0));
+        DEADLINE.set(self.0);
+        NOW.set(self.1);
+        REPORT.set(self.2);
     }
 }
 
@@ -60,24 +63,13 @@ pub(crate) fn enter<R>(
     now: Option<Instant>,
     f: impl FnOnce() -> R,
 ) -> (R, Report) {
-    let cx = CallContext {
-        deadline,
-        now,
-        phase: Phase::Attempt,
-        covered: false,
-    };
-    let restore = Restore(CALL.with(|c| c.replace(Some(cx))));
-    let r = f();
-    let report = CALL.with(Cell::get).map_or(
-        Report {
-            phase: Phase::Attempt,
-            covered: false,
-        },
-        |cx| Report {
-            phase: cx.phase,
-            covered: cx.covered,
-        },
+    let restore = Restore(
+        DEADLINE.replace(Some(deadline)),
+        NOW.replace(now),
+        REPORT.replace(Report::NONE),
     );
+    let r = f();
+    let report = REPORT.get();
     drop(restore);
     (r, report)
 }
@@ -85,31 +77,27 @@ pub(crate) fn enter<R>(
 /// The enclosing call's deadline, and the current instant if the call is
 /// being started right now (so the clock need not be read again).
 pub(crate) fn current() -> Option<(Deadline, Option<Instant>)> {
-    CALL.with(Cell::get).map(|cx| (cx.deadline, cx.now))
+    DEADLINE.get().map(|d| (d, NOW.get()))
 }
 
 /// Tells an enclosing deadline that a timer firing at `until` is armed and
 /// will wake the task; if that is no later than the deadline, the deadline
 /// need not arm one of its own.
 pub(crate) fn cover(until: Instant) {
-    CALL.with(|c| {
-        if let Some(mut cx) = c.get() {
-            if until <= cx.deadline.instant() {
-                cx.covered = true;
-                c.set(Some(cx));
-            }
-        }
-    });
+    if DEADLINE.get().is_some_and(|d| until <= d.instant()) {
+        let mut r = REPORT.get();
+        r.covered = true;
+        REPORT.set(r);
+    }
 }
 
 /// Tells an enclosing deadline, if any, what the call is doing now.
 pub(crate) fn report(phase: Phase) {
-    CALL.with(|c| {
-        if let Some(mut cx) = c.get() {
-            cx.phase = phase;
-            c.set(Some(cx));
-        }
-    });
+    if DEADLINE.get().is_some() {
+        let mut r = REPORT.get();
+        r.phase = phase;
+        REPORT.set(r);
+    }
 }
 
 #[cfg(test)]
