@@ -11,6 +11,7 @@
 //!   `tower_retry` (tower's retry with a clone-and-retry policy between two
 //!   timeouts), `stack` (the full `resend::stack()`);
 //! - on loopback against resend-testkit: `loop_bare` (hyper-util's client),
+//!   `loop_tower` (that client under tower's Timeout: one timer per call),
 //!   `loop_stack` (the full stack over `resend::hyper_client`).
 #![allow(missing_docs, clippy::unwrap_used)]
 
@@ -35,7 +36,7 @@ where
     }
 }
 
-async fn loopback(stack: bool, n: usize) {
+async fn loopback(which: &str, n: usize) {
     let server = resend_testkit::TestServer::start(resend_testkit::Script::new())
         .await
         .unwrap();
@@ -51,12 +52,22 @@ async fn loopback(stack: bool, n: usize) {
         ));
     for i in 0..n {
         let req = Request::get(uri.clone()).body(Body::new()).unwrap();
-        if stack {
-            let r = resend.clone().oneshot(req).await.unwrap();
-            r.into_body().collect().await.unwrap();
-        } else {
-            let r = bare.clone().oneshot(req).await.unwrap();
-            r.into_body().collect().await.unwrap();
+        match which {
+            "stack" => {
+                let r = resend.clone().oneshot(req).await.unwrap();
+                r.into_body().collect().await.unwrap();
+            }
+            "tower" => {
+                let svc = ServiceBuilder::new()
+                    .timeout(Duration::from_secs(5))
+                    .service(bare.clone());
+                let r = svc.oneshot(req).await.unwrap();
+                r.into_body().collect().await.unwrap();
+            }
+            _ => {
+                let r = bare.clone().oneshot(req).await.unwrap();
+                r.into_body().collect().await.unwrap();
+            }
         }
         if i % 1000 == 0 {
             server.take_arrivals();
@@ -109,8 +120,9 @@ fn main() {
                     .service(Instant200);
                 run(svc, n).await;
             }
-            "loop_bare" => loopback(false, n).await,
-            "loop_stack" => loopback(true, n).await,
+            "loop_bare" => loopback("bare", n).await,
+            "loop_tower" => loopback("tower", n).await,
+            "loop_stack" => loopback("stack", n).await,
             other => panic!("unknown variant {other:?}"),
         }
     });
