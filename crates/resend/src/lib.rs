@@ -65,6 +65,8 @@
 //!
 //! - `hyper-client` (default): [`hyper_client`], a hyper-util legacy client
 //!   with a connect timeout.
+//! - `reqwest`: [`reqwest::ReqwestService`](crate::reqwest), a reqwest client
+//!   as the transport, its errors mapped to what they say about the request.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -74,6 +76,8 @@ pub mod connect;
 pub mod deadline;
 mod error;
 pub mod idempotency;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 pub mod retry;
 mod stack;
 pub mod timeout;
