@@ -67,6 +67,10 @@
 //!   with a connect timeout.
 //! - `reqwest`: [`reqwest::ReqwestService`](crate::reqwest), a reqwest client
 //!   as the transport, its errors mapped to what they say about the request.
+//! - `tonic`: [`tonic::GrpcClassifier`](crate::tonic::GrpcClassifier) (gRPC
+//!   statuses, pushback, an allowlist of idempotent methods) and
+//!   [`tonic::TonicTransport`](crate::tonic::TonicTransport), a tonic channel
+//!   as the transport.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -81,6 +85,8 @@ pub mod reqwest;
 pub mod retry;
 mod stack;
 pub mod timeout;
+#[cfg(feature = "tonic")]
+pub mod tonic;
 
 pub use builder::ServiceBuilderExt;
 #[cfg(feature = "hyper-client")]
