@@ -234,6 +234,12 @@ impl Error {
         self
     }
 
+    /// Records the error that established this one (kept as the source).
+    pub(crate) fn with_source(mut self, source: BoxError) -> Self {
+        self.inner.source = Some(source);
+        self
+    }
+
     pub(crate) fn with_phase(mut self, phase: Phase) -> Self {
         self.inner.phase = Some(phase);
         self

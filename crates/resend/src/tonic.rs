@@ -86,16 +86,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use ::tonic::Code;
 use bytes::Bytes;
 use http::header::HeaderName;
 use http::{HeaderMap, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::classify::{Class, Classification, Classify, HttpClassifier, RequestFacts};
-use crate::error::{BoxError, Error};
+use crate::deadline::{parse_grpc_timeout, GRPC_TIMEOUT};
+use crate::error::{BoxError, Error, Phase};
 use crate::retry::{parse_grpc_pushback, Pushback};
 
 /// The `grpc-status` header (or trailer).
@@ -303,6 +306,19 @@ fn proves_not_sent(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// True when `err`'s source chain holds tonic's
+/// [`TimeoutExpired`](::tonic::TimeoutExpired).
+fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if e.is::<::tonic::TimeoutExpired>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
 /// A tonic channel as the transport of a resend stack; see the
 /// [module docs](self).
 ///
@@ -370,8 +386,16 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The channel enforces the grpc-timeout the stack wrote (the time
+        // left, less a margin): remember it, to tell that expiry from others.
+        let budget = req
+            .headers()
+            .get(GRPC_TIMEOUT)
+            .and_then(|v| parse_grpc_timeout(v.as_bytes()).ok())
+            .map(|t| (t, Instant::now()));
         ResponseFuture {
             inner: self.inner.call(req.map(::tonic::body::Body::new)),
+            budget,
         }
     }
 }
@@ -391,6 +415,8 @@ pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
+        // The request's grpc-timeout and when it was sent.
+        budget: Option<(Duration, Instant)>,
     }
 }
 
@@ -402,10 +428,27 @@ where
     type Output = Result<T, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project()
-            .inner
-            .poll(cx)
-            .map_err(|e| map_error(e.into()))
+        let this = self.project();
+        let budget = *this.budget;
+        this.inner.poll(cx).map_err(|e| {
+            let e = e.into();
+            match budget {
+                // The channel cut the call at the grpc-timeout, i.e. at the
+                // deadline less its margin: the deadline ran out, not "some
+                // timeout" (an `Endpoint::timeout` stays tonic's error).
+                Some((limit, sent)) if timed_out(&*e) => {
+                    let elapsed = sent.elapsed();
+                    if elapsed >= limit {
+                        Error::deadline_exceeded(Phase::Attempt, elapsed)
+                            .with_source(e)
+                            .into()
+                    } else {
+                        e
+                    }
+                }
+                _ => map_error(e),
+            }
+        })
     }
 }
 
@@ -418,7 +461,6 @@ impl<F> fmt::Debug for ResponseFuture<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn classify(method: &str, headers: &[(&str, &str)]) -> (Classification, bool) {
         let c = GrpcClassifier::new().idempotent("/svc.S/Get");
