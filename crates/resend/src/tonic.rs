@@ -122,6 +122,31 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<Code> {
         .map(|v| Code::from_bytes(v.as_bytes()))
 }
 
+/// The [`resend::Error`](crate::Error) behind a `tonic::Status` that a tonic
+/// client made of the stack's error, if that is where it came from.
+///
+/// A generated client turns the stack's error into a status with
+/// `Status::from_error`: a code from what tonic recognises in it (UNAVAILABLE
+/// for a failure to connect), else UNKNOWN with the error's message. The
+/// resend error, with its kind and attempt history, stays reachable here.
+///
+/// ```
+/// use resend::tonic::resend_error;
+///
+/// let status = tonic::Status::not_found("no such account");
+/// assert!(resend_error(&status).is_none());
+/// ```
+pub fn resend_error(status: &::tonic::Status) -> Option<&Error> {
+    let mut next = std::error::Error::source(status);
+    while let Some(e) = next {
+        if let Some(ours) = e.downcast_ref::<Error>() {
+            return Some(ours);
+        }
+        next = e.source();
+    }
+    None
+}
+
 /// The gRPC classifier of the [module table](self), with an allowlist of
 /// idempotent methods.
 ///
