@@ -235,6 +235,7 @@ impl Error {
     }
 
     /// Records the error that established this one (kept as the source).
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
     pub(crate) fn with_source(mut self, source: BoxError) -> Self {
         self.inner.source = Some(source);
         self
