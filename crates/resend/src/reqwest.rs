@@ -22,6 +22,10 @@
 //!   0.13 retries some protocol refusals by itself; under resend's
 //!   [`RetryLayer`](crate::RetryLayer) that would be a second layer retrying,
 //!   with its own count and budget. Exactly one layer retries: resend's.
+//!   (Belt and braces: the adapter hands reqwest a streaming body, which
+//!   reqwest 0.13 cannot clone, so even its default policy could not resend
+//!   a request that came through the stack; turning it off also saves its
+//!   bookkeeping.)
 //! - **`connect_timeout` set**: reqwest's connect timeout is the stack's
 //!   connect timeout (DESIGN: 2 s), and a connection that times out is
 //!   reported as not sent.
