@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response};
-use resend::tonic::{resend_error, GrpcClassifier, TonicTransport};
+use resend::tonic::{into_status, resend_error, GrpcClassifier, TonicTransport};
 use resend::BoxError;
 use tokio::time::Instant;
 use tonic::server::NamedService;
@@ -26,6 +26,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic::Status;
 use tonic_prost::ProstCodec;
+use tower::util::MapErr;
 use tower::Service;
 
 // package ledger;
@@ -207,7 +208,8 @@ async fn main() -> Result<(), resend::BoxError> {
                 .classifier(GrpcClassifier::new().idempotent(GET_BALANCE))
         })
         .service(TonicTransport::new(channel));
-    let mut client = LedgerClient::new(stack);
+    // The stack's errors reach the client as the gRPC statuses that say the same.
+    let mut client = LedgerClient::new(MapErr::new(stack, into_status));
 
     // 1. An idempotent method through two UNAVAILABLEs.
     let t = Instant::now();
@@ -260,12 +262,11 @@ async fn main() -> Result<(), resend::BoxError> {
     let nowhere = Endpoint::from_shared(format!("http://{closed}"))?
         .tcp_nodelay(true)
         .connect_lazy();
-    let mut lost = LedgerClient::new(
-        resend::stack()
-            .name("ledger-replica")
-            .retry(|r| r.classifier(GrpcClassifier::new()))
-            .service(TonicTransport::new(nowhere)),
-    );
+    let replica = resend::stack()
+        .name("ledger-replica")
+        .retry(|r| r.classifier(GrpcClassifier::new()))
+        .service(TonicTransport::new(nowhere));
+    let mut lost = LedgerClient::new(MapErr::new(replica, into_status));
     let t = Instant::now();
     println!("4. Charge against a closed port");
     let status = lost

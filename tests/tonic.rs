@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full};
 use prost::Message;
 use resend::classify::Class;
 use resend::retry::Stop;
-use resend::tonic::{grpc_status, GrpcClassifier, TonicTransport};
+use resend::tonic::{grpc_status, into_status, resend_error, GrpcClassifier, TonicTransport};
 use resend::ErrorKind;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -32,6 +32,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
+use tower::util::MapErr;
 use tower::{Service, ServiceExt};
 
 use common::{attempts, closed_port, idle, stack, within, CONNECT_TIMEOUT};
@@ -585,4 +586,69 @@ async fn a_generated_style_client_calls_through_the_stack() {
     .expect_err("FAILED_PRECONDITION is final");
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert_eq!(server.arrival_count(), 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
+    let server = GrpcServer::start(|_, path| match path {
+        GET_BALANCE => Do::Hang,
+        _ => Do::WorkThenHang,
+    })
+    .await;
+    let stack = MapErr::new(
+        stack()
+            .total(SECOND)
+            .attempt_timeout(400 * MS)
+            .no_budget()
+            .retry(|r| r.classifier(classifier()))
+            .service(TonicTransport::new(server.channel())),
+        into_status,
+    );
+    let mut grpc = tonic::client::Grpc::new(stack);
+    let msg = ChargeRequest {
+        account: "acct-7".to_owned(),
+        amount: 250,
+    };
+
+    // A silent server: DEADLINE_EXCEEDED, by the deadline.
+    let start = Instant::now();
+    grpc.ready().await.expect("ready");
+    let status = within(grpc.unary(
+        tonic::Request::new(msg.clone()),
+        PathAndQuery::from_static(GET_BALANCE),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .expect_err("nobody answers");
+    assert!(start.elapsed() <= SECOND + 5 * MS, "{:?}", start.elapsed());
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let err = resend_error(&status).expect("the resend error behind the status");
+    assert!(err.is_deadline_exceeded());
+
+    // A charge that did the work, then hung: UNKNOWN, outcome unknown.
+    grpc.ready().await.expect("ready");
+    let status = within(grpc.unary(
+        tonic::Request::new(msg.clone()),
+        PathAndQuery::from_static(CHARGE),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .expect_err("nobody answers");
+    assert_eq!(status.code(), Code::Unknown, "{status:?}");
+    assert!(resend_error(&status).is_some_and(resend::Error::is_outcome_unknown));
+    assert_eq!(server.effects(), 1);
+
+    // A closed port: UNAVAILABLE, and nothing was sent.
+    let addr = SocketAddr::from(([127, 0, 0, 1], closed_port()));
+    let mut grpc = tonic::client::Grpc::new(MapErr::new(grpc_stack(channel_to(addr)), into_status));
+    grpc.ready().await.expect("ready");
+    let status = within(grpc.unary(
+        tonic::Request::new(msg),
+        PathAndQuery::from_static(CHARGE),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .expect_err("nothing listens");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(resend_error(&status).is_some_and(resend::Error::is_not_sent));
 }

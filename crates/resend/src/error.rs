@@ -234,13 +234,6 @@ impl Error {
         self
     }
 
-    /// Records the error that established this one (kept as the source).
-    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
-    pub(crate) fn with_source(mut self, source: BoxError) -> Self {
-        self.inner.source = Some(source);
-        self
-    }
-
     pub(crate) fn with_phase(mut self, phase: Phase) -> Self {
         self.inner.phase = Some(phase);
         self

@@ -43,6 +43,11 @@
 //! carries `grpc-timeout` with the time left before the deadline, less a
 //! small margin ([`DeadlineHeaderLayer`](crate::DeadlineHeaderLayer)).
 //!
+//! Give generated clients `MapErr::new(stack, `[`into_status`]`)`: the stack's
+//! [`resend::Error`](crate::Error) then reaches them as the gRPC status that
+//! says the same (DEADLINE_EXCEEDED for a deadline), and [`resend_error`]
+//! finds the whole error behind it.
+//!
 //! Leave `Endpoint::timeout` unset: the deadline and the attempt timeout
 //! bound each call, and the channel also enforces the `grpc-timeout` the
 //! stack writes. Set `Endpoint::connect_timeout` (the connect timeout) and
@@ -98,7 +103,7 @@ use tower_service::Service;
 
 use crate::classify::{Class, Classification, Classify, HttpClassifier, RequestFacts};
 use crate::deadline::{parse_grpc_timeout, GRPC_TIMEOUT};
-use crate::error::{BoxError, Error, Phase};
+use crate::error::{BoxError, Error, ErrorKind, Phase};
 use crate::retry::{parse_grpc_pushback, Pushback};
 
 /// The `grpc-status` header (or trailer).
@@ -120,6 +125,58 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<Code> {
     headers
         .get(GRPC_STATUS)
         .map(|v| Code::from_bytes(v.as_bytes()))
+}
+
+/// The gRPC status that says what `err` says, with `err` as its source, for
+/// tonic clients: map the stack's errors with it
+/// (`tower::util::MapErr::new(stack, resend::tonic::into_status)`) so that a
+/// generated client sees DEADLINE_EXCEEDED for a deadline, not UNKNOWN, and
+/// [`resend_error`] still finds the whole error.
+///
+/// | [`ErrorKind`] | code |
+/// |---|---|
+/// | `DeadlineExceeded`, `AttemptTimeout` | DEADLINE_EXCEEDED |
+/// | `ConnectTimeout`, anything [not sent](Error::is_not_sent) | UNAVAILABLE |
+/// | `RetriesExhausted`, `BudgetExhausted` | UNAVAILABLE |
+/// | `OutcomeUnknown`, `BodyNotReplayable`, `Transport` after sending | UNKNOWN |
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{Request, Response};
+/// use resend::tonic::{into_status, resend_error, GrpcClassifier, TonicTransport};
+/// use tower::{service_fn, util::MapErr, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// // Stands in for a channel to a server that never answers.
+/// let silent = service_fn(|_req: Request<tonic::body::Body>| async {
+///     std::future::pending::<Result<Response<tonic::body::Body>, std::convert::Infallible>>().await
+/// });
+/// let ledger = resend::stack()
+///     .total(Duration::from_secs(1))
+///     .retry(|r| r.classifier(GrpcClassifier::new().idempotent("/ledger.Ledger/GetBalance")))
+///     .service(TonicTransport::new(silent));
+/// let ledger = MapErr::new(ledger, into_status); // what a generated client should be given
+///
+/// let req = Request::post("/ledger.Ledger/GetBalance").body(tonic::body::Body::empty()).unwrap();
+/// let status = ledger.oneshot(req).await.unwrap_err();
+/// assert_eq!(status.code(), tonic::Code::DeadlineExceeded);
+/// assert!(resend_error(&status).is_some_and(|e| e.is_deadline_exceeded()));
+/// # }
+/// ```
+pub fn into_status(err: Error) -> ::tonic::Status {
+    let code = match err.kind() {
+        ErrorKind::DeadlineExceeded | ErrorKind::AttemptTimeout => Code::DeadlineExceeded,
+        _ if err.is_not_sent() => Code::Unavailable,
+        ErrorKind::ConnectTimeout | ErrorKind::RetriesExhausted | ErrorKind::BudgetExhausted => {
+            Code::Unavailable
+        }
+        ErrorKind::OutcomeUnknown | ErrorKind::BodyNotReplayable | ErrorKind::Transport => {
+            Code::Unknown
+        }
+    };
+    let mut status = ::tonic::Status::new(code, err.to_string());
+    status.set_source(Arc::new(err));
+    status
 }
 
 /// The [`resend::Error`](crate::Error) behind a `tonic::Status` that a tonic
@@ -464,9 +521,9 @@ where
                 Some((limit, sent)) if timed_out(&*e) => {
                     let elapsed = sent.elapsed();
                     if elapsed >= limit {
-                        Error::deadline_exceeded(Phase::Attempt, elapsed)
-                            .with_source(e)
-                            .into()
+                        // tonic's own error is not kept as the source: tonic
+                        // clients would read it as CANCELLED.
+                        Error::deadline_exceeded(Phase::Attempt, elapsed).into()
                     } else {
                         e
                     }
