@@ -65,6 +65,11 @@
 //!
 //! - `hyper-client` (default): [`hyper_client`], a hyper-util legacy client
 //!   with a connect timeout.
+//! - `reqwest`: [`reqwest::ReqwestService`], a reqwest client as the
+//!   transport, its errors mapped to what they say about the request.
+//! - `tonic`: [`tonic::GrpcClassifier`] (gRPC statuses, pushback, an
+//!   allowlist of idempotent methods) and [`tonic::TonicTransport`], a tonic
+//!   channel as the transport.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -74,9 +79,13 @@ pub mod connect;
 pub mod deadline;
 mod error;
 pub mod idempotency;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 pub mod retry;
 mod stack;
 pub mod timeout;
+#[cfg(feature = "tonic")]
+pub mod tonic;
 
 pub use builder::ServiceBuilderExt;
 #[cfg(feature = "hyper-client")]

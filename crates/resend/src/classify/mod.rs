@@ -238,4 +238,28 @@ pub trait Classify<B> {
         req: &RequestFacts<'_>,
         err: &(dyn std::error::Error + 'static),
     ) -> Classification;
+
+    /// True when the request may be sent again even though the server may
+    /// have acted on it: the retry layer asks once per call, before the first
+    /// attempt.
+    ///
+    /// The default is the HTTP rule: an idempotent method
+    /// ([`RequestFacts::is_idempotent_method`]) or an idempotency key
+    /// ([`RequestFacts::has_idempotency_key`]). A protocol whose methods are
+    /// all POST (gRPC) overrides it, e.g. with an allowlist of idempotent
+    /// methods.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use resend::classify::{Classify, HttpClassifier, RequestFacts};
+    ///
+    /// let c = HttpClassifier::new();
+    /// let get = Request::get("http://api/items/1").body(()).unwrap();
+    /// let post = Request::post("http://api/charges").body(()).unwrap();
+    /// assert!(Classify::<()>::is_replay_safe(&c, &RequestFacts::of(&get)));
+    /// assert!(!Classify::<()>::is_replay_safe(&c, &RequestFacts::of(&post)));
+    /// ```
+    fn is_replay_safe(&self, req: &RequestFacts<'_>) -> bool {
+        req.is_idempotent_method() || req.has_idempotency_key()
+    }
 }

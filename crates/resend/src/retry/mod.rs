@@ -4,7 +4,11 @@
 //! [classifier](crate::classify) says what the server may have done, and the
 //! layer decides by this table (DESIGN section 4). A request is
 //! **replay-safe** when its method is idempotent (GET, HEAD, OPTIONS, TRACE,
-//! PUT, DELETE) or it carries an `Idempotency-Key` (or `X-Idempotency-Key`).
+//! PUT, DELETE) or it carries an `Idempotency-Key` (or `X-Idempotency-Key`);
+//! the classifier has the last word
+//! ([`Classify::is_replay_safe`](crate::classify::Classify::is_replay_safe)):
+//! the gRPC one, whose methods are all POST, uses an allowlist of idempotent
+//! methods instead.
 //!
 //! | class | replay-safe request | unsafe request without key |
 //! |---|---|---|

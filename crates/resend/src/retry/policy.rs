@@ -79,7 +79,9 @@ impl Policy {
         }
         // 3. How long to wait: full jitter; after an overloaded answer, the
         // server's wait (or the floor) plus the jittered backoff, so that
-        // clients told the same Retry-After do not come back in step.
+        // clients told the same Retry-After do not come back in step. A
+        // server wait on another class (gRPC's pushback on any retryable
+        // status) is honoured the same way.
         let server_wait = c.retry_after();
         if server_wait.is_some_and(|w| w > self.max_server_wait) {
             return Decision::Stop(Stop::ServerSaidNo);
@@ -87,8 +89,7 @@ impl Policy {
         let jitter = self.backoff.wait(made.saturating_sub(1), rng);
         let wait = match c.class() {
             Class::Overloaded => server_wait.unwrap_or(self.overload_floor) + jitter,
-            Class::InProgress => server_wait.unwrap_or_default() + jitter,
-            _ => jitter,
+            _ => server_wait.unwrap_or_default() + jitter,
         };
         // 4. Time left: the wait and a useful attempt must fit; a server
         // wait past the deadline means give up now, not sleep.
@@ -189,6 +190,14 @@ mod tests {
         assert_eq!(
             decide(long, true, 1, None),
             Decision::Stop(Stop::ServerSaidNo)
+        );
+        // A server wait on another class (gRPC pushback on INTERNAL) is
+        // honoured too.
+        let pushed = cls(Class::Unknown).with_pushback(Some(Pushback::After(2 * S)));
+        let w = wait(pushed, 1);
+        assert!(
+            w >= 2 * S && w <= 2 * S + Duration::from_millis(100),
+            "{w:?}"
         );
         let no = cls(Class::Overloaded).with_pushback(Some(Pushback::DoNotRetry));
         assert_eq!(

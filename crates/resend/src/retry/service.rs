@@ -89,10 +89,10 @@ where
             (d, r) => d.or(r.copied()),
         };
         let allowed = req.extensions().get::<NoRetry>().is_none();
-        let replay_safe = {
-            let facts = RequestFacts::of(&req);
-            facts.is_idempotent_method() || facts.has_idempotency_key()
-        };
+        let replay_safe = self
+            .shared
+            .classifier
+            .is_replay_safe(&RequestFacts::of(&req));
         if let Some(budget) = &shared.budget {
             budget.deposit();
         }
@@ -123,5 +123,75 @@ where
                 now,
             ),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use bytes::Bytes;
+    use http::StatusCode;
+    use http_body_util::Empty;
+    use tower::{service_fn, Layer, ServiceExt};
+
+    use super::*;
+    use crate::classify::Classification;
+    use crate::Error;
+
+    /// HTTP classification, but only `/safe` is replay-safe, whatever the
+    /// method.
+    #[derive(Clone, Debug)]
+    struct OnlySafePath;
+
+    impl<B> Classify<B> for OnlySafePath {
+        fn classify_response(&self, req: &RequestFacts<'_>, resp: &Response<B>) -> Classification {
+            HttpClassifier::new().classify_response(req, resp)
+        }
+
+        fn classify_error(
+            &self,
+            req: &RequestFacts<'_>,
+            err: &(dyn std::error::Error + 'static),
+        ) -> Classification {
+            Classify::<B>::classify_error(&HttpClassifier::new(), req, err)
+        }
+
+        fn is_replay_safe(&self, req: &RequestFacts<'_>) -> bool {
+            req.uri().path() == "/safe"
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_classifier_decides_replay_safety() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = Arc::clone(&calls);
+        let upstream = service_fn(move |_req: Request<ReplayBody<Empty<Bytes>>>| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            let status = if n % 2 == 0 {
+                StatusCode::INTERNAL_SERVER_ERROR
+            } else {
+                StatusCode::OK
+            };
+            async move { Ok::<_, Infallible>(Response::builder().status(status).body(()).unwrap()) }
+        });
+        let client = RetryLayer::new()
+            .classifier(OnlySafePath)
+            .no_budget()
+            .seed(1)
+            .layer(upstream);
+
+        // A POST the classifier calls replay-safe: the 500 is retried.
+        let req = Request::post("http://up/safe").body(Empty::new()).unwrap();
+        let resp = client.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+        // A GET it does not: the 500 may have been processed, so it stops.
+        let req = Request::get("http://up/other").body(Empty::new()).unwrap();
+        let err = Error::from_box(client.oneshot(req).await.unwrap_err());
+        assert!(err.is_outcome_unknown(), "{err}");
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
 }

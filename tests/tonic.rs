@@ -1,0 +1,654 @@
+//! The behaviour suite of `tests/retry.rs` over gRPC: resend's stack around
+//! a tonic `Channel` ([`resend::tonic::TonicTransport`]) with the
+//! [`GrpcClassifier`], against a real tonic server on loopback (prost
+//! messages written by hand: no protoc), on tokio's paused clock.
+//!
+//! `cargo test -p resend-tests --features tonic --test tonic`
+
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::uri::PathAndQuery;
+use http::{HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Full};
+use prost::Message;
+use resend::classify::Class;
+use resend::retry::Stop;
+use resend::tonic::{grpc_status, into_status, resend_error, GrpcClassifier, TonicTransport};
+use resend::ErrorKind;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tonic::server::NamedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Code, Status};
+use tonic_prost::ProstCodec;
+use tower::util::MapErr;
+use tower::{Service, ServiceExt};
+
+use common::{attempts, closed_port, idle, stack, within, CONNECT_TIMEOUT};
+
+const MS: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
+
+// The service, written by hand as protoc would have generated it:
+//
+//     package resend.test;
+//     service Ledger {
+//       rpc GetBalance(ChargeRequest) returns (Balance);  // idempotent
+//       rpc Charge(ChargeRequest) returns (Balance);      // not idempotent
+//     }
+
+/// `resend.test.ChargeRequest`.
+#[derive(Clone, PartialEq, Message)]
+struct ChargeRequest {
+    #[prost(string, tag = "1")]
+    account: String,
+    #[prost(uint64, tag = "2")]
+    amount: u64,
+}
+
+/// `resend.test.Balance`.
+#[derive(Clone, PartialEq, Message)]
+struct Balance {
+    #[prost(uint64, tag = "1")]
+    amount: u64,
+}
+
+const SERVICE: &str = "resend.test.Ledger";
+const GET_BALANCE: &str = "/resend.test.Ledger/GetBalance";
+const CHARGE: &str = "/resend.test.Ledger/Charge";
+
+/// What the server does with one call.
+#[derive(Clone, Copy, Debug)]
+enum Do {
+    /// Answers through tonic's server codec: a Balance, `grpc-status: 0` in
+    /// the trailers.
+    Answer,
+    /// A trailers-only answer with this status and, if given,
+    /// `grpc-retry-pushback-ms`.
+    Status(Code, Option<&'static str>),
+    /// Does the work (one effect), then never answers.
+    WorkThenHang,
+    /// Never answers.
+    Hang,
+}
+
+/// One call as the server received it.
+#[derive(Clone, Debug)]
+struct Arrival {
+    at: Instant,
+    path: String,
+    grpc_timeout: Option<Duration>,
+    key: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Record {
+    arrivals: Vec<Arrival>,
+    effects: usize,
+}
+
+type ScriptFn = Arc<dyn Fn(usize, &str) -> Do + Send + Sync>;
+
+/// The Ledger service: scripted by the arrival's index and path.
+#[derive(Clone)]
+struct Ledger {
+    record: Arc<Mutex<Record>>,
+    script: ScriptFn,
+}
+
+fn lock(record: &Mutex<Record>) -> MutexGuard<'_, Record> {
+    record.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl NamedService for Ledger {
+    const NAME: &'static str = SERVICE;
+}
+
+impl Service<Request<tonic::body::Body>> for Ledger {
+    type Response = Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
+        let path = req.uri().path().to_owned();
+        let grpc_timeout = req.headers().get("grpc-timeout").map(|v| {
+            resend::deadline::parse_grpc_timeout(v.as_bytes()).expect("a valid grpc-timeout")
+        });
+        let key = req
+            .headers()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let n = {
+            let mut r = lock(&self.record);
+            r.arrivals.push(Arrival {
+                at: Instant::now(),
+                path: path.clone(),
+                grpc_timeout,
+                key,
+            });
+            r.arrivals.len() - 1
+        };
+        let what = (self.script)(n, &path);
+        let record = Arc::clone(&self.record);
+        Box::pin(async move {
+            match what {
+                Do::Answer => {
+                    let handler =
+                        tower::service_fn(|req: tonic::Request<ChargeRequest>| async move {
+                            Ok::<_, Status>(tonic::Response::new(Balance {
+                                amount: req.into_inner().amount,
+                            }))
+                        });
+                    let mut grpc =
+                        tonic::server::Grpc::new(ProstCodec::<Balance, ChargeRequest>::default());
+                    Ok(grpc.unary(handler, req).await)
+                }
+                Do::Status(code, pushback) => {
+                    let mut resp = Status::new(code, "scripted").into_http::<tonic::body::Body>();
+                    if let Some(ms) = pushback {
+                        resp.headers_mut()
+                            .insert("grpc-retry-pushback-ms", HeaderValue::from_static(ms));
+                    }
+                    Ok(resp)
+                }
+                Do::WorkThenHang => {
+                    lock(&record).effects += 1;
+                    std::future::pending().await
+                }
+                Do::Hang => std::future::pending().await,
+            }
+        })
+    }
+}
+
+/// A tonic server on 127.0.0.1 (port chosen by the OS), stopped when dropped.
+struct GrpcServer {
+    addr: SocketAddr,
+    record: Arc<Mutex<Record>>,
+    task: JoinHandle<()>,
+}
+
+impl GrpcServer {
+    async fn start(script: impl Fn(usize, &str) -> Do + Send + Sync + 'static) -> Self {
+        let incoming = TcpIncoming::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind 127.0.0.1:0")
+            .with_nodelay(Some(true));
+        let addr = incoming.local_addr().expect("local address");
+        let record = Arc::new(Mutex::new(Record::default()));
+        let svc = Ledger {
+            record: Arc::clone(&record),
+            script: Arc::new(script),
+        };
+        let task = tokio::spawn(async move {
+            let _ = Server::builder().serve_with_incoming(svc, incoming).await;
+        });
+        Self { addr, record, task }
+    }
+
+    fn arrivals(&self) -> Vec<Arrival> {
+        lock(&self.record).arrivals.clone()
+    }
+
+    fn arrival_count(&self) -> usize {
+        lock(&self.record).arrivals.len()
+    }
+
+    fn effects(&self) -> usize {
+        lock(&self.record).effects
+    }
+
+    fn channel(&self) -> Channel {
+        channel_to(self.addr)
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A channel as a production client would set it up: a connect timeout,
+/// TCP_NODELAY, no `Endpoint::timeout` (resend's limits bound the calls).
+fn channel_to(addr: SocketAddr) -> Channel {
+    Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a valid endpoint")
+        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_lazy()
+}
+
+/// The classifier under test: GetBalance is idempotent, Charge is not.
+fn classifier() -> GrpcClassifier {
+    GrpcClassifier::new().idempotent(GET_BALANCE)
+}
+
+type GrpcStack = resend::Stack<TonicTransport<Channel>, GrpcClassifier>;
+
+/// The suite's stack (`common::stack`: 10 s, 5 s per attempt, 3 attempts,
+/// seeded) with the gRPC classifier, around `channel`.
+fn grpc_stack(channel: Channel) -> GrpcStack {
+    stack()
+        .retry(|r| r.classifier(classifier()))
+        .service(TonicTransport::new(channel))
+}
+
+/// A unary gRPC request for `path`, framed by hand, as a generated client
+/// sends it (the channel adds scheme and authority).
+fn call(path: &str, key: Option<&str>) -> Request<tonic::body::Body> {
+    let msg = ChargeRequest {
+        account: "acct-7".to_owned(),
+        amount: 100,
+    }
+    .encode_to_vec();
+    let mut frame = BytesMut::with_capacity(5 + msg.len());
+    frame.put_u8(0);
+    frame.put_u32(u32::try_from(msg.len()).expect("a small message"));
+    frame.put_slice(&msg);
+    let mut req = Request::post(path)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    req.body(tonic::body::Body::new(Full::new(frame.freeze())))
+        .expect("a valid request")
+}
+
+/// Reads a unary answer: the Balance and the status from the trailers.
+async fn answer<B>(resp: Response<B>) -> (Balance, Option<Code>)
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let collected = resp.into_body().collect().await.expect("the body arrives");
+    let code = collected.trailers().and_then(grpc_status);
+    let bytes = collected.to_bytes();
+    let balance = Balance::decode(bytes.get(5..).expect("a framed message")).expect("a Balance");
+    (balance, code)
+}
+
+// 1. UNAVAILABLE twice, then OK, on an allowlisted method.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn unavailable_twice_then_ok_on_an_idempotent_method_answers_after_three_attempts() {
+    let server = GrpcServer::start(|n, _| match n {
+        0 | 1 => Do::Status(Code::Unavailable, None),
+        _ => Do::Answer,
+    })
+    .await;
+    let client = grpc_stack(server.channel());
+
+    let resp = within(client.oneshot(call(GET_BALANCE, None)))
+        .await
+        .expect("the third attempt answers");
+
+    let a = attempts(&resp).clone();
+    assert_eq!(a.len(), 3);
+    assert_eq!(a.stop(), Stop::Final);
+    assert_eq!(
+        a.iter().map(|a| a.class()).collect::<Vec<_>>(),
+        [Class::Overloaded, Class::Overloaded, Class::Success]
+    );
+    let (balance, code) = answer(resp).await;
+    assert_eq!(balance.amount, 100);
+    assert_eq!(code, Some(Code::Ok));
+    assert_eq!(server.arrival_count(), 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_trailers_only_unavailable_on_another_method_is_not_retried() {
+    let server = GrpcServer::start(|_, _| Do::Status(Code::Unavailable, None)).await;
+    let client = grpc_stack(server.channel());
+
+    let err = within(client.oneshot(call(CHARGE, None)))
+        .await
+        .expect_err("UNAVAILABLE may have been processed");
+
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown);
+    assert_eq!(err.attempts(), 1);
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
+}
+
+// 2. Charge does the work, then hangs past the attempt timeout.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_charge_that_worked_then_hung_is_sent_once_and_outcome_unknown() {
+    let server = GrpcServer::start(|_, _| Do::WorkThenHang).await;
+    let client = stack()
+        .attempt_timeout(SECOND)
+        .retry(|r| r.classifier(classifier()))
+        .service(TonicTransport::new(server.channel()));
+
+    let err = within(client.oneshot(call(CHARGE, None)))
+        .await
+        .expect_err("nobody answers");
+
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");
+    assert!(!err.is_not_sent());
+    let history = err.history().expect("the retry layer records the call");
+    assert_eq!(history.len(), 1);
+    assert_eq!(history.stop(), Stop::OutcomeUnknown);
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
+    assert_eq!(server.effects(), 1);
+}
+
+// 3. The same with an idempotency-key metadata entry: retried, same key.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_charge_with_an_idempotency_key_is_retried_with_the_same_key() {
+    let server = GrpcServer::start(|_, _| Do::WorkThenHang).await;
+    let client = stack()
+        .attempt_timeout(SECOND)
+        .retry(|r| r.classifier(classifier()))
+        .service(TonicTransport::new(server.channel()));
+
+    let err = within(client.oneshot(call(CHARGE, Some("charge-order-42"))))
+        .await
+        .expect_err("nobody answers");
+
+    assert_eq!(err.kind(), ErrorKind::RetriesExhausted, "{err}");
+    assert_eq!(err.attempts(), 3);
+    idle(30 * SECOND).await;
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 3);
+    assert!(arrivals
+        .iter()
+        .all(|a| a.key.as_deref() == Some("charge-order-42") && a.path == CHARGE));
+    assert_eq!(
+        server.effects(),
+        3,
+        "no server-side dedup in this test server"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn with_idempotency_keys_on_every_charge_gets_one_key_reused_by_its_attempts() {
+    let server = GrpcServer::start(|_, _| Do::WorkThenHang).await;
+    let client = stack()
+        .attempt_timeout(SECOND)
+        .idempotency_keys()
+        .retry(|r| r.classifier(classifier()))
+        .service(TonicTransport::new(server.channel()));
+
+    let err = within(client.oneshot(call(CHARGE, None)))
+        .await
+        .expect_err("nobody answers");
+
+    assert_eq!(err.kind(), ErrorKind::RetriesExhausted, "{err}");
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 3);
+    assert!(arrivals[0].key.is_some());
+    assert!(arrivals.iter().all(|a| a.key == arrivals[0].key));
+}
+
+// 4. A closed port: nothing sent.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_charge_to_a_closed_port_is_retried_up_to_the_cap_and_says_not_sent() {
+    let addr = SocketAddr::from(([127, 0, 0, 1], closed_port()));
+    let client = stack()
+        .no_budget()
+        .retry(|r| r.classifier(classifier()))
+        .service(TonicTransport::new(channel_to(addr)));
+
+    let err = within(client.oneshot(call(CHARGE, None)))
+        .await
+        .expect_err("nothing listens");
+
+    assert_eq!(err.kind(), ErrorKind::RetriesExhausted, "{err}");
+    assert!(err.is_not_sent(), "{err}");
+    assert!(!err.is_outcome_unknown());
+    let history = err.history().expect("the retry layer records the call");
+    assert_eq!(history.len(), 3);
+    assert!(
+        history.iter().all(|a| a.class() == Class::NotSent),
+        "{history}"
+    );
+}
+
+// 5. A silent server: DeadlineExceeded by the deadline.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_silent_server_is_given_up_on_by_the_deadline_with_deadline_exceeded() {
+    for seed in 0..8 {
+        let server = GrpcServer::start(|_, _| Do::Hang).await;
+        let client = stack()
+            .seed(seed)
+            .no_budget()
+            .total(SECOND)
+            .attempt_timeout(400 * MS)
+            .retry(|r| r.classifier(classifier()))
+            .service(TonicTransport::new(server.channel()));
+        let start = Instant::now();
+        let err = within(client.oneshot(call(GET_BALANCE, None)))
+            .await
+            .expect_err("nobody answers");
+
+        let elapsed = start.elapsed();
+        assert!(elapsed <= SECOND + 5 * MS, "seed {seed}: {elapsed:?}");
+        assert_eq!(
+            err.kind(),
+            ErrorKind::DeadlineExceeded,
+            "seed {seed}: {err}"
+        );
+        assert!(
+            (2..=3).contains(&server.arrival_count()),
+            "seed {seed}: {}",
+            server.arrival_count()
+        );
+    }
+}
+
+// gRPC specifics: pushback, DEADLINE_EXCEEDED, grpc-timeout.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pushback_of_1500_ms_makes_the_next_attempt_wait_1_5_s() {
+    let server = GrpcServer::start(|n, _| match n {
+        0 => Do::Status(Code::ResourceExhausted, Some("1500")),
+        _ => Do::Answer,
+    })
+    .await;
+    let client = grpc_stack(server.channel());
+
+    // RESOURCE_EXHAUSTED was not processed: retried even for Charge.
+    let resp = within(client.oneshot(call(CHARGE, None)))
+        .await
+        .expect("the second attempt answers");
+
+    let a = attempts(&resp).clone();
+    assert_eq!(a.len(), 2);
+    assert_eq!(
+        a.iter().next().and_then(|a| a.server_wait()),
+        Some(1500 * MS)
+    );
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 2);
+    let gap = arrivals[1].at - arrivals[0].at;
+    assert!(gap >= 1500 * MS, "{gap:?}");
+    assert!(gap <= 1600 * MS, "at most the first jitter on top: {gap:?}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_negative_or_malformed_pushback_means_do_not_retry() {
+    for bad in ["-1", "soon"] {
+        let server = GrpcServer::start(move |_, _| Do::Status(Code::Unavailable, Some(bad))).await;
+        let client = grpc_stack(server.channel());
+
+        let resp = within(client.oneshot(call(GET_BALANCE, None)))
+            .await
+            .expect("the UNAVAILABLE is returned");
+
+        assert_eq!(grpc_status(resp.headers()), Some(Code::Unavailable));
+        assert_eq!(attempts(&resp).stop(), Stop::ServerSaidNo, "{bad}");
+        idle(30 * SECOND).await;
+        assert_eq!(server.arrival_count(), 1, "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn deadline_exceeded_is_never_retried_even_on_an_idempotent_method() {
+    let server = GrpcServer::start(|_, _| Do::Status(Code::DeadlineExceeded, None)).await;
+    let client = grpc_stack(server.channel());
+
+    let resp = within(client.oneshot(call(GET_BALANCE, None)))
+        .await
+        .expect("the status is returned");
+
+    assert_eq!(grpc_status(resp.headers()), Some(Code::DeadlineExceeded));
+    assert_eq!(attempts(&resp).len(), 1);
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn every_attempt_carries_a_grpc_timeout_no_larger_than_the_time_left() {
+    let server = GrpcServer::start(|_, _| Do::Status(Code::Unavailable, None)).await;
+    let total = 10 * SECOND;
+    let client = stack()
+        .total(total)
+        .no_budget()
+        .retry(|r| r.classifier(classifier()))
+        .service(TonicTransport::new(server.channel()));
+
+    let start = Instant::now();
+    let resp = within(client.oneshot(call(GET_BALANCE, None)))
+        .await
+        .expect("the last UNAVAILABLE is returned");
+    assert_eq!(attempts(&resp).len(), 3);
+
+    let deadline = start + total;
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 3);
+    let mut previous = total;
+    for a in &arrivals {
+        let sent = a.grpc_timeout.expect("every attempt carries grpc-timeout");
+        let left = deadline - a.at;
+        assert!(sent <= left, "grpc-timeout {sent:?} > time left {left:?}");
+        assert!(sent + 10 * MS >= left, "{sent:?} far under {left:?}");
+        assert!(sent < previous, "shrinks with each attempt");
+        previous = sent;
+    }
+}
+
+// A client as tonic generates it, over the stack.
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_generated_style_client_calls_through_the_stack() {
+    let server = GrpcServer::start(|n, path| match (n, path) {
+        (0, _) => Do::Status(Code::Unavailable, None),
+        (_, CHARGE) => Do::Status(Code::FailedPrecondition, None),
+        _ => Do::Answer,
+    })
+    .await;
+    let mut grpc = tonic::client::Grpc::new(grpc_stack(server.channel()));
+    let msg = ChargeRequest {
+        account: "acct-7".to_owned(),
+        amount: 250,
+    };
+
+    grpc.ready().await.expect("ready");
+    let reply = within(grpc.unary(
+        tonic::Request::new(msg.clone()),
+        PathAndQuery::from_static(GET_BALANCE),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .expect("retried past UNAVAILABLE");
+    assert_eq!(reply.into_inner().amount, 250);
+    assert_eq!(server.arrival_count(), 2);
+
+    grpc.ready().await.expect("ready");
+    let status = within(grpc.unary(
+        tonic::Request::new(msg),
+        PathAndQuery::from_static(CHARGE),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .expect_err("FAILED_PRECONDITION is final");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(server.arrival_count(), 3);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
+    let server = GrpcServer::start(|_, path| match path {
+        GET_BALANCE => Do::Hang,
+        _ => Do::WorkThenHang,
+    })
+    .await;
+    let stack = MapErr::new(
+        stack()
+            .total(SECOND)
+            .attempt_timeout(400 * MS)
+            .no_budget()
+            .retry(|r| r.classifier(classifier()))
+            .service(TonicTransport::new(server.channel())),
+        into_status,
+    );
+    let mut grpc = tonic::client::Grpc::new(stack);
+    let msg = ChargeRequest {
+        account: "acct-7".to_owned(),
+        amount: 250,
+    };
+
+    // A silent server: DEADLINE_EXCEEDED, by the deadline.
+    let start = Instant::now();
+    grpc.ready().await.expect("ready");
+    let status = within(grpc.unary(
+        tonic::Request::new(msg.clone()),
+        PathAndQuery::from_static(GET_BALANCE),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .expect_err("nobody answers");
+    assert!(start.elapsed() <= SECOND + 5 * MS, "{:?}", start.elapsed());
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let err = resend_error(&status).expect("the resend error behind the status");
+    assert!(err.is_deadline_exceeded());
+
+    // A charge that did the work, then hung: UNKNOWN, outcome unknown.
+    grpc.ready().await.expect("ready");
+    let status = within(grpc.unary(
+        tonic::Request::new(msg.clone()),
+        PathAndQuery::from_static(CHARGE),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .expect_err("nobody answers");
+    assert_eq!(status.code(), Code::Unknown, "{status:?}");
+    assert!(resend_error(&status).is_some_and(resend::Error::is_outcome_unknown));
+    assert_eq!(server.effects(), 1);
+
+    // A closed port: UNAVAILABLE, and nothing was sent.
+    let addr = SocketAddr::from(([127, 0, 0, 1], closed_port()));
+    let mut grpc = tonic::client::Grpc::new(MapErr::new(grpc_stack(channel_to(addr)), into_status));
+    grpc.ready().await.expect("ready");
+    let status = within(grpc.unary(
+        tonic::Request::new(msg),
+        PathAndQuery::from_static(CHARGE),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .expect_err("nothing listens");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(resend_error(&status).is_some_and(resend::Error::is_not_sent));
+}
