@@ -7,8 +7,8 @@
 //! way: the [`ErrorKind`], the upstream's name, the attempts made, the time
 //! spent and the cause as [`source`](std::error::Error::source).
 
+use crate::Name;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::classify::Class;
@@ -126,7 +126,7 @@ struct Inner {
     not_sent: bool,
     phase: Option<Phase>,
     limit: Option<Duration>,
-    upstream: Option<Arc<str>>,
+    upstream: Option<Name>,
     attempts: u32,
     elapsed: Option<Duration>,
     history: Option<Attempts>,
@@ -240,7 +240,7 @@ impl Error {
     }
 
     /// Fills in the upstream's name if no inner layer did.
-    pub(crate) fn set_upstream_if_none(&mut self, name: Option<&Arc<str>>) {
+    pub(crate) fn set_upstream_if_none(&mut self, name: Option<&Name>) {
         if self.inner.upstream.is_none() {
             self.inner.upstream = name.cloned();
         }
@@ -555,7 +555,7 @@ mod tests {
     #[test]
     fn messages_say_what_fired() {
         let mut e = Error::deadline_exceeded(Phase::Waiting, Duration::from_secs(1));
-        e.set_upstream_if_none(Some(&Arc::from("shipping")));
+        e.set_upstream_if_none(Some(&crate::Name::from("shipping")));
         assert_eq!(
             e.to_string(),
             "shipping: deadline exceeded while waiting to retry after 1s"

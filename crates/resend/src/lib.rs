@@ -79,6 +79,7 @@ pub mod connect;
 pub mod deadline;
 mod error;
 pub mod idempotency;
+mod name;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 pub mod retry;
@@ -93,6 +94,7 @@ pub use connect::{hyper_client, HyperClient};
 pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
 pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
 pub use idempotency::{IdempotencyKey, IdempotencyKeyLayer};
+pub use name::Name;
 pub use retry::{Attempts, RetryLayer};
 pub use stack::{stack, Stack, StackBuilder, StackFuture, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
 pub use timeout::AttemptTimeoutLayer;

@@ -1,8 +1,8 @@
 //! The composed stack: every layer in the right order, one error type.
 
+use crate::Name;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -66,7 +66,7 @@ pub fn stack() -> StackBuilder {
 /// its method.
 #[derive(Clone, Debug)]
 pub struct StackBuilder<C = HttpClassifier> {
-    name: Option<Arc<str>>,
+    name: Option<Name>,
     total: Duration,
     attempt_timeout: Duration,
     retry: RetryLayer<C>,
@@ -98,7 +98,7 @@ impl<C> StackBuilder<C> {
     /// Names the upstream: it shows up in errors, tracing and 504 bodies.
     /// Default: unnamed.
     #[must_use]
-    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+    pub fn name(mut self, name: impl Into<Name>) -> Self {
         let name = name.into();
         self.retry = self.retry.upstream(name.clone());
         self.name = Some(name);
@@ -189,7 +189,7 @@ impl<C> StackBuilder<C> {
 
     /// Wraps `transport` (a hyper-util client, a reqwest adapter, a tonic
     /// channel) in the stack.
-    pub fn service<S>(self, transport: S) -> Stack<S, C> {
+    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C> {
         let total = match &self.name {
             Some(n) => DeadlineLayer::new(self.total).upstream(n.clone()),
             None => DeadlineLayer::new(self.total),

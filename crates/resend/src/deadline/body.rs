@@ -1,6 +1,6 @@
+use crate::Name;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
@@ -28,7 +28,7 @@ pin_project! {
         sleep: Option<Pin<Box<Sleep>>>,
         deadline: Deadline,
         start: Instant,
-        upstream: Option<Arc<str>>,
+        upstream: Option<Name>,
         failed: bool,
     }
 }
@@ -38,7 +38,7 @@ impl<B> DeadlineBody<B> {
         inner: B,
         deadline: Deadline,
         start: Instant,
-        upstream: Option<Arc<str>>,
+        upstream: Option<Name>,
     ) -> Self {
         Self {
             inner,

@@ -1,6 +1,6 @@
+use crate::Name;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use http::Response;
@@ -17,7 +17,7 @@ pin_project! {
         #[pin]
         kind: Kind<F>,
         start: Instant,
-        upstream: Option<Arc<str>>,
+        upstream: Option<Name>,
     }
 }
 
@@ -48,7 +48,7 @@ impl<F> ResponseFuture<F> {
         inner: F,
         deadline: Deadline,
         start: Instant,
-        upstream: Option<Arc<str>>,
+        upstream: Option<Name>,
         ledger: Option<LedgerGuard>,
     ) -> Self {
         Self {
@@ -64,7 +64,7 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) fn expired(start: Instant, upstream: Option<Arc<str>>) -> Self {
+    pub(super) fn expired(start: Instant, upstream: Option<Name>) -> Self {
         Self {
             kind: Kind::Expired,
             start,

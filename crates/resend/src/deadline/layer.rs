@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use crate::Name;
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -21,7 +21,7 @@ use super::DeadlineService;
 #[derive(Clone, Debug)]
 pub struct DeadlineLayer {
     total: Duration,
-    upstream: Option<Arc<str>>,
+    upstream: Option<Name>,
 }
 
 impl DeadlineLayer {
@@ -36,7 +36,7 @@ impl DeadlineLayer {
     /// Names the upstream in the errors this layer returns (and in errors of
     /// inner resend layers that carry no name). Default: unnamed.
     #[must_use]
-    pub fn upstream(mut self, name: impl Into<Arc<str>>) -> Self {
+    pub fn upstream(mut self, name: impl Into<Name>) -> Self {
         self.upstream = Some(name.into());
         self
     }

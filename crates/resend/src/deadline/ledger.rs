@@ -10,6 +10,8 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::Name;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -46,8 +48,8 @@ pub struct TimeLedger {
 #[derive(Default)]
 struct Entries {
     next_id: u64,
-    active: Vec<(u64, Source, Arc<str>, Instant)>,
-    spent: Vec<(Source, Arc<str>, Duration)>,
+    active: Vec<(u64, Source, Name, Instant)>,
+    spent: Vec<(Source, Name, Duration)>,
 }
 
 /// One piece of work in a [`Snapshot`].
@@ -56,7 +58,7 @@ pub struct Entry {
     /// Upstream call or internal work.
     pub source: Source,
     /// The upstream's name, or the name the handler gave its work.
-    pub name: Arc<str>,
+    pub name: Name,
     /// Time spent so far (for active work, until the snapshot was taken).
     pub spent: Duration,
 }
@@ -104,7 +106,7 @@ impl TimeLedger {
 
     /// Records that work of `source` named `name` starts now; it ends when
     /// the returned guard is dropped.
-    pub fn start(&self, source: Source, name: Arc<str>) -> LedgerGuard {
+    pub fn start(&self, source: Source, name: Name) -> LedgerGuard {
         let mut e = self.lock();
         let id = e.next_id;
         e.next_id += 1;
@@ -177,7 +179,7 @@ pin_project! {
     pub struct Internal<F> {
         #[pin]
         future: F,
-        name: Option<Arc<str>>,
+        name: Option<Name>,
         guard: Option<LedgerGuard>,
     }
 }
@@ -192,7 +194,7 @@ pin_project! {
 /// # assert_eq!(rows, 7);
 /// # }
 /// ```
-pub fn internal<F: Future>(name: impl Into<Arc<str>>, future: F) -> Internal<F> {
+pub fn internal<F: Future>(name: impl Into<Name>, future: F) -> Internal<F> {
     Internal {
         future,
         name: Some(name.into()),

@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use crate::Name;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use crate::error::BoxError;
 pub struct DeadlineService<S> {
     inner: S,
     total: Duration,
-    upstream: Option<Arc<str>>,
+    upstream: Option<Name>,
 }
 
 impl<S> DeadlineService<S> {
@@ -30,7 +30,7 @@ impl<S> DeadlineService<S> {
         }
     }
 
-    pub(crate) fn with_upstream(mut self, upstream: Option<Arc<str>>) -> Self {
+    pub(crate) fn with_upstream(mut self, upstream: Option<Name>) -> Self {
         self.upstream = upstream;
         self
     }
@@ -91,7 +91,7 @@ where
         let (future, _) = context::enter(deadline, Some(start), || inner.call(req));
         // Inside a server's scope, say where the time goes.
         let guard = ledger.map(|l| {
-            let name = upstream.clone().unwrap_or_else(|| Arc::from("upstream"));
+            let name = upstream.clone().unwrap_or_else(|| Name::from("upstream"));
             l.start(Source::Upstream, name)
         });
         ResponseFuture::new(future, deadline, start, upstream, guard)

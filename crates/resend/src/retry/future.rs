@@ -44,11 +44,13 @@ pin_project! {
 
 /// Everything a call needs to try again.
 pub(crate) struct Retrying<S, B, C> {
-    service: S,
+    /// The service for later attempts: made from the template on the first
+    /// retry.
+    service: Option<S>,
     head: Head,
     body: Option<ReplayBody<B>>,
     next_body: Option<ReplayBody<B>>,
-    shared: Arc<Shared<C>>,
+    shared: Arc<Shared<S, C>>,
     replay_safe: bool,
     allowed: bool,
     deadline: Option<Deadline>,
@@ -63,10 +65,9 @@ pub(crate) struct Retrying<S, B, C> {
 impl<S, B, C> Retrying<S, B, C> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        service: S,
         head: Head,
         body: Option<ReplayBody<B>>,
-        shared: Arc<Shared<C>>,
+        shared: Arc<Shared<S, C>>,
         replay_safe: bool,
         allowed: bool,
         deadline: Option<Deadline>,
@@ -80,7 +81,7 @@ impl<S, B, C> Retrying<S, B, C> {
             replay_safe,
         );
         Self {
-            service,
+            service: None,
             head,
             body,
             next_body: None,
@@ -176,7 +177,7 @@ impl<F, S, B, C, ResB, E> Future for ResponseFuture<F, S, B, C>
 where
     F: Future<Output = Result<Response<ResB>, E>>,
     E: Into<BoxError>,
-    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>, Future = F, Error = E>,
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResB>, Future = F, Error = E> + Clone,
     C: Classify<ResB>,
     B: Body,
 {
@@ -278,7 +279,9 @@ where
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
-                    match r.service.poll_ready(cx) {
+                    let shared = &r.shared;
+                    let service = r.service.get_or_insert_with(|| shared.service());
+                    match service.poll_ready(cx) {
                         Poll::Pending => {
                             context::report(Phase::Waiting);
                             return Poll::Pending;
@@ -301,7 +304,13 @@ where
                     };
                     let req = r.head.request(body);
                     r.attempt_start = Instant::now();
-                    let future = r.service.call(req);
+                    let future = match r.service.as_mut() {
+                        Some(service) => service.call(req),
+                        None => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err("retry without a service to call".into()));
+                        }
+                    };
                     this.state.set(State::Calling { future });
                 }
                 StateProj::Done => {

@@ -1,5 +1,6 @@
+use crate::Name;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tower_layer::Layer;
@@ -39,18 +40,43 @@ pub struct RetryLayer<C = HttpClassifier> {
     policy: Policy,
     budget: Option<RetryBudget>,
     seed: Option<u64>,
-    upstream: Option<Arc<str>>,
+    upstream: Option<Name>,
 }
 
 /// What every clone of one retry service shares.
-#[derive(Debug)]
-pub(crate) struct Shared<C> {
+pub(crate) struct Shared<S, C> {
+    /// Later attempts go through a clone of this, made only when a retry
+    /// happens: the success path clones no inner service (a hyper client
+    /// clone is several reference counts that cores contend for). Behind a
+    /// mutex so that a service that is `Send` but not `Sync` still works.
+    pub(crate) template: Mutex<S>,
     pub(crate) classifier: C,
     pub(crate) policy: Policy,
     pub(crate) budget: Option<RetryBudget>,
     pub(crate) seed: Option<u64>,
     pub(crate) calls: AtomicU64,
-    pub(crate) upstream: Option<Arc<str>>,
+    pub(crate) upstream: Option<Name>,
+}
+
+impl<S, C: std::fmt::Debug> std::fmt::Debug for Shared<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("classifier", &self.classifier)
+            .field("policy", &self.policy)
+            .field("budget", &self.budget)
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Clone, C> Shared<S, C> {
+    /// A fresh handle on the inner service, for a retry.
+    pub(crate) fn service(&self) -> S {
+        self.template
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl RetryLayer<HttpClassifier> {
@@ -158,7 +184,7 @@ impl<C> RetryLayer<C> {
 
     /// Names the upstream in errors and tracing. Default: unnamed.
     #[must_use]
-    pub fn upstream(mut self, name: impl Into<Arc<str>>) -> Self {
+    pub fn upstream(mut self, name: impl Into<Name>) -> Self {
         self.upstream = Some(name.into());
         self
     }
@@ -166,10 +192,11 @@ impl<C> RetryLayer<C> {
 
 impl<C> RetryLayer<C> {
     /// What `layer` makes, consuming the configuration (no `C: Clone` needed).
-    pub(crate) fn into_service<S>(self, inner: S) -> Retry<S, C> {
+    pub(crate) fn into_service<S: Clone>(self, inner: S) -> Retry<S, C> {
         Retry::from_shared(
-            inner,
+            inner.clone(),
             Arc::new(Shared {
+                template: Mutex::new(inner),
                 classifier: self.classifier,
                 policy: self.policy,
                 budget: self.budget,
@@ -181,7 +208,7 @@ impl<C> RetryLayer<C> {
     }
 }
 
-impl<S, C: Clone> Layer<S> for RetryLayer<C> {
+impl<S: Clone, C: Clone> Layer<S> for RetryLayer<C> {
     type Service = Retry<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {

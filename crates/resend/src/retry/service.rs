@@ -15,10 +15,18 @@ use crate::deadline::{context, Deadline};
 use crate::error::BoxError;
 
 /// Middleware that retries safely; see [`RetryLayer`].
-#[derive(Debug)]
 pub struct Retry<S, C = HttpClassifier> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    shared: Arc<Shared<S, C>>,
+}
+
+impl<S: std::fmt::Debug, C: std::fmt::Debug> std::fmt::Debug for Retry<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("shared", &self.shared)
+            .finish()
+    }
 }
 
 impl<S: Clone, C> Clone for Retry<S, C> {
@@ -38,7 +46,7 @@ impl<S> Retry<S> {
 }
 
 impl<S, C> Retry<S, C> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<C>>) -> Self {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<S, C>>) -> Self {
         Self { inner, shared }
     }
 
@@ -107,21 +115,12 @@ where
         };
         let head = Head::keep(&parts);
         let attempt = Request::from_parts(parts, first);
-        // Call the service that was made ready; later attempts use a clone,
-        // made ready before each of them.
+        // Call the service that was made ready; a later attempt uses a clone
+        // of the layer's template, made (and made ready) only then.
         let future = self.inner.call(attempt);
         ResponseFuture::retrying(
             future,
-            Retrying::new(
-                self.inner.clone(),
-                head,
-                body,
-                shared,
-                replay_safe,
-                allowed,
-                deadline,
-                now,
-            ),
+            Retrying::new(head, body, shared, replay_safe, allowed, deadline, now),
         )
     }
 }
