@@ -1,6 +1,11 @@
 //! Helpers shared by the loopback test suites: clients, requests, a streamed
 //! request body, and a guard that keeps every test bounded in time.
 
+#[macro_use]
+mod suite;
+#[allow(unused_imports, clippy::single_component_path_imports)] // a path to the macro; see suite.rs
+pub(crate) use http_behaviour_suite;
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
