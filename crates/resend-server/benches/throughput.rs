@@ -100,7 +100,17 @@ async fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not: then
     // only check that it runs.
     let quick = !std::env::args().any(|a| a == "--bench");
-    let rounds = if quick { 1 } else { ROUNDS };
+    // `RESEND_BENCH_ROUNDS=n` for more rounds; `RESEND_BENCH_MEMORY_ONLY=1`
+    // to leave out the Redis and PostgreSQL rows.
+    let rounds = if quick {
+        1
+    } else {
+        std::env::var("RESEND_BENCH_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(ROUNDS)
+    };
+    let memory_only = std::env::var_os("RESEND_BENCH_MEMORY_ONLY").is_some();
 
     let mut targets: Vec<(&str, String)> = vec![
         ("axum, no layer", spawn(plain()).await),
@@ -114,7 +124,7 @@ async fn main() {
         ),
     ];
     #[cfg(feature = "redis")]
-    {
+    if !memory_only {
         let url =
             std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
         let store = resend_server::RedisStore::open(&url)
@@ -126,7 +136,7 @@ async fn main() {
         ));
     }
     #[cfg(feature = "postgres")]
-    {
+    if !memory_only {
         let url = std::env::var("RESEND_PG_URL")
             .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".into());
         let store = resend_server::PostgresStore::new(&url, "resend_idempotency_bench").unwrap();
@@ -159,13 +169,25 @@ async fn main() {
         }
     }
     let base = median(results[0].clone());
-    println!("| setup | req/s (median of {rounds}) | vs no layer |");
-    println!("|---|---|---|");
+    let base_rounds = results[0].clone();
+    // The ratio to the no-layer run of the same round, then its median:
+    // less sensitive to drift between rounds than a ratio of medians.
+    let ratio = |r: &[f64]| {
+        median(
+            r.iter()
+                .zip(&base_rounds)
+                .map(|(x, b)| 100.0 * x / b)
+                .collect(),
+        )
+    };
+    println!("| setup | req/s (median of {rounds}) | vs no layer | median per-round ratio |");
+    println!("|---|---|---|---|");
     for ((name, _), r) in targets.iter().zip(results) {
         let m = median(r.clone());
         println!(
-            "| {name} | {m:.0} | {:.1}% | rounds: {:?}",
+            "| {name} | {m:.0} | {:.1}% | {:.1}% | rounds: {:?}",
             100.0 * m / base,
+            ratio(&r),
             r.iter().map(|x| x.round()).collect::<Vec<_>>()
         );
     }

@@ -72,6 +72,7 @@
 mod future;
 mod layer;
 mod request;
+pub(crate) use request::push_hex;
 mod response;
 mod service;
 

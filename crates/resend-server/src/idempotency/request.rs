@@ -48,9 +48,10 @@ pub(crate) fn key(parts: &Parts) -> Result<Option<String>, &'static str> {
     Ok(Some(String::from_utf8_lossy(k).into_owned()))
 }
 
-/// Method, path and query, and a hash of the body.
+/// A hash of method, path and query, and body: one SHA-256 pass over
+/// `method NUL path-and-query NUL body` (neither the method nor the path
+/// and query can hold a NUL, so the encoding is unambiguous).
 pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
-    let body_hash = Sha256::digest(body);
     let mut h = Sha256::new();
     h.update(parts.method.as_str().as_bytes());
     h.update([0]);
@@ -62,8 +63,17 @@ pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
             .as_bytes(),
     );
     h.update([0]);
-    h.update(body_hash);
+    h.update(body);
     Fingerprint(h.finalize().into())
+}
+
+/// Lower-case hex of `bytes`, appended to `out`.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
 }
 
 /// The default scope: a hash of the `Authorization` header, so that callers
@@ -75,9 +85,7 @@ pub fn authorization_scope(parts: &Parts) -> String {
             let h = Sha256::digest(v.as_bytes());
             let mut s = String::with_capacity(36);
             s.push_str("auth:");
-            for b in &h[..16] {
-                s.push_str(&format!("{b:02x}"));
-            }
+            push_hex(&mut s, &h[..16]);
             s
         }
         None => "anonymous".to_owned(),
@@ -149,6 +157,11 @@ mod tests {
         assert_ne!(base, fingerprint(&p(Method::POST, "/a?x=2"), b"body"));
         assert_ne!(base, fingerprint(&p(Method::POST, "/b?x=1"), b"body"));
         assert_ne!(base, fingerprint(&p(Method::POST, "/a?x=1"), b"bodY"));
+        // Where the path ends and the body begins is not ambiguous.
+        assert_ne!(
+            fingerprint(&p(Method::POST, "/a"), b"b"),
+            fingerprint(&p(Method::POST, "/ab"), b"")
+        );
     }
 
     #[test]
@@ -167,6 +180,9 @@ mod tests {
         );
         assert_ne!(authorization_scope(&a), authorization_scope(&b));
         assert!(!authorization_scope(&a).contains("Bearer"));
+        let digest = Sha256::digest(b"Bearer a");
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(authorization_scope(&a), format!("auth:{hex}"));
         assert_eq!(
             authorization_scope(&parts(Request::post("/").body(()).unwrap())),
             "anonymous"

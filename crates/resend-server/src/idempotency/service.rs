@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use tower_service::Service;
 
@@ -181,26 +181,52 @@ fn unavailable<B>(e: &StoreError) -> Response<MaybeBuffered<B>> {
     )
 }
 
+/// `fut`, given up after `limit`. A store that answers on the first poll
+/// (the memory store always does) costs no timer.
 async fn with_timeout<T>(
     limit: std::time::Duration,
     fut: impl std::future::Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    let mut fut = std::pin::pin!(fut);
+    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+    if let Poll::Ready(r) = first {
+        return r;
+    }
     match tokio::time::timeout(limit, fut).await {
         Ok(r) => r,
         Err(_) => Err(StoreError::new(format!("no answer within {limit:?}"))),
     }
 }
 
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "te",
-    "trailer",
-    "upgrade",
-    "content-length",
-];
+/// Left out of stored responses: hop-by-hop headers and `content-length`.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    use http::header::{CONNECTION, CONTENT_LENGTH, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+    const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+    const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+    [
+        CONNECTION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        TRANSFER_ENCODING,
+        TE,
+        TRAILER,
+        UPGRADE,
+        CONTENT_LENGTH,
+    ]
+    .contains(name)
+}
+
+/// The headers a response is stored with: a copy without the hop-by-hop
+/// ones, made in one pass.
+fn stored_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if !is_hop_by_hop(name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
 
 async fn run<S, St, B, RB>(
     mut inner: S,
@@ -280,7 +306,7 @@ where
     }
 
     let mut guard = LeaseGuard {
-        store: store.clone(),
+        store,
         key: record,
         token,
         ttl: config.ttl,
@@ -303,10 +329,7 @@ where
     // The work is done: from here on, cancellation must not drop the lease
     // (the next request would do the work again). Until the body is read,
     // a cancellation stores the status and headers.
-    let mut headers = resp.headers().clone();
-    for h in HOP_BY_HOP {
-        headers.remove(h);
-    }
+    let headers = stored_headers(resp.headers());
     guard.done = Some(StoredResponse {
         status,
         headers,
@@ -383,4 +406,40 @@ fn replay<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
             .insert(IDEMPOTENT_BODY_OMITTED, HeaderValue::from_static("true"));
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_headers_leave_out_hop_by_hop_ones_only() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("connection", "keep-alive"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "close"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("trailer", "x-sum"),
+            ("upgrade", "h2c"),
+            ("content-length", "3"),
+            ("content-type", "text/plain"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("x-custom", "yes"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let mut want = HeaderMap::new();
+        for (n, v) in [
+            ("content-type", "text/plain"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("x-custom", "yes"),
+        ] {
+            want.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        assert_eq!(stored_headers(&h), want);
+    }
 }

@@ -1,5 +1,6 @@
 //! The in-process store.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,6 +44,10 @@ pub struct MemoryStore {
 struct Inner {
     records: HashMap<RecordKey, Record>,
     bytes: usize,
+    /// No record expires before this (a lower bound on every record's
+    /// `until`, lowered whenever one is set), so a sweep before it would
+    /// free nothing. `None` when there is no record to expire.
+    next_expiry: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -59,6 +64,19 @@ enum State {
 }
 
 impl Record {
+    /// What `begin` says about a live record.
+    fn answer(&self) -> Begin {
+        match &self.state {
+            State::Leased(_) => Begin::InProgress {
+                fingerprint: self.fingerprint,
+            },
+            State::Done(resp) => Begin::Completed {
+                fingerprint: self.fingerprint,
+                response: resp.clone(),
+            },
+        }
+    }
+
     fn size(&self) -> usize {
         match &self.state {
             State::Leased(_) => 0,
@@ -123,37 +141,39 @@ impl MemoryStore {
     ) -> Result<Begin, StoreError> {
         let now = Instant::now();
         let mut inner = self.lock();
-        if let Some(r) = inner.records.get(key) {
-            if r.until > now {
-                return Ok(match &r.state {
-                    State::Leased(_) => Begin::InProgress {
-                        fingerprint: r.fingerprint,
-                    },
-                    State::Done(resp) => Begin::Completed {
-                        fingerprint: r.fingerprint,
-                        response: resp.clone(),
-                    },
-                });
-            }
-            // Expired: a dead holder's lease, or an old record. Take it over.
-            if let Some(old) = inner.records.remove(key) {
-                inner.bytes -= old.size();
-            }
-        }
+        let inner = &mut *inner;
         if inner.records.len() >= self.max_records || inner.bytes > self.max_bytes {
+            // Full: a live record for the key still answers; otherwise
+            // expired records are swept to make room.
+            if let Some(r) = inner.records.get(key).filter(|r| r.until > now) {
+                return Ok(r.answer());
+            }
             inner.sweep(now);
             if inner.records.len() >= self.max_records || inner.bytes > self.max_bytes {
                 return Err(StoreError::new("memory store is full of live records"));
             }
         }
-        inner.records.insert(
-            key.clone(),
-            Record {
-                fingerprint,
-                until: now + ttl.lease,
-                state: State::Leased(token.clone()),
-            },
-        );
+        let until = now + ttl.lease;
+        let fresh = Record {
+            fingerprint,
+            until,
+            state: State::Leased(token.clone()),
+        };
+        // One hash of the key for the lookup and the insert.
+        match inner.records.entry(key.clone()) {
+            Entry::Occupied(mut e) => {
+                if e.get().until > now {
+                    return Ok(e.get().answer());
+                }
+                // Expired: a dead holder's lease, or an old record. Take it over.
+                let old = e.insert(fresh);
+                inner.bytes -= old.size();
+            }
+            Entry::Vacant(e) => {
+                e.insert(fresh);
+            }
+        }
+        inner.next_expiry = Some(inner.next_expiry.map_or(until, |t| t.min(until)));
         Ok(Begin::Acquired)
     }
 
@@ -166,7 +186,11 @@ impl MemoryStore {
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut inner = self.lock();
-        let Inner { records, bytes } = &mut *inner;
+        let Inner {
+            records,
+            bytes,
+            next_expiry,
+        } = &mut *inner;
         match records.get_mut(key) {
             Some(r) if matches!(&r.state, State::Leased(t) if t == token) => {
                 let size = response.size();
@@ -183,6 +207,7 @@ impl MemoryStore {
                     r.state = State::Done(response.clone());
                 }
                 r.until = now + ttl.record;
+                *next_expiry = Some(next_expiry.map_or(r.until, |t| t.min(r.until)));
             }
             _ => {}
         }
@@ -200,15 +225,23 @@ impl MemoryStore {
 
 impl Inner {
     fn sweep(&mut self, now: Instant) {
+        if self.next_expiry.is_none_or(|t| t > now) {
+            // Nothing has expired yet: spare the full scan.
+            return;
+        }
         let mut freed = 0;
+        let mut next: Option<Instant> = None;
         self.records.retain(|_, r| {
             let keep = r.until > now;
-            if !keep {
+            if keep {
+                next = Some(next.map_or(r.until, |t| t.min(r.until)));
+            } else {
                 freed += r.size();
             }
             keep
         });
         self.bytes -= freed;
+        self.next_expiry = next;
     }
 }
 
@@ -341,5 +374,38 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_full_store_sweeps_records_kept_shorter_than_the_lease() {
+        let s = MemoryStore::new().max_records(1);
+        let ttl = Ttl {
+            lease: Duration::from_secs(100),
+            record: Duration::from_secs(1),
+        };
+        let (fp, t) = (Fingerprint([0; 32]), LeaseToken::random());
+        assert_eq!(
+            s.begin(&key("a"), fp, &t, ttl).await.unwrap(),
+            Begin::Acquired
+        );
+        s.complete(&key("a"), &t, &resp("a"), ttl).await.unwrap();
+        assert!(s.begin(&key("b"), fp, &t, ttl).await.is_err());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            s.begin(&key("b"), fp, &t, ttl).await.unwrap(),
+            Begin::Acquired
+        );
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn lease_tokens_are_32_hex_digits() {
+        let t = LeaseToken::random();
+        assert_eq!(t.0.len(), 32);
+        assert!(t
+            .0
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(t, LeaseToken::random());
     }
 }

@@ -72,7 +72,9 @@ pub struct LeaseToken(pub String);
 impl LeaseToken {
     /// A fresh random token. Unique, not secret: it never leaves the server.
     pub fn random() -> Self {
-        Self(format!("{:032x}", fastrand::u128(..)))
+        let mut s = String::with_capacity(32);
+        crate::idempotency::push_hex(&mut s, &fastrand::u128(..).to_be_bytes());
+        Self(s)
     }
 }
 

@@ -1,0 +1,92 @@
+//! The layer's own cost per keyed request, in process (no sockets): `n`
+//! POSTs with fresh keys through `Idempotency<_, MemoryStore>` or straight
+//! to the handler, on a current-thread runtime. Meant for instruction
+//! counts, which are repeatable on a noisy machine:
+//!
+//! ```text
+//! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p \
+//!     target/release/deps/per_request-* memory 50000
+//! ```
+//!
+//! The layer's cost per request is (memory - none) / n.
+#![allow(clippy::print_stdout, missing_docs)]
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Full};
+use resend_server::{IdempotencyLayer, MaybeBuffered, MemoryStore};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+async fn handler<B>(req: Request<B>) -> Result<Response<Full<Bytes>>, Infallible>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let len = req
+        .into_body()
+        .collect()
+        .await
+        .map_or(0, |b| b.to_bytes().len());
+    let mut resp = Response::new(Full::new(Bytes::from(format!("ok {len}"))));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Ok(resp)
+}
+
+fn request(key: &str) -> Request<Full<Bytes>> {
+    Request::post("/orders")
+        .header(header::HOST, "127.0.0.1:40000")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, "22")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(
+            b"{\"sku\":\"abc\",\"qty\":1}",
+        )))
+        .unwrap()
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
+    let mode = args.next().unwrap_or_else(|| "memory".into());
+    let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let mut total = 0usize;
+    match mode.as_str() {
+        "none" => {
+            let mut svc =
+                service_fn(|req: Request<Full<Bytes>>| handler(req.map(MaybeBuffered::inner)));
+            for i in 0..n {
+                let key = format!("run-{i}");
+                let resp = svc
+                    .ready()
+                    .await
+                    .unwrap()
+                    .call(request(&key))
+                    .await
+                    .unwrap();
+                total += resp.into_body().collect().await.unwrap().to_bytes().len();
+            }
+        }
+        _ => {
+            let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
+            let mut svc = IdempotencyLayer::new(store).layer(service_fn(handler));
+            for i in 0..n {
+                let key = format!("run-{i}");
+                let resp = svc
+                    .ready()
+                    .await
+                    .unwrap()
+                    .call(request(&key))
+                    .await
+                    .unwrap();
+                assert!(resp.status().is_success());
+                total += resp.into_body().collect().await.unwrap().to_bytes().len();
+            }
+        }
+    }
+    println!("{mode} {n}: {total} bytes");
+}
