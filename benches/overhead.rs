@@ -44,6 +44,21 @@ fn deadline_and_attempt(c: &mut Criterion) {
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
 
+    // tower's Timeout after writing the same Deadline extension that the
+    // design requires resend's DeadlineLayer to write: what the extension
+    // alone costs, for comparison (not a target).
+    group.bench_function("tower_timeout_with_deadline_extension", |b| {
+        let svc = ServiceBuilder::new()
+            .map_request(|mut req: Request<Body>| {
+                req.extensions_mut()
+                    .insert(resend::Deadline::after(Duration::from_secs(10)));
+                req
+            })
+            .timeout(Duration::from_secs(5))
+            .service(Instant200);
+        b.to_async(&rt).iter(|| one_call(svc.clone()));
+    });
+
     group.bench_function("resend_deadline_attempt", |b| {
         let svc = ServiceBuilder::new()
             .layer(DeadlineLayer::new(Duration::from_secs(10)))
