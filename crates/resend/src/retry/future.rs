@@ -45,8 +45,9 @@ pin_project! {
 /// Everything a call needs to try again.
 pub(crate) struct Retrying<S, B, C> {
     /// The service for later attempts: made from the template on the first
-    /// retry.
-    service: Option<S>,
+    /// retry. Boxed, so that on the success path this state does not carry
+    /// (and copy) an empty slot the size of the whole inner service.
+    service: Option<Box<S>>,
     head: Head,
     body: Option<ReplayBody<B>>,
     next_body: Option<ReplayBody<B>>,
@@ -280,7 +281,7 @@ where
                 }
                 StateProj::Readying => {
                     let shared = &r.shared;
-                    let service = r.service.get_or_insert_with(|| shared.service());
+                    let service = r.service.get_or_insert_with(|| Box::new(shared.service()));
                     match service.poll_ready(cx) {
                         Poll::Pending => {
                             context::report(Phase::Waiting);
