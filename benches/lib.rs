@@ -5,10 +5,12 @@
 use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
+use http_body_util::BodyExt;
 use http_body_util::Empty;
-use tower::Service;
+use tower::{Service, ServiceExt};
 
 /// The response body of the in-process benchmarks.
 pub type Body = Empty<bytes::Bytes>;
@@ -60,4 +62,42 @@ impl<E> tower::retry::Policy<Request<Body>, Response<Body>, E> for CloneAndRetry
     fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
         Some(req.clone())
     }
+}
+
+/// Sends `concurrency * per_task` GETs to `uri` through clones of `svc`
+/// (`concurrency` tasks, each `per_task` requests in turn, every body read
+/// in full) and returns how long it took.
+pub async fn send_batch<S, B>(
+    svc: S,
+    uri: http::Uri,
+    concurrency: usize,
+    per_task: usize,
+) -> Duration
+where
+    S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body + Send,
+    B::Error: std::fmt::Debug,
+    B::Data: Send,
+{
+    let start = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let svc = svc.clone();
+        let uri = uri.clone();
+        tasks.spawn(async move {
+            for _ in 0..per_task {
+                let req = Request::get(uri.clone())
+                    .body(Body::new())
+                    .expect("request");
+                let resp = svc.clone().oneshot(req).await.expect("answered");
+                resp.into_body().collect().await.expect("body");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("task");
+    }
+    start.elapsed()
 }

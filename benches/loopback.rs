@@ -11,20 +11,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http::Request;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use resend::retry::ReplayBody;
+use resend_benches::send_batch;
 use resend_testkit::{Script, TestServer};
-use tokio::time::Instant;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 const CONCURRENCY: usize = 16;
 const PER_TASK: usize = 64;
 
-/// Sends `CONCURRENCY * PER_TASK` GETs through clones of `svc`, `iters`
-/// times, and returns the time it took.
+/// `iters` batches through clones of `svc`; the time they took.
 async fn batches<S, B>(svc: S, uri: http::Uri, iters: u64) -> Duration
 where
     S: Service<Request<Empty<Bytes>>, Response = http::Response<B>> + Clone + Send + 'static,
@@ -34,27 +33,11 @@ where
     B::Error: std::fmt::Debug,
     B::Data: Send,
 {
-    let start = Instant::now();
+    let mut total = Duration::ZERO;
     for _ in 0..iters {
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..CONCURRENCY {
-            let svc = svc.clone();
-            let uri = uri.clone();
-            tasks.spawn(async move {
-                for _ in 0..PER_TASK {
-                    let req = Request::get(uri.clone())
-                        .body(Empty::new())
-                        .expect("request");
-                    let resp = svc.clone().oneshot(req).await.expect("answered");
-                    resp.into_body().collect().await.expect("body");
-                }
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            done.expect("task");
-        }
+        total += send_batch(svc.clone(), uri.clone(), CONCURRENCY, PER_TASK).await;
     }
-    start.elapsed()
+    total
 }
 
 fn loopback(c: &mut Criterion) {

@@ -12,21 +12,20 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use resend::retry::ReplayBody;
+use resend_benches::send_batch;
 use resend_testkit::{Script, TestServer};
-use tokio::time::Instant;
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 const CONCURRENCY: usize = 16;
 const PER_TASK: usize = 256;
 const ROUNDS: usize = 15;
 
-/// Sends `CONCURRENCY * PER_TASK` GETs through clones of `svc`; returns
-/// requests per second.
+/// One batch through clones of `svc`; requests per second.
 async fn batch<S, B>(svc: S, uri: http::Uri) -> f64
 where
     S: Service<Request<Empty<Bytes>>, Response = http::Response<B>> + Clone + Send + 'static,
@@ -36,25 +35,8 @@ where
     B::Error: std::fmt::Debug,
     B::Data: Send,
 {
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..CONCURRENCY {
-        let svc = svc.clone();
-        let uri = uri.clone();
-        tasks.spawn(async move {
-            for _ in 0..PER_TASK {
-                let req = Request::get(uri.clone())
-                    .body(Empty::new())
-                    .expect("request");
-                let resp = svc.clone().oneshot(req).await.expect("answered");
-                resp.into_body().collect().await.expect("body");
-            }
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.expect("task");
-    }
-    (CONCURRENCY * PER_TASK) as f64 / start.elapsed().as_secs_f64()
+    let took = send_batch(svc, uri, CONCURRENCY, PER_TASK).await;
+    (CONCURRENCY * PER_TASK) as f64 / took.as_secs_f64()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
