@@ -16,15 +16,29 @@ use tokio::time::Instant;
 use super::Deadline;
 use crate::error::Phase;
 
-// Thread-locals, not a tokio task-local: the context is only ever set for
+// A thread-local, not a tokio task-local: the context is only ever set for
 // the length of one synchronous `call` or `poll` and restored before it
 // returns (by a guard, also on unwind), so it can never be seen from another
-// task. One `Cell` per field keeps each access a word-sized load or store;
-// `LocalKey::sync_scope` costs hundreds of instructions.
+// task. One `Cell` of a `Copy` struct keeps every access a plain load or
+// store at one address; `LocalKey::sync_scope` costs hundreds of
+// instructions.
 thread_local! {
-    static DEADLINE: Cell<Option<Deadline>> = const { Cell::new(None) };
-    static NOW: Cell<Option<Instant>> = const { Cell::new(None) };
-    static REPORT: Cell<Report> = const { Cell::new(Report::NONE) };
+    static CONTEXT: Cell<Ctx> = const { Cell::new(Ctx::NONE) };
+}
+
+#[derive(Clone, Copy)]
+struct Ctx {
+    deadline: Option<Deadline>,
+    now: Option<Instant>,
+    report: Report,
+}
+
+impl Ctx {
+    const NONE: Self = Self {
+        deadline: None,
+        now: None,
+        report: Report::NONE,
+    };
 }
 
 /// What the inner layers reported during one `call` or `poll`.
@@ -44,59 +58,59 @@ impl Report {
     };
 }
 
-/// Puts the previous context back when dropped.
-struct Restore(Option<Deadline>, Option<Instant>, Report);
+/// A call context, set while it lives; dropping it (also on unwind) puts the
+/// previous one back. A guard rather than a closure, so that neither the
+/// request nor the inner future is moved through one more frame.
+#[must_use = "the context is left as soon as the guard is dropped"]
+pub(crate) struct Entered(Ctx);
 
-impl Drop for Restore {
-    fn drop(&mut self) {
-        DEADLINE.set(self.0);
-        NOW.set(self.1);
-        REPORT.set(self.2);
+impl Entered {
+    /// What the inner layers reported since the context was entered (an
+    /// attempt in flight and no cover, unless told otherwise).
+    pub(crate) fn report(&self) -> Report {
+        CONTEXT.get().report
     }
 }
 
-/// Runs `f` inside a call context and returns its result together with what
-/// the inner layers reported (an attempt in flight and no cover, unless told
-/// otherwise).
-pub(crate) fn enter<R>(
-    deadline: Deadline,
-    now: Option<Instant>,
-    f: impl FnOnce() -> R,
-) -> (R, Report) {
-    let restore = Restore(
-        DEADLINE.replace(Some(deadline)),
-        NOW.replace(now),
-        REPORT.replace(Report::NONE),
-    );
-    let r = f();
-    let report = REPORT.get();
-    drop(restore);
-    (r, report)
+impl Drop for Entered {
+    fn drop(&mut self) {
+        CONTEXT.set(self.0);
+    }
+}
+
+/// Sets a call context until the returned guard is dropped.
+pub(crate) fn enter(deadline: Deadline, now: Option<Instant>) -> Entered {
+    Entered(CONTEXT.replace(Ctx {
+        deadline: Some(deadline),
+        now,
+        report: Report::NONE,
+    }))
 }
 
 /// The enclosing call's deadline, and the current instant if the call is
 /// being started right now (so the clock need not be read again).
 pub(crate) fn current() -> Option<(Deadline, Option<Instant>)> {
-    DEADLINE.get().map(|d| (d, NOW.get()))
+    let c = CONTEXT.get();
+    c.deadline.map(|d| (d, c.now))
 }
 
 /// Tells an enclosing deadline that a timer firing at `until` is armed and
 /// will wake the task; if that is no later than the deadline, the deadline
 /// need not arm one of its own.
 pub(crate) fn cover(until: Instant) {
-    if DEADLINE.get().is_some_and(|d| until <= d.instant()) {
-        let mut r = REPORT.get();
-        r.covered = true;
-        REPORT.set(r);
+    let mut c = CONTEXT.get();
+    if c.deadline.is_some_and(|d| until <= d.instant()) {
+        c.report.covered = true;
+        CONTEXT.set(c);
     }
 }
 
 /// Tells an enclosing deadline, if any, what the call is doing now.
 pub(crate) fn report(phase: Phase) {
-    if DEADLINE.get().is_some() {
-        let mut r = REPORT.get();
-        r.phase = phase;
-        REPORT.set(r);
+    let mut c = CONTEXT.get();
+    if c.deadline.is_some() {
+        c.report.phase = phase;
+        CONTEXT.set(c);
     }
 }
 
@@ -109,29 +123,32 @@ mod tests {
         let d = Deadline::after(std::time::Duration::from_secs(1));
         report(Phase::Waiting); // no context: ignored
         assert!(current().is_none());
-        let ((), outer) = enter(d, None, || {
-            let ((), inner) = enter(d, Some(Instant::now()), || {
-                assert!(current().is_some_and(|(_, now)| now.is_some()));
-                report(Phase::Waiting);
-                cover(d.instant());
-            });
+        let outer = enter(d, None);
+        {
+            let inner = enter(d, Some(Instant::now()));
+            assert!(current().is_some_and(|(_, now)| now.is_some()));
+            report(Phase::Waiting);
+            cover(d.instant());
             assert_eq!(
-                inner,
+                inner.report(),
                 Report {
                     phase: Phase::Waiting,
                     covered: true
                 }
             );
             assert_eq!(current().map(|(d, _)| d), Some(d));
-            // A timer past the deadline covers nothing.
-            cover(d.instant() + std::time::Duration::from_millis(1));
-        });
+        }
+        assert_eq!(current().map(|(d, _)| d), Some(d));
+        // A timer past the deadline covers nothing.
+        cover(d.instant() + std::time::Duration::from_millis(1));
         assert_eq!(
-            outer,
+            outer.report(),
             Report {
                 phase: Phase::Attempt,
                 covered: false
             }
         );
+        drop(outer);
+        assert!(current().is_none());
     }
 }

@@ -101,7 +101,10 @@ where
 
         // The inner future first: a response that is ready wins a tie with
         // the clock.
-        let (result, report) = context::enter(deadline, None, || inner.poll(cx));
+        let entered = context::enter(deadline, None);
+        let result = inner.poll(cx);
+        let report = entered.report();
+        drop(entered);
         *last_phase = report.phase;
         let phase = report.phase;
         match result {

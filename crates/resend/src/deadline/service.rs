@@ -87,8 +87,9 @@ where
             return ResponseFuture::expired(start, upstream);
         }
         req.extensions_mut().insert(deadline);
-        let inner = &mut self.inner;
-        let (future, _) = context::enter(deadline, Some(start), || inner.call(req));
+        let entered = context::enter(deadline, Some(start));
+        let future = self.inner.call(req);
+        drop(entered);
         // Inside a server's scope, say where the time goes.
         let guard = ledger.map(|l| {
             let name = upstream.clone().unwrap_or_else(|| Name::from("upstream"));
