@@ -90,6 +90,8 @@ struct Arrival {
     path: String,
     grpc_timeout: Option<Duration>,
     key: Option<String>,
+    /// `grpc-previous-rpc-attempts`, as sent.
+    previous: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -134,6 +136,10 @@ impl Service<Request<tonic::body::Body>> for Ledger {
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let previous = req
+            .headers()
+            .get("grpc-previous-rpc-attempts")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let n = {
             let mut r = lock(&self.record);
             r.arrivals.push(Arrival {
@@ -141,6 +147,7 @@ impl Service<Request<tonic::body::Body>> for Ledger {
                 path: path.clone(),
                 grpc_timeout,
                 key,
+                previous,
             });
             r.arrivals.len() - 1
         };
@@ -310,6 +317,15 @@ async fn unavailable_twice_then_ok_on_an_idempotent_method_answers_after_three_a
     assert_eq!(balance.amount, 100);
     assert_eq!(code, Some(Code::Ok));
     assert_eq!(server.arrival_count(), 3);
+    // Each retry tells the server how many attempts came before it.
+    assert_eq!(
+        server
+            .arrivals()
+            .into_iter()
+            .map(|a| a.previous)
+            .collect::<Vec<_>>(),
+        [None, Some("1".to_owned()), Some("2".to_owned())]
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

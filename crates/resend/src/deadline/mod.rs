@@ -44,6 +44,7 @@ mod wire;
 
 pub use body::DeadlineBody;
 pub use future::ResponseFuture;
+pub(crate) use header::is_grpc;
 pub use header::{DeadlineHeader, DeadlineHeaderLayer, DEFAULT_MARGIN, GRPC_TIMEOUT};
 pub use layer::DeadlineLayer;
 pub use ledger::{internal, Entry, Internal, LedgerGuard, Snapshot, Source, TimeLedger};

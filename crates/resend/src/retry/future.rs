@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::head::Head;
-use super::layer::Shared;
+use super::layer::{Shared, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use super::policy::Decision;
 use super::{Attempt, Attempts, ReplayBody, Stop};
 use crate::classify::{Class, Classification, Classify};
@@ -303,7 +303,8 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(Err("retry without a body to send".into()));
                     };
-                    let req = r.head.request(body);
+                    let mut req = r.head.request(body);
+                    announce(&mut req, r.history.len(), r.shared.attempt_header.as_ref());
                     r.attempt_start = Instant::now();
                     let future = match r.service.as_mut() {
                         Some(service) => service.call(req),
@@ -320,6 +321,22 @@ where
             }
         }
     }
+}
+
+/// Tells the upstream how many attempts came before this one: on gRPC
+/// requests as `grpc-previous-rpc-attempts`, on others under the configured
+/// header, if any.
+fn announce<B>(req: &mut Request<B>, previous: u32, http: Option<&HeaderName>) {
+    let name = if crate::deadline::is_grpc(req) {
+        &GRPC_PREVIOUS_RPC_ATTEMPTS
+    } else {
+        match http {
+            Some(name) => name,
+            None => return,
+        }
+    };
+    req.headers_mut()
+        .insert(name.clone(), HeaderValue::from(previous));
 }
 
 impl<F, S, B, C> std::fmt::Debug for ResponseFuture<F, S, B, C> {

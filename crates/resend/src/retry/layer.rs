@@ -3,11 +3,17 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use http::HeaderName;
 use tower_layer::Layer;
 
 use super::policy::Policy;
 use super::{Backoff, Retry, RetryBudget};
 use crate::classify::HttpClassifier;
+
+/// The header on which a later attempt of a gRPC call says how many attempts
+/// came before it (gRPC's retry design, A6).
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
 
 /// Retries what is safe to retry, when it is worth it, and nothing else.
 ///
@@ -41,6 +47,7 @@ pub struct RetryLayer<C = HttpClassifier> {
     budget: Option<RetryBudget>,
     seed: Option<u64>,
     upstream: Option<Name>,
+    attempt_header: Option<HeaderName>,
 }
 
 /// What every clone of one retry service shares.
@@ -56,6 +63,9 @@ pub(crate) struct Shared<S, C> {
     pub(crate) seed: Option<u64>,
     pub(crate) calls: AtomicU64,
     pub(crate) upstream: Option<Name>,
+    /// Where a later attempt of an HTTP request says how many came before
+    /// it (gRPC requests always use `grpc-previous-rpc-attempts`).
+    pub(crate) attempt_header: Option<HeaderName>,
 }
 
 impl<S, C: std::fmt::Debug> std::fmt::Debug for Shared<S, C> {
@@ -88,6 +98,7 @@ impl RetryLayer<HttpClassifier> {
             budget: Some(RetryBudget::default()),
             seed: None,
             upstream: None,
+            attempt_header: None,
         }
     }
 }
@@ -107,6 +118,7 @@ impl<C> RetryLayer<C> {
             budget: self.budget,
             seed: self.seed,
             upstream: self.upstream,
+            attempt_header: self.attempt_header,
         }
     }
 
@@ -182,6 +194,25 @@ impl<C> RetryLayer<C> {
         self
     }
 
+    /// Makes every attempt after the first of an HTTP request say how many
+    /// attempts came before it, as `name: N`, so that an overloaded upstream
+    /// can shed retries first. gRPC requests always carry it as
+    /// [`grpc-previous-rpc-attempts`](GRPC_PREVIOUS_RPC_ATTEMPTS), as gRPC's
+    /// own retries do. The first attempt carries nothing. Default: off.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use resend::retry::RetryLayer;
+    ///
+    /// let layer = RetryLayer::new().attempt_header(HeaderName::from_static("x-retry-attempt"));
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn attempt_header(mut self, name: HeaderName) -> Self {
+        self.attempt_header = Some(name);
+        self
+    }
+
     /// Names the upstream in errors and tracing. Default: unnamed.
     #[must_use]
     pub fn upstream(mut self, name: impl Into<Name>) -> Self {
@@ -203,6 +234,7 @@ impl<C> RetryLayer<C> {
                 seed: self.seed,
                 calls: AtomicU64::new(0),
                 upstream: self.upstream,
+                attempt_header: self.attempt_header,
             }),
         )
     }

@@ -73,7 +73,7 @@ pub use backoff::{Backoff, InvalidBackoff};
 pub use body::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
 pub use budget::{InvalidBudget, RetryBudget};
 pub use future::ResponseFuture;
-pub use layer::RetryLayer;
+pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS};
 pub use policy::{
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT, DEFAULT_OVERLOAD_FLOOR,
 };

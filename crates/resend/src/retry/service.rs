@@ -193,4 +193,80 @@ mod tests {
         assert!(err.is_outcome_unknown(), "{err}");
         assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
+
+    /// An upstream that answers 503 twice, then 200, and records the
+    /// attempt headers it saw.
+    fn flaky_recording(
+        seen: Arc<std::sync::Mutex<Vec<(Option<String>, Option<String>)>>>,
+    ) -> impl Service<
+        Request<ReplayBody<Empty<Bytes>>>,
+        Response = Response<()>,
+        Error = Infallible,
+        Future = std::future::Ready<Result<Response<()>, Infallible>>,
+    > + Clone {
+        service_fn(move |req: Request<ReplayBody<Empty<Bytes>>>| {
+            let header = |name: &str| {
+                req.headers()
+                    .get(name)
+                    .map(|v| v.to_str().unwrap_or("?").to_owned())
+            };
+            let mut seen = seen.lock().unwrap();
+            seen.push((header("grpc-previous-rpc-attempts"), header("x-attempt")));
+            let status = if seen.len() < 3 {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
+            };
+            std::future::ready(Ok(Response::builder().status(status).body(()).unwrap()))
+        })
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn later_attempts_say_how_many_came_before() {
+        let name = http::HeaderName::from_static("x-attempt");
+
+        // HTTP, with the header configured: none on the first attempt, then 1, 2.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let client = RetryLayer::new()
+            .attempt_header(name.clone())
+            .no_budget()
+            .seed(1)
+            .layer(flaky_recording(Arc::clone(&seen)));
+        let req = Request::get("http://up/x").body(Empty::new()).unwrap();
+        assert_eq!(client.oneshot(req).await.unwrap().status(), StatusCode::OK);
+        let got: Vec<_> = seen.lock().unwrap().iter().map(|s| s.1.clone()).collect();
+        assert_eq!(got, [None, Some("1".into()), Some("2".into())]);
+        assert!(seen.lock().unwrap().iter().all(|s| s.0.is_none()));
+
+        // HTTP without it: nothing is added.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let client = RetryLayer::new()
+            .no_budget()
+            .seed(1)
+            .layer(flaky_recording(Arc::clone(&seen)));
+        let req = Request::get("http://up/x").body(Empty::new()).unwrap();
+        assert_eq!(client.oneshot(req).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(seen.lock().unwrap().len(), 3);
+        assert!(seen
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|s| s.0.is_none() && s.1.is_none()));
+
+        // gRPC: always `grpc-previous-rpc-attempts`, never the HTTP header.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let client = RetryLayer::new()
+            .attempt_header(name)
+            .no_budget()
+            .seed(1)
+            .layer(flaky_recording(Arc::clone(&seen)));
+        let req = Request::put("http://up/pkg.Svc/Method")
+            .header("content-type", "application/grpc")
+            .body(Empty::new())
+            .unwrap();
+        assert_eq!(client.oneshot(req).await.unwrap().status(), StatusCode::OK);
+        let got: Vec<_> = seen.lock().unwrap().iter().map(|s| s.0.clone()).collect();
+        assert_eq!(got, [None, Some("1".into()), Some("2".into())]);
+        assert!(seen.lock().unwrap().iter().all(|s| s.1.is_none()));
+    }
 }
