@@ -7,7 +7,8 @@
 //! ```
 //! Variants, each run N times on a current-thread runtime:
 //! - in process, over a service that answers at once: `bare`, `tower`
-//!   (tower's Timeout), `deadline`, `attempt`, `both` (deadline + attempt),
+//!   (tower's Timeout), `tower_ext` (the same after writing the `Deadline`
+//!   extension that resend's DeadlineLayer writes), `deadline`, `attempt`, `both` (deadline + attempt),
 //!   `tower_retry` (tower's retry with a clone-and-retry policy between two
 //!   timeouts), `stack` (the full `resend::stack()`);
 //! - on loopback against resend-testkit: `loop_bare` (hyper-util's client),
@@ -98,6 +99,19 @@ fn main() {
                     n,
                 )
                 .await
+            }
+            "tower_ext" => {
+                // tower's Timeout after writing the same Deadline extension
+                // that resend's DeadlineLayer writes (comparison only).
+                let svc = ServiceBuilder::new()
+                    .map_request(|mut req: Request<Body>| {
+                        req.extensions_mut()
+                            .insert(resend::Deadline::after(Duration::from_secs(10)));
+                        req
+                    })
+                    .timeout(Duration::from_secs(5))
+                    .service(Instant200);
+                run(svc, n).await
             }
             "deadline" => run(ServiceBuilder::new().layer(d()).service(Instant200), n).await,
             "attempt" => run(ServiceBuilder::new().layer(a()).service(Instant200), n).await,
