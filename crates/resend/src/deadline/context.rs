@@ -67,18 +67,21 @@ pub(crate) struct Entered(Ctx);
 impl Entered {
     /// What the inner layers reported since the context was entered (an
     /// attempt in flight and no cover, unless told otherwise).
+    #[inline]
     pub(crate) fn report(&self) -> Report {
         CONTEXT.get().report
     }
 }
 
 impl Drop for Entered {
+    #[inline]
     fn drop(&mut self) {
         CONTEXT.set(self.0);
     }
 }
 
 /// Sets a call context until the returned guard is dropped.
+#[inline]
 pub(crate) fn enter(deadline: Deadline, now: Option<Instant>) -> Entered {
     Entered(CONTEXT.replace(Ctx {
         deadline: Some(deadline),
@@ -89,6 +92,7 @@ pub(crate) fn enter(deadline: Deadline, now: Option<Instant>) -> Entered {
 
 /// The enclosing call's deadline, and the current instant if the call is
 /// being started right now (so the clock need not be read again).
+#[inline]
 pub(crate) fn current() -> Option<(Deadline, Option<Instant>)> {
     let c = CONTEXT.get();
     c.deadline.map(|d| (d, c.now))
@@ -97,6 +101,7 @@ pub(crate) fn current() -> Option<(Deadline, Option<Instant>)> {
 /// Tells an enclosing deadline that a timer firing at `until` is armed and
 /// will wake the task; if that is no later than the deadline, the deadline
 /// need not arm one of its own.
+#[inline]
 pub(crate) fn cover(until: Instant) {
     let mut c = CONTEXT.get();
     if c.deadline.is_some_and(|d| until <= d.instant()) {
@@ -106,6 +111,7 @@ pub(crate) fn cover(until: Instant) {
 }
 
 /// Tells an enclosing deadline, if any, what the call is doing now.
+#[inline]
 pub(crate) fn report(phase: Phase) {
     let mut c = CONTEXT.get();
     if c.deadline.is_some() {
