@@ -10,7 +10,8 @@
 //!   (tower's Timeout), `tower_ext` (the same after writing the `Deadline`
 //!   extension that resend's DeadlineLayer writes), `deadline`, `attempt`, `both` (deadline + attempt),
 //!   `tower_retry` (tower's retry with a clone-and-retry policy between two
-//!   timeouts), `stack` (the full `resend::stack()`);
+//!   timeouts), `tower_retry_ext` (the same after writing a `Deadline` on
+//!   the request and a small history on the response), `stack` (the full `resend::stack()`);
 //! - on loopback against resend-testkit: `loop_bare` (hyper-util's client),
 //!   `loop_tower` (that client under tower's Timeout: one timer per call),
 //!   `loop_stack` (the full stack over `resend::hyper_client`).
@@ -21,7 +22,7 @@ use std::time::Duration;
 use http::Request;
 use http_body_util::BodyExt;
 use resend::{AttemptTimeoutLayer, DeadlineLayer};
-use resend_benches::{Body, CloneAndRetry, Instant200};
+use resend_benches::{carried, Body, CloneAndRetry, Instant200};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 async fn run<S>(svc: S, n: usize)
@@ -104,11 +105,7 @@ fn main() {
                 // tower's Timeout after writing the same Deadline extension
                 // that resend's DeadlineLayer writes (comparison only).
                 let svc = ServiceBuilder::new()
-                    .map_request(|mut req: Request<Body>| {
-                        req.extensions_mut()
-                            .insert(resend::Deadline::after(Duration::from_secs(10)));
-                        req
-                    })
+                    .map_request(carried::deadline::<Body>)
                     .timeout(Duration::from_secs(5))
                     .service(Instant200);
                 run(svc, n).await
@@ -124,6 +121,18 @@ fn main() {
                     n,
                 )
                 .await
+            }
+            "tower_retry_ext" => {
+                // The same after writing a Deadline on the request and a
+                // history on the response, as resend does (comparison only).
+                let svc = ServiceBuilder::new()
+                    .map_request(carried::deadline)
+                    .map_response(carried::history)
+                    .timeout(Duration::from_secs(10))
+                    .retry(CloneAndRetry { left: 2 })
+                    .timeout(Duration::from_secs(5))
+                    .service(Instant200);
+                run(svc, n).await;
             }
             "stack" => run(resend::stack().name("bench").service(Instant200), n).await,
             "tower_retry" => {

@@ -64,6 +64,45 @@ impl<E> tower::retry::Policy<Request<Body>, Response<Body>, E> for CloneAndRetry
     }
 }
 
+/// A stand-in for the per-call data the design makes resend carry, for the
+/// like-for-like comparisons: the `Deadline` written on each request and a
+/// small history written on each response (resend writes its `Attempts`).
+/// tower's layers do neither.
+pub mod carried {
+    use std::time::Duration;
+
+    use http::{Request, Response};
+
+    /// What a response carries about the call: attempts, time, first status.
+    #[derive(Clone, Copy, Debug)]
+    pub struct History {
+        /// Attempts made.
+        pub attempts: u32,
+        /// Time the call took.
+        pub elapsed: Duration,
+        /// Status of the first attempt.
+        pub first: Option<u16>,
+    }
+
+    /// Writes a 10 s `Deadline` on the request, as resend's DeadlineLayer does.
+    pub fn deadline<B>(mut req: Request<B>) -> Request<B> {
+        req.extensions_mut()
+            .insert(resend::Deadline::after(Duration::from_secs(10)));
+        req
+    }
+
+    /// Writes a one-attempt `History` on the response.
+    pub fn history<B>(mut resp: Response<B>) -> Response<B> {
+        let first = Some(resp.status().as_u16());
+        resp.extensions_mut().insert(History {
+            attempts: 1,
+            elapsed: Duration::ZERO,
+            first,
+        });
+        resp
+    }
+}
+
 /// Sends `concurrency * per_task` GETs to `uri` through clones of `svc`
 /// (`concurrency` tasks, each `per_task` requests in turn, every body read
 /// in full) and returns how long it took.

@@ -11,7 +11,7 @@ use http::Request;
 use resend::{AttemptTimeoutLayer, DeadlineLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-use resend_benches::{Body, CloneAndRetry, Instant200};
+use resend_benches::{carried, Body, CloneAndRetry, Instant200};
 
 fn request() -> Request<Body> {
     Request::get("http://upstream/quote")
@@ -49,11 +49,7 @@ fn deadline_and_attempt(c: &mut Criterion) {
     // alone costs, for comparison (not a target).
     group.bench_function("tower_timeout_with_deadline_extension", |b| {
         let svc = ServiceBuilder::new()
-            .map_request(|mut req: Request<Body>| {
-                req.extensions_mut()
-                    .insert(resend::Deadline::after(Duration::from_secs(10)));
-                req
-            })
+            .map_request(carried::deadline::<Body>)
             .timeout(Duration::from_secs(5))
             .service(Instant200);
         b.to_async(&rt).iter(|| one_call(svc.clone()));
@@ -78,6 +74,20 @@ fn full_stack(c: &mut Criterion) {
 
     group.bench_function("tower_retry_timeout", |b| {
         let svc = ServiceBuilder::new()
+            .timeout(Duration::from_secs(10))
+            .retry(CloneAndRetry { left: 2 })
+            .timeout(Duration::from_secs(5))
+            .service(Instant200);
+        b.to_async(&rt).iter(|| one_call(svc.clone()));
+    });
+
+    // The same after writing the two things the design makes resend carry
+    // per call (a Deadline on the request, a history on the response):
+    // what those writes cost by themselves, for comparison (not a target).
+    group.bench_function("tower_retry_timeout_with_extensions", |b| {
+        let svc = ServiceBuilder::new()
+            .map_request(carried::deadline)
+            .map_response(carried::history)
             .timeout(Duration::from_secs(10))
             .retry(CloneAndRetry { left: 2 })
             .timeout(Duration::from_secs(5))
