@@ -124,18 +124,7 @@ const FORMAT_VERSION: u8 = 1;
 impl StoredResponse {
     /// Encodes the response for a store that keeps bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + self.body.len());
-        out.push(FORMAT_VERSION);
-        out.extend_from_slice(&self.status.as_u16().to_be_bytes());
-        out.push(u8::from(self.body_omitted));
-        let n = u32::try_from(self.headers.len()).unwrap_or(u32::MAX);
-        out.extend_from_slice(&n.to_be_bytes());
-        for (name, value) in self.headers.iter().take(n as usize) {
-            put(&mut out, name.as_str().as_bytes());
-            put(&mut out, value.as_bytes());
-        }
-        out.extend_from_slice(&self.body);
-        out
+        encode(self.status, &self.headers, self.body_omitted, &self.body)
     }
 
     /// Decodes what [`encode`](Self::encode) wrote; `None` if the bytes are
@@ -172,6 +161,35 @@ impl StoredResponse {
                 .sum::<usize>()
             + 16
     }
+}
+
+/// What [`StoredResponse::encode`] writes, from the parts: one allocation of
+/// exactly the encoded length.
+pub(crate) fn encode(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body_omitted: bool,
+    body: &[u8],
+) -> Vec<u8> {
+    let n = u32::try_from(headers.len()).unwrap_or(u32::MAX);
+    let len = 8
+        + headers
+            .iter()
+            .take(n as usize)
+            .map(|(name, value)| 8 + name.as_str().len() + value.len())
+            .sum::<usize>()
+        + body.len();
+    let mut out = Vec::with_capacity(len);
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&status.as_u16().to_be_bytes());
+    out.push(u8::from(body_omitted));
+    out.extend_from_slice(&n.to_be_bytes());
+    for (name, value) in headers.iter().take(n as usize) {
+        put(&mut out, name.as_str().as_bytes());
+        put(&mut out, value.as_bytes());
+    }
+    out.extend_from_slice(body);
+    out
 }
 
 fn put(out: &mut Vec<u8>, bytes: &[u8]) {
