@@ -141,12 +141,7 @@ impl<St: Store> Drop for LeaseGuard<St> {
         if !self.armed {
             return;
         }
-        let (store, key, token, ttl) = (
-            self.store.clone(),
-            self.key.clone(),
-            self.token.clone(),
-            self.ttl,
-        );
+        let (store, key, token, ttl) = (self.store.clone(), self.key.clone(), self.token, self.ttl);
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };

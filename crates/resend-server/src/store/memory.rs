@@ -236,7 +236,7 @@ impl MemoryStore {
                     self.shared.bytes.fetch_sub(r.size(), Relaxed);
                     r.fingerprint = fingerprint;
                     r.until = until;
-                    r.state = State::Leased(token.clone());
+                    r.state = State::Leased(*token);
                     false
                 }
                 Entry::Vacant(e) => {
@@ -253,7 +253,7 @@ impl MemoryStore {
                             scope_len: key.scope.len(),
                             fingerprint,
                             until,
-                            state: State::Leased(token.clone()),
+                            state: State::Leased(*token),
                         });
                         false
                     }
@@ -557,11 +557,13 @@ mod tests {
     #[test]
     fn lease_tokens_are_32_hex_digits() {
         let t = LeaseToken::random();
-        assert_eq!(t.0.len(), 32);
-        assert!(t
-            .0
+        let hex = t.to_string();
+        assert_eq!(hex.len(), 32);
+        assert!(hex
             .bytes()
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(hex.as_bytes(), t.to_hex());
+        assert_eq!(u128::from_str_radix(&hex, 16).ok(), Some(t.as_u128()));
         assert_ne!(t, LeaseToken::random());
     }
 }

@@ -66,15 +66,38 @@ impl fmt::Debug for Fingerprint {
 
 /// Proof of holding a lease: only its holder may complete or release it, so
 /// a holder whose lease expired and was taken over cannot disturb the new one.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LeaseToken(pub String);
+///
+/// 128 random bits; stores that keep text use its [`Display`](fmt::Display)
+/// form, 32 lower-case hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseToken(u128);
 
 impl LeaseToken {
     /// A fresh random token. Unique, not secret: it never leaves the server.
     pub fn random() -> Self {
-        let mut s = String::with_capacity(32);
-        crate::idempotency::push_hex(&mut s, &fastrand::u128(..).to_be_bytes());
-        Self(s)
+        Self(fastrand::u128(..))
+    }
+
+    /// The token as a number, for stores that keep it as one.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+
+    /// The token as 32 lower-case hex digits, without allocating.
+    pub fn to_hex(self) -> [u8; 32] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0; 32];
+        for (pair, b) in out.chunks_exact_mut(2).zip(self.0.to_be_bytes()) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0xf)];
+        }
+        out
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
     }
 }
 
