@@ -240,7 +240,7 @@ where
     RB: Body<Data = Bytes> + Send + Unpin + 'static,
     RB::Error: Into<BoxError>,
 {
-    let mut body = Box::pin(body);
+    let mut body = std::pin::pin!(body);
     let bytes = match read_capped(&mut body, config.request_cap).await {
         Ok((bytes, true)) => bytes,
         Ok((_, false)) => {
@@ -324,27 +324,36 @@ where
     // The work is done: from here on, cancellation must not drop the lease
     // (the next request would do the work again). Until the body is read,
     // a cancellation stores the status and headers.
-    let headers = stored_headers(resp.headers());
+    let (mut parts, body) = resp.into_parts();
+    // Usually no header is hop-by-hop: then the response's own headers are
+    // lent to the record while it is stored, and no copy is made.
+    let lent = !parts.headers.keys().any(is_hop_by_hop);
+    let headers = if lent {
+        std::mem::take(&mut parts.headers)
+    } else {
+        stored_headers(&parts.headers)
+    };
     guard.done = Some(StoredResponse {
         status,
         headers,
         body: Bytes::new(),
         body_omitted: true,
     });
-    Ok(finish(guard, config, resp).await)
+    Ok(finish(guard, config, parts, body, lent).await)
 }
 
 async fn finish<St, RB>(
     mut guard: LeaseGuard<St>,
     config: Arc<Config>,
-    resp: Response<RB>,
+    mut parts: http::response::Parts,
+    mut body: RB,
+    lent: bool,
 ) -> Response<MaybeBuffered<RB>>
 where
     St: Store,
     RB: Body<Data = Bytes> + Send + Unpin + 'static,
     RB::Error: Into<BoxError>,
 {
-    let (parts, mut body) = resp.into_parts();
     let (bytes, ended) = match read_capped(&mut body, config.response_cap).await {
         Ok(read) => read,
         Err(e) => {
@@ -377,6 +386,11 @@ where
         None => Ok(()),
     };
     guard.armed = false;
+    if lent {
+        if let Some(done) = guard.done.take() {
+            parts.headers = done.headers;
+        }
+    }
     if let Err(e) = stored {
         // The lease stays until it expires: a retry meanwhile gets 409, not
         // a second run.
