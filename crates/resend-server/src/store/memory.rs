@@ -32,6 +32,10 @@ const SHARDS: usize = 16;
 /// records refuses new keys (the layer answers 503) rather than forget a
 /// finished operation and run it twice.
 ///
+/// The records are split into 16 shards by the hash of their key (randomly
+/// seeded), each behind its own lock, so concurrent requests seldom wait for
+/// each other and a growing table moves only its shard's records.
+///
 /// Clones share the records. Only requests served by this process see them:
 /// behind a load balancer with several instances, use a shared store.
 ///
