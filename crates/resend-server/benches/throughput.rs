@@ -46,8 +46,23 @@ fn with_store<St: Store>(store: St) -> Router {
     plain().layer(IdempotencyLayer::new(store))
 }
 
-/// Requests per second over `MEASURE`, after `WARMUP`.
-async fn load(url: &str) -> f64 {
+/// CPU time of this process (client and server, all threads) in seconds,
+/// from `/proc/self/stat` (Linux; 10 ms ticks). `None` elsewhere.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command (which may hold spaces): state is the 3rd,
+    // utime the 14th and stime the 15th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ').skip(11);
+    let utime: f64 = fields.next()?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// Requests per second over `MEASURE`, after `WARMUP`, and the CPU time
+/// per request in microseconds (client and server together), which the
+/// other load on a shared machine disturbs less than the rate.
+async fn load(url: &str) -> (f64, Option<f64>) {
     let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(1));
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -79,15 +94,18 @@ async fn load(url: &str) -> f64 {
         }));
     }
     tokio::time::sleep(WARMUP).await;
-    let (start, before) = (Instant::now(), count.load(Ordering::Relaxed));
+    let (start, before, cpu) = (Instant::now(), count.load(Ordering::Relaxed), cpu_seconds());
     tokio::time::sleep(MEASURE).await;
     let done = count.load(Ordering::Relaxed) - before;
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu
+        .zip(cpu_seconds())
+        .map(|(a, b)| (b - a) * 1e6 / done as f64);
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
-    done as f64 / secs
+    (done as f64 / secs, cpu)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -163,9 +181,12 @@ async fn main() {
 
     // Rounds interleave the targets, so drift on a shared machine hits all alike.
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
     for _ in 0..rounds {
         for (i, (_, url)) in targets.iter().enumerate() {
-            results[i].push(load(url).await);
+            let (rate, per_request) = load(url).await;
+            results[i].push(rate);
+            cpu[i].extend(per_request);
         }
     }
     let base = median(results[0].clone());
@@ -180,15 +201,32 @@ async fn main() {
                 .collect(),
         )
     };
-    println!("| setup | req/s (median of {rounds}) | vs no layer | median per-round ratio |");
-    println!("|---|---|---|---|");
-    for ((name, _), r) in targets.iter().zip(results) {
+    // CPU per request of the no-layer run over this one's, per round: the
+    // throughput ratio the layer allows when the process has the cores to
+    // itself.
+    let cpu_ratio = |c: &[f64]| {
+        (!c.is_empty() && c.len() == cpu[0].len())
+            .then(|| median(c.iter().zip(&cpu[0]).map(|(x, b)| 100.0 * b / x).collect()))
+    };
+    println!(
+        "| setup | req/s (median of {rounds}) | vs no layer | median per-round ratio \
+         | CPU µs/req (median) | median per-round CPU ratio |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (((name, _), r), c) in targets.iter().zip(results).zip(&cpu) {
         let m = median(r.clone());
+        let (c_med, c_ratio) = match (c.is_empty(), cpu_ratio(c)) {
+            (false, Some(ratio)) => (format!("{:.1}", median(c.clone())), format!("{ratio:.1}%")),
+            _ => ("-".to_owned(), "-".to_owned()),
+        };
         println!(
-            "| {name} | {m:.0} | {:.1}% | {:.1}% | rounds: {:?}",
+            "| {name} | {m:.0} | {:.1}% | {:.1}% | {c_med} | {c_ratio} | rounds: {:?}, CPU: {:?}",
             100.0 * m / base,
             ratio(&r),
-            r.iter().map(|x| x.round()).collect::<Vec<_>>()
+            r.iter().map(|x| x.round()).collect::<Vec<_>>(),
+            c.iter()
+                .map(|x| (x * 10.0).round() / 10.0)
+                .collect::<Vec<_>>()
         );
     }
 }

@@ -72,7 +72,6 @@
 mod future;
 mod layer;
 mod request;
-pub(crate) use request::push_hex;
 mod response;
 mod service;
 

@@ -45,7 +45,9 @@ pub(crate) fn key(parts: &Parts) -> Result<Option<String>, &'static str> {
     resend::idempotency::validate_key(k)
         .map_err(|_| "an idempotency key must be 1 to 255 visible ASCII characters")?;
     // Visible ASCII is UTF-8.
-    Ok(Some(String::from_utf8_lossy(k).into_owned()))
+    std::str::from_utf8(k)
+        .map(|k| Some(k.to_owned()))
+        .map_err(|_| "an idempotency key must be 1 to 255 visible ASCII characters")
 }
 
 /// A hash of method, path and query, and body: one SHA-256 pass over

@@ -141,12 +141,7 @@ impl<St: Store> Drop for LeaseGuard<St> {
         if !self.armed {
             return;
         }
-        let (store, key, token, ttl) = (
-            self.store.clone(),
-            self.key.clone(),
-            self.token.clone(),
-            self.ttl,
-        );
+        let (store, key, token, ttl) = (self.store.clone(), self.key.clone(), self.token, self.ttl);
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -182,19 +177,51 @@ fn unavailable<B>(e: &StoreError) -> Response<MaybeBuffered<B>> {
 }
 
 /// `fut`, given up after `limit`. A store that answers on the first poll
-/// (the memory store always does) costs no timer.
-async fn with_timeout<T>(
-    limit: std::time::Duration,
-    fut: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let mut fut = std::pin::pin!(fut);
-    let first = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
-    if let Poll::Ready(r) = first {
-        return r;
+/// (the memory store always does) costs no timer; the timer, armed on the
+/// first `Pending`, lives in a box of its own, so a request's future does
+/// not carry its room.
+fn with_timeout<F, T>(limit: std::time::Duration, fut: F) -> WithTimeout<F>
+where
+    F: std::future::Future<Output = Result<T, StoreError>>,
+{
+    WithTimeout {
+        fut,
+        limit,
+        timer: None,
     }
-    match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::new(format!("no answer within {limit:?}"))),
+}
+
+pin_project_lite::pin_project! {
+    struct WithTimeout<F> {
+        #[pin]
+        fut: F,
+        limit: std::time::Duration,
+        timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<F, T> std::future::Future for WithTimeout<F>
+where
+    F: std::future::Future<Output = Result<T, StoreError>>,
+{
+    type Output = Result<T, StoreError>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // The store first, the clock second: an answer that is ready wins.
+        if let Poll::Ready(r) = this.fut.poll(cx) {
+            return Poll::Ready(r);
+        }
+        let limit = *this.limit;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                Poll::Ready(Err(StoreError::new(format!("no answer within {limit:?}"))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -245,7 +272,7 @@ where
     RB: Body<Data = Bytes> + Send + Unpin + 'static,
     RB::Error: Into<BoxError>,
 {
-    let mut body = Box::pin(body);
+    let mut body = std::pin::pin!(body);
     let bytes = match read_capped(&mut body, config.request_cap).await {
         Ok((bytes, true)) => bytes,
         Ok((_, false)) => {
@@ -329,38 +356,34 @@ where
     // The work is done: from here on, cancellation must not drop the lease
     // (the next request would do the work again). Until the body is read,
     // a cancellation stores the status and headers.
-    let headers = stored_headers(resp.headers());
+    let (mut parts, mut body) = resp.into_parts();
+    // Usually no header is hop-by-hop: then the response's own headers are
+    // lent to the record while it is stored, and no copy is made.
+    let lent = !parts.headers.keys().any(is_hop_by_hop);
+    let headers = if lent {
+        std::mem::take(&mut parts.headers)
+    } else {
+        stored_headers(&parts.headers)
+    };
     guard.done = Some(StoredResponse {
         status,
         headers,
         body: Bytes::new(),
         body_omitted: true,
     });
-    Ok(finish(guard, config, resp).await)
-}
-
-async fn finish<St, RB>(
-    mut guard: LeaseGuard<St>,
-    config: Arc<Config>,
-    resp: Response<RB>,
-) -> Response<MaybeBuffered<RB>>
-where
-    St: Store,
-    RB: Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<BoxError>,
-{
-    let (parts, mut body) = resp.into_parts();
+    // (Read and stored here rather than in a function of its own: a nested
+    // future would copy the guard, the parts and the body into its state.)
     let (bytes, ended) = match read_capped(&mut body, config.response_cap).await {
         Ok(read) => read,
         Err(e) => {
             tracing::warn!(error = %e, "response body failed: dropping the idempotency lease");
             guard.done = None;
             guard.release().await;
-            return json_error(
+            return Ok(json_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "response_body_failed",
                 "the response body failed",
-            );
+            ));
         }
     };
     if let Some(done) = guard.done.as_mut() {
@@ -382,6 +405,11 @@ where
         None => Ok(()),
     };
     guard.armed = false;
+    if lent {
+        if let Some(done) = guard.done.take() {
+            parts.headers = done.headers;
+        }
+    }
     if let Err(e) = stored {
         // The lease stays until it expires: a retry meanwhile gets 409, not
         // a second run.
@@ -392,7 +420,7 @@ where
     } else {
         MaybeBuffered::chain(bytes, body)
     };
-    Response::from_parts(parts, body)
+    Ok(Response::from_parts(parts, body))
 }
 
 fn replay<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {

@@ -1,10 +1,12 @@
 //! The in-process store.
 
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use hashbrown::hash_table::{Entry, HashTable};
 use tokio::time::Instant;
 
 use super::{Begin, Fingerprint, LeaseToken, RecordKey, Store, StoreError, StoredResponse, Ttl};
@@ -15,6 +17,12 @@ pub const DEFAULT_MAX_RECORDS: usize = 100_000;
 /// holds: 64 MiB.
 pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 
+/// The records are split into this many tables, each behind its own lock,
+/// by the hash of their key: requests for keys in different shards do not
+/// wait for each other, and a table that grows moves only its own records
+/// (a sixteenth of them) while it holds its lock.
+const SHARDS: usize = 16;
+
 /// Idempotency records in this process's memory: the embedded default.
 ///
 /// Records and leases expire on tokio's clock. Memory is bounded: at most
@@ -23,6 +31,10 @@ pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// are swept out when the store fills up. A store that is full of live
 /// records refuses new keys (the layer answers 503) rather than forget a
 /// finished operation and run it twice.
+///
+/// The records are split into 16 shards by the hash of their key (randomly
+/// seeded), each behind its own lock, so concurrent requests seldom wait for
+/// each other and a growing table moves only its shard's records.
 ///
 /// Clones share the records. Only requests served by this process see them:
 /// behind a load balancer with several instances, use a shared store.
@@ -33,46 +45,81 @@ pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// let layer = IdempotencyLayer::new(MemoryStore::new().max_records(10_000).max_bytes(16 << 20));
 /// # let _ = layer;
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MemoryStore {
-    inner: Arc<Mutex<Inner>>,
+    shared: Arc<Shared>,
     max_records: usize,
     max_bytes: usize,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    records: HashMap<RecordKey, Record>,
-    bytes: usize,
-    /// No record expires before this (a lower bound on every record's
-    /// `until`, lowered whenever one is set), so a sweep before it would
-    /// free nothing. `None` when there is no record to expire.
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("records", &self.shared.records.load(Relaxed))
+            .field("bytes", &self.shared.bytes.load(Relaxed))
+            .field("max_records", &self.max_records)
+            .field("max_bytes", &self.max_bytes)
+            .finish()
+    }
+}
+
+struct Shared {
+    /// Randomly seeded (SipHash), so that keys chosen by callers cannot be
+    /// made to collide.
+    hasher: RandomState,
+    shards: [Mutex<Shard>; SHARDS],
+    /// Records in all shards: changed only under the lock of the shard
+    /// whose table gains or loses the record, so it never underflows.
+    records: AtomicUsize,
+    /// Bytes of stored responses in all shards, kept like `records`.
+    bytes: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Shard {
+    /// Each record keeps its hash: growing the table rehashes nothing.
+    table: HashTable<Record>,
+    /// No record of this shard expires before this (a lower bound on every
+    /// record's `until`, lowered whenever one is set), so a sweep before it
+    /// would free nothing. `None` when there is no record to expire.
     next_expiry: Option<Instant>,
 }
 
-#[derive(Debug)]
 struct Record {
+    hash: u64,
+    /// The scope's bytes, then the key's: one allocation.
+    key: Box<[u8]>,
+    scope_len: usize,
     fingerprint: Fingerprint,
     until: Instant,
     state: State,
 }
 
-#[derive(Debug)]
 enum State {
     Leased(LeaseToken),
-    Done(StoredResponse),
+    /// The response as [`StoredResponse::encode`] writes it: one allocation.
+    Done(Box<[u8]>),
 }
 
 impl Record {
+    fn is(&self, hash: u64, key: &RecordKey) -> bool {
+        self.hash == hash
+            && self.key.split_at_checked(self.scope_len)
+                == Some((key.scope.as_bytes(), key.key.as_bytes()))
+    }
+
     /// What `begin` says about a live record.
-    fn answer(&self) -> Begin {
+    fn answer(&self) -> Result<Begin, StoreError> {
         match &self.state {
-            State::Leased(_) => Begin::InProgress {
+            State::Leased(_) => Ok(Begin::InProgress {
                 fingerprint: self.fingerprint,
-            },
-            State::Done(resp) => Begin::Completed {
-                fingerprint: self.fingerprint,
-                response: resp.clone(),
+            }),
+            State::Done(encoded) => match StoredResponse::decode(encoded) {
+                Some(response) => Ok(Begin::Completed {
+                    fingerprint: self.fingerprint,
+                    response,
+                }),
+                None => Err(StoreError::new("a stored response could not be decoded")),
             },
         }
     }
@@ -80,8 +127,14 @@ impl Record {
     fn size(&self) -> usize {
         match &self.state {
             State::Leased(_) => 0,
-            State::Done(r) => r.size(),
+            State::Done(encoded) => encoded.len(),
         }
+    }
+}
+
+impl Shard {
+    fn expires_at(&mut self, until: Instant) {
+        self.next_expiry = Some(self.next_expiry.map_or(until, |t| t.min(until)));
     }
 }
 
@@ -91,12 +144,21 @@ impl Default for MemoryStore {
     }
 }
 
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl MemoryStore {
     /// An empty store with the default bounds ([`DEFAULT_MAX_RECORDS`],
     /// [`DEFAULT_MAX_BYTES`]).
     pub fn new() -> Self {
         Self {
-            inner: Arc::default(),
+            shared: Arc::new(Shared {
+                hasher: RandomState::new(),
+                shards: std::array::from_fn(|_| Mutex::default()),
+                records: AtomicUsize::new(0),
+                bytes: AtomicUsize::new(0),
+            }),
             max_records: DEFAULT_MAX_RECORDS,
             max_bytes: DEFAULT_MAX_BYTES,
         }
@@ -120,7 +182,7 @@ impl MemoryStore {
 
     /// How many records the store holds, expired ones not yet swept included.
     pub fn len(&self) -> usize {
-        self.lock().records.len()
+        self.shared.records.load(Relaxed)
     }
 
     /// True when the store holds no record.
@@ -128,8 +190,30 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    fn hash(&self, key: &RecordKey) -> u64 {
+        let mut h = self.shared.hasher.build_hasher();
+        h.write(key.scope.as_bytes());
+        // Neither a scope (UTF-8) nor a key (ASCII) holds 0xff.
+        h.write_u8(0xff);
+        h.write(key.key.as_bytes());
+        h.finish()
+    }
+
+    /// The shard of a key: bits of its hash that the table itself uses
+    /// neither for the bucket (low bits) nor for the tag (top 7 bits).
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        let i = (hash >> 32) as usize % SHARDS;
+        lock(&self.shared.shards[i])
+    }
+
+    /// Counts one more record, unless that would pass the bound.
+    fn reserve_record(&self) -> bool {
+        self.shared
+            .records
+            .fetch_update(Relaxed, Relaxed, |n| {
+                (n < self.max_records).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     fn begin_now(
@@ -140,41 +224,56 @@ impl MemoryStore {
         ttl: Ttl,
     ) -> Result<Begin, StoreError> {
         let now = Instant::now();
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        if inner.records.len() >= self.max_records || inner.bytes > self.max_bytes {
-            // Full: a live record for the key still answers; otherwise
-            // expired records are swept to make room.
-            if let Some(r) = inner.records.get(key).filter(|r| r.until > now) {
-                return Ok(r.answer());
+        let until = now + ttl.lease;
+        let hash = self.hash(key);
+        let mut swept = false;
+        loop {
+            let mut guard = self.shard(hash);
+            let shard = &mut *guard;
+            let full = match shard.table.entry(hash, |r| r.is(hash, key), |r| r.hash) {
+                Entry::Occupied(mut e) => {
+                    let r = e.get_mut();
+                    if r.until > now {
+                        return r.answer();
+                    }
+                    // Expired: a dead holder's lease, or an old record. Take it over.
+                    self.shared.bytes.fetch_sub(r.size(), Relaxed);
+                    r.fingerprint = fingerprint;
+                    r.until = until;
+                    r.state = State::Leased(*token);
+                    false
+                }
+                Entry::Vacant(e) => {
+                    // Full: expired records are swept to make room, once.
+                    if self.shared.bytes.load(Relaxed) > self.max_bytes || !self.reserve_record() {
+                        true
+                    } else {
+                        let mut bytes = Vec::with_capacity(key.scope.len() + key.key.len());
+                        bytes.extend_from_slice(key.scope.as_bytes());
+                        bytes.extend_from_slice(key.key.as_bytes());
+                        e.insert(Record {
+                            hash,
+                            key: bytes.into_boxed_slice(),
+                            scope_len: key.scope.len(),
+                            fingerprint,
+                            until,
+                            state: State::Leased(*token),
+                        });
+                        false
+                    }
+                }
+            };
+            if !full {
+                shard.expires_at(until);
+                return Ok(Begin::Acquired);
             }
-            inner.sweep(now);
-            if inner.records.len() >= self.max_records || inner.bytes > self.max_bytes {
+            drop(guard);
+            if swept {
                 return Err(StoreError::new("memory store is full of live records"));
             }
+            self.sweep(now);
+            swept = true;
         }
-        let until = now + ttl.lease;
-        let fresh = Record {
-            fingerprint,
-            until,
-            state: State::Leased(token.clone()),
-        };
-        // One hash of the key for the lookup and the insert.
-        match inner.records.entry(key.clone()) {
-            Entry::Occupied(mut e) => {
-                if e.get().until > now {
-                    return Ok(e.get().answer());
-                }
-                // Expired: a dead holder's lease, or an old record. Take it over.
-                let old = e.insert(fresh);
-                inner.bytes -= old.size();
-            }
-            Entry::Vacant(e) => {
-                e.insert(fresh);
-            }
-        }
-        inner.next_expiry = Some(inner.next_expiry.map_or(until, |t| t.min(until)));
-        Ok(Begin::Acquired)
     }
 
     fn complete_now(
@@ -185,63 +284,76 @@ impl MemoryStore {
         ttl: Ttl,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
-        let mut inner = self.lock();
-        let Inner {
-            records,
-            bytes,
-            next_expiry,
-        } = &mut *inner;
-        match records.get_mut(key) {
-            Some(r) if matches!(&r.state, State::Leased(t) if t == token) => {
-                let size = response.size();
-                if *bytes + size > self.max_bytes {
-                    // Keep the operation's outcome, without its body, rather
-                    // than forget that it ran.
-                    let mut slim = response.clone();
-                    slim.body = bytes::Bytes::new();
-                    slim.body_omitted = true;
-                    *bytes += slim.size();
-                    r.state = State::Done(slim);
-                } else {
-                    *bytes += size;
-                    r.state = State::Done(response.clone());
-                }
-                r.until = now + ttl.record;
-                *next_expiry = Some(next_expiry.map_or(r.until, |t| t.min(r.until)));
-            }
-            _ => {}
+        let hash = self.hash(key);
+        // Encoded before the lock is taken.
+        let full = response.encode().into_boxed_slice();
+        let mut guard = self.shard(hash);
+        let shard = &mut *guard;
+        let Some(r) = shard.table.find_mut(hash, |r| r.is(hash, key)) else {
+            return Ok(());
+        };
+        if !matches!(&r.state, State::Leased(t) if t == token) {
+            return Ok(());
         }
+        let fits = self
+            .shared
+            .bytes
+            .fetch_update(Relaxed, Relaxed, |b| {
+                b.checked_add(full.len())
+                    .filter(|&total| total <= self.max_bytes)
+            })
+            .is_ok();
+        r.state = State::Done(if fits {
+            full
+        } else {
+            // Keep the operation's outcome, without its body, rather than
+            // forget that it ran.
+            let slim = super::encode(response.status, &response.headers, true, &[]);
+            self.shared.bytes.fetch_add(slim.len(), Relaxed);
+            slim.into_boxed_slice()
+        });
+        r.until = now + ttl.record;
+        let until = r.until;
+        shard.expires_at(until);
         Ok(())
     }
 
     fn release_now(&self, key: &RecordKey, token: &LeaseToken) {
-        let mut inner = self.lock();
-        if matches!(inner.records.get(key), Some(Record { state: State::Leased(t), .. }) if t == token)
-        {
-            inner.records.remove(key);
+        let hash = self.hash(key);
+        let mut shard = self.shard(hash);
+        if let Ok(e) = shard.table.find_entry(hash, |r| r.is(hash, key)) {
+            if matches!(&e.get().state, State::Leased(t) if t == token) {
+                // A lease holds no bytes.
+                e.remove();
+                self.shared.records.fetch_sub(1, Relaxed);
+            }
         }
     }
-}
 
-impl Inner {
-    fn sweep(&mut self, now: Instant) {
-        if self.next_expiry.is_none_or(|t| t > now) {
-            // Nothing has expired yet: spare the full scan.
-            return;
-        }
-        let mut freed = 0;
-        let mut next: Option<Instant> = None;
-        self.records.retain(|_, r| {
-            let keep = r.until > now;
-            if keep {
-                next = Some(next.map_or(r.until, |t| t.min(r.until)));
-            } else {
-                freed += r.size();
+    /// Drops the expired records of every shard, one shard at a time.
+    fn sweep(&self, now: Instant) {
+        for shard in &self.shared.shards {
+            let mut shard = lock(shard);
+            if shard.next_expiry.is_none_or(|t| t > now) {
+                // Nothing has expired yet: spare the full scan.
+                continue;
             }
-            keep
-        });
-        self.bytes -= freed;
-        self.next_expiry = next;
+            let (mut freed, mut removed) = (0, 0);
+            let mut next: Option<Instant> = None;
+            shard.table.retain(|r| {
+                let keep = r.until > now;
+                if keep {
+                    next = Some(next.map_or(r.until, |t| t.min(r.until)));
+                } else {
+                    freed += r.size();
+                    removed += 1;
+                }
+                keep
+            });
+            shard.next_expiry = next;
+            self.shared.bytes.fetch_sub(freed, Relaxed);
+            self.shared.records.fetch_sub(removed, Relaxed);
+        }
     }
 }
 
@@ -398,14 +510,64 @@ mod tests {
         assert_eq!(s.len(), 1);
     }
 
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_bounds_hold_for_the_whole_store_across_its_shards() {
+        let s = MemoryStore::new().max_records(40).max_bytes(1 << 20);
+        let (fp, t) = (Fingerprint([0; 32]), LeaseToken::random());
+        let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+        for k in &keys {
+            assert_eq!(
+                s.begin(&key(k), fp, &t, TTL).await.unwrap(),
+                Begin::Acquired
+            );
+        }
+        assert_eq!(s.len(), 40);
+        for k in ["x", "y", "z"] {
+            assert!(s.begin(&key(k), fp, &t, TTL).await.is_err());
+        }
+        // A released lease frees its slot.
+        s.release(&key("k0"), &t).await.unwrap();
+        assert_eq!(s.len(), 39);
+        assert_eq!(
+            s.begin(&key("x"), fp, &t, TTL).await.unwrap(),
+            Begin::Acquired
+        );
+        // Completed records keep theirs; an expired lease taken over by the
+        // same key does not take a second one.
+        for k in &keys[1..20] {
+            s.complete(&key(k), &t, &resp("done"), TTL).await.unwrap();
+        }
+        tokio::time::advance(TTL.lease).await;
+        assert_eq!(
+            s.begin(&key("k30"), fp, &t, TTL).await.unwrap(),
+            Begin::Acquired
+        );
+        assert_eq!(s.len(), 40);
+        // Full: the sweep visits every shard and drops the 20 expired leases
+        // (k20..k39 but k30, and x), keeping the 19 live records.
+        assert_eq!(
+            s.begin(&key("y"), fp, &t, TTL).await.unwrap(),
+            Begin::Acquired
+        );
+        assert_eq!(s.len(), 21);
+        for k in &keys[1..20] {
+            assert!(matches!(
+                s.begin(&key(k), fp, &t, TTL).await.unwrap(),
+                Begin::Completed { .. }
+            ));
+        }
+    }
+
     #[test]
     fn lease_tokens_are_32_hex_digits() {
         let t = LeaseToken::random();
-        assert_eq!(t.0.len(), 32);
-        assert!(t
-            .0
+        let hex = t.to_string();
+        assert_eq!(hex.len(), 32);
+        assert!(hex
             .bytes()
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(hex.as_bytes(), t.to_hex());
+        assert_eq!(u128::from_str_radix(&hex, 16).ok(), Some(t.as_u128()));
         assert_ne!(t, LeaseToken::random());
     }
 }

@@ -66,15 +66,38 @@ impl fmt::Debug for Fingerprint {
 
 /// Proof of holding a lease: only its holder may complete or release it, so
 /// a holder whose lease expired and was taken over cannot disturb the new one.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LeaseToken(pub String);
+///
+/// 128 random bits; stores that keep text use its [`Display`](fmt::Display)
+/// form, 32 lower-case hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseToken(u128);
 
 impl LeaseToken {
     /// A fresh random token. Unique, not secret: it never leaves the server.
     pub fn random() -> Self {
-        let mut s = String::with_capacity(32);
-        crate::idempotency::push_hex(&mut s, &fastrand::u128(..).to_be_bytes());
-        Self(s)
+        Self(fastrand::u128(..))
+    }
+
+    /// The token as a number, for stores that keep it as one.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+
+    /// The token as 32 lower-case hex digits, without allocating.
+    pub fn to_hex(self) -> [u8; 32] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0; 32];
+        for (pair, b) in out.chunks_exact_mut(2).zip(self.0.to_be_bytes()) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0xf)];
+        }
+        out
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
     }
 }
 
@@ -124,18 +147,7 @@ const FORMAT_VERSION: u8 = 1;
 impl StoredResponse {
     /// Encodes the response for a store that keeps bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + self.body.len());
-        out.push(FORMAT_VERSION);
-        out.extend_from_slice(&self.status.as_u16().to_be_bytes());
-        out.push(u8::from(self.body_omitted));
-        let n = u32::try_from(self.headers.len()).unwrap_or(u32::MAX);
-        out.extend_from_slice(&n.to_be_bytes());
-        for (name, value) in self.headers.iter().take(n as usize) {
-            put(&mut out, name.as_str().as_bytes());
-            put(&mut out, value.as_bytes());
-        }
-        out.extend_from_slice(&self.body);
-        out
+        encode(self.status, &self.headers, self.body_omitted, &self.body)
     }
 
     /// Decodes what [`encode`](Self::encode) wrote; `None` if the bytes are
@@ -172,6 +184,35 @@ impl StoredResponse {
                 .sum::<usize>()
             + 16
     }
+}
+
+/// What [`StoredResponse::encode`] writes, from the parts: one allocation of
+/// exactly the encoded length.
+pub(crate) fn encode(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body_omitted: bool,
+    body: &[u8],
+) -> Vec<u8> {
+    let n = u32::try_from(headers.len()).unwrap_or(u32::MAX);
+    let len = 8
+        + headers
+            .iter()
+            .take(n as usize)
+            .map(|(name, value)| 8 + name.as_str().len() + value.len())
+            .sum::<usize>()
+        + body.len();
+    let mut out = Vec::with_capacity(len);
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&status.as_u16().to_be_bytes());
+    out.push(u8::from(body_omitted));
+    out.extend_from_slice(&n.to_be_bytes());
+    for (name, value) in headers.iter().take(n as usize) {
+        put(&mut out, name.as_str().as_bytes());
+        put(&mut out, value.as_bytes());
+    }
+    out.extend_from_slice(body);
+    out
 }
 
 fn put(out: &mut Vec<u8>, bytes: &[u8]) {

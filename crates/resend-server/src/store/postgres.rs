@@ -259,12 +259,13 @@ impl Store for PostgresStore {
             let conn = self.conn().await?;
             let fp: &[u8] = &fingerprint.0;
             let lease = millis(ttl.lease);
+            let token = token.to_string();
             // A row released or expired between the INSERT and the SELECT
             // is gone: try again (a few times at most).
             for _ in 0..3 {
                 let inserted = conn
                     .client
-                    .query_opt(&conn.begin, &[&key.scope, &key.key, &fp, &token.0, &lease])
+                    .query_opt(&conn.begin, &[&key.scope, &key.key, &fp, &token, &lease])
                     .await
                     .map_err(pg_error("lease failed"))?;
                 if inserted.is_some() {
@@ -302,18 +303,13 @@ impl Store for PostgresStore {
         ttl: Ttl,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let encoded = response.encode();
+        let token = token.to_string();
         async move {
             let conn = self.conn().await?;
             conn.client
                 .execute(
                     &conn.complete,
-                    &[
-                        &key.scope,
-                        &key.key,
-                        &token.0,
-                        &encoded,
-                        &millis(ttl.record),
-                    ],
+                    &[&key.scope, &key.key, &token, &encoded, &millis(ttl.record)],
                 )
                 .await
                 .map_err(pg_error("storing the response failed"))?;
@@ -324,8 +320,9 @@ impl Store for PostgresStore {
     async fn release(&self, key: &RecordKey, token: &LeaseToken) -> Result<(), StoreError> {
         {
             let conn = self.conn().await?;
+            let token = token.to_string();
             conn.client
-                .execute(&conn.release, &[&key.scope, &key.key, &token.0])
+                .execute(&conn.release, &[&key.scope, &key.key, &token])
                 .await
                 .map_err(pg_error("release failed"))?;
             Ok(())

@@ -187,7 +187,7 @@ impl Store for RedisStore {
         ttl: Ttl,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
         let rkey = self.redis_key(key);
-        let lease = record(b'L', fingerprint, token.0.as_bytes());
+        let lease = record(b'L', fingerprint, &token.to_hex());
         async move {
             let mut conn = self.conn().await?;
             // A record that expires between the SET and the GET reads as
@@ -219,13 +219,13 @@ impl Store for RedisStore {
         ttl: Ttl,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let rkey = self.redis_key(key);
-        let token = token.0.clone();
+        let token = token.to_hex();
         let response = response.encode();
         async move {
             let mut conn = self.conn().await?;
             let _: i64 = self.scripts[1]
                 .key(&rkey)
-                .arg(token)
+                .arg(&token[..])
                 .arg(response)
                 .arg(millis(ttl.record))
                 .invoke_async(&mut conn)
@@ -241,12 +241,12 @@ impl Store for RedisStore {
         token: &LeaseToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let rkey = self.redis_key(key);
-        let token = token.0.clone();
+        let token = token.to_hex();
         async move {
             let mut conn = self.conn().await?;
             let _: i64 = self.scripts[2]
                 .key(&rkey)
-                .arg(token)
+                .arg(&token[..])
                 .invoke_async(&mut conn)
                 .await
                 .map_err(redis_error("Redis release failed"))?;

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use resend_server::store::{Fingerprint, LeaseToken, RecordKey, Ttl};
 use resend_server::{Idempotency, IdempotencyLayer, MaybeBuffered, Store};
@@ -87,6 +87,7 @@ impl Handler {
                 h.started.notify_one();
                 let wait = req.headers().contains_key("x-wait");
                 let fail = req.headers().contains_key("x-fail");
+                let hop = req.headers().contains_key("x-hop");
                 let sleep = req
                     .headers()
                     .get("x-sleep-ms")
@@ -113,6 +114,10 @@ impl Handler {
                 ))));
                 *resp.status_mut() = StatusCode::from_u16(status).unwrap();
                 resp.headers_mut().insert("x-run", n.into());
+                if hop {
+                    resp.headers_mut()
+                        .insert("keep-alive", HeaderValue::from_static("timeout=5"));
+                }
                 Ok(resp)
             }
         })
@@ -238,6 +243,9 @@ pub async fn replay<St: Store>(store: St) {
     let first = call(&s, post(&key, "hello")).await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
     assert!(first.headers().get("idempotent-replayed").is_none());
+    // The response goes out with its own headers (lent to the store while it
+    // is stored).
+    assert_eq!(first.headers()["x-run"], "1");
     assert_eq!(text(first).await, "run 1: hello");
     for _ in 0..3 {
         let again = call(&s, post(&key, "hello")).await.unwrap();
@@ -247,6 +255,19 @@ pub async fn replay<St: Store>(store: St) {
         assert_eq!(text(again).await, "run 1: hello");
     }
     assert_eq!(h.runs(), 1);
+    // A hop-by-hop header goes out with the first response only.
+    let hop_key = unique("replay-hop");
+    let mut hop = post(&hop_key, "hop");
+    hop.headers_mut()
+        .insert("x-hop", HeaderValue::from_static("1"));
+    let first = call(&s, hop).await.unwrap();
+    assert_eq!(first.headers()["keep-alive"], "timeout=5");
+    assert_eq!(first.headers()["x-run"], "2");
+    let again = call(&s, post(&hop_key, "hop")).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["x-run"], "2");
+    assert!(again.headers().get("keep-alive").is_none());
+    assert_eq!(h.runs(), 2);
     // The handler got the body back.
     assert_eq!(h.bodies.lock().unwrap()[0], "hello");
     // 4xx answers are final too, and stored.
@@ -263,7 +284,7 @@ pub async fn replay<St: Store>(store: St) {
     let again = call(&s, req()).await.unwrap();
     assert_eq!(again.status(), StatusCode::NOT_FOUND);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
-    assert_eq!(h.runs(), 2);
+    assert_eq!(h.runs(), 3);
 }
 
 pub async fn in_progress_conflict<St: Store>(store: St) {
