@@ -194,15 +194,20 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 3);
     }
 
+    /// The attempt headers one request carried: `grpc-previous-rpc-attempts`
+    /// and `x-attempt`.
+    type Seen = Arc<std::sync::Mutex<Vec<(Option<String>, Option<String>)>>>;
+    type Ready200 = std::future::Ready<Result<Response<()>, Infallible>>;
+
     /// An upstream that answers 503 twice, then 200, and records the
     /// attempt headers it saw.
     fn flaky_recording(
-        seen: Arc<std::sync::Mutex<Vec<(Option<String>, Option<String>)>>>,
+        seen: Seen,
     ) -> impl Service<
         Request<ReplayBody<Empty<Bytes>>>,
         Response = Response<()>,
         Error = Infallible,
-        Future = std::future::Ready<Result<Response<()>, Infallible>>,
+        Future = Ready200,
     > + Clone {
         service_fn(move |req: Request<ReplayBody<Empty<Bytes>>>| {
             let header = |name: &str| {
