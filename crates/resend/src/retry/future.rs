@@ -73,7 +73,7 @@ impl<S, B, C> Retrying<S, B, C> {
         allowed: bool,
         deadline: Option<Deadline>,
         now: Instant,
-    ) -> Self {
+    ) -> Box<Self> {
         let span = tracing::debug_span!(
             "resend.call",
             upstream = shared.upstream.as_deref().unwrap_or(""),
@@ -81,7 +81,9 @@ impl<S, B, C> Retrying<S, B, C> {
             path = head.uri().path(),
             replay_safe,
         );
-        Self {
+        // Built in its box: the state is a few hundred bytes, and a value
+        // made on the stack and then boxed is copied once more.
+        Box::new(Self {
             service: None,
             head,
             body,
@@ -96,7 +98,7 @@ impl<S, B, C> Retrying<S, B, C> {
             history: Attempts::new(),
             rng: None,
             span,
-        }
+        })
     }
 
     fn rng(&mut self) -> &mut fastrand::Rng {
@@ -166,10 +168,10 @@ impl<F, S, B, C> ResponseFuture<F, S, B, C> {
         }
     }
 
-    pub(crate) fn retrying(future: F, retrying: Retrying<S, B, C>) -> Self {
+    pub(crate) fn retrying(future: F, retrying: Box<Retrying<S, B, C>>) -> Self {
         Self {
             state: State::Calling { future },
-            retrying: Some(Box::new(retrying)),
+            retrying: Some(retrying),
         }
     }
 }
