@@ -128,7 +128,7 @@ struct LeaseGuard<St: Store> {
 }
 
 impl<St: Store> LeaseGuard<St> {
-    async fn release(mut self) {
+    async fn release(&mut self) {
         self.armed = false;
         if let Err(e) = self.store.release(&self.key, &self.token).await {
             tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
