@@ -49,6 +49,30 @@ fn request(key: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+async fn axum_handler(body: Bytes) -> String {
+    format!("ok {}", body.len())
+}
+
+async fn axum_run(app: axum::Router, n: u64, keyed: bool) -> usize {
+    // As `axum::serve` does for each connection: the handlers become routes
+    // once, not on every request.
+    let mut app = app.with_state(());
+    let mut total = 0;
+    for i in 0..n {
+        let key = format!("run-{i}");
+        let req = request(&key).map(axum::body::Body::new);
+        let resp = ServiceExt::<Request<axum::body::Body>>::ready(&mut app)
+            .await
+            .unwrap()
+            .call(req)
+            .await
+            .unwrap();
+        assert!(!keyed || resp.status().is_success());
+        total += resp.into_body().collect().await.unwrap().to_bytes().len();
+    }
+    total
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
@@ -56,6 +80,15 @@ async fn main() {
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
     let mut total = 0usize;
     match mode.as_str() {
+        "axum-none" | "axum-memory" => {
+            let app = axum::Router::new().route("/orders", axum::routing::post(axum_handler));
+            total = if mode == "axum-none" {
+                axum_run(app, n, false).await
+            } else {
+                let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
+                axum_run(app.layer(IdempotencyLayer::new(store)), n, true).await
+            };
+        }
         "none" => {
             let mut svc =
                 service_fn(|req: Request<Full<Bytes>>| handler(req.map(MaybeBuffered::inner)));

@@ -128,7 +128,7 @@ struct LeaseGuard<St: Store> {
 }
 
 impl<St: Store> LeaseGuard<St> {
-    async fn release(mut self) {
+    async fn release(&mut self) {
         self.armed = false;
         if let Err(e) = self.store.release(&self.key, &self.token).await {
             tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
@@ -255,172 +255,244 @@ fn stored_headers(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
-async fn run<S, St, B, RB>(
+/// A keyed request, start to end: the body read and the lease taken
+/// ([`lease`]), the handler run, its answer settled ([`settle`]). Its state is
+/// what is boxed per request, so it is kept small (880 bytes on an axum
+/// route, under the 1 KB that glibc's per-thread cache serves): a function
+/// returning an async block (an `async fn` would hold each parameter twice),
+/// the store and the key held once (in the guard), and the two ends in
+/// futures of their own, each awaited once, so their state shares room with
+/// the handler's future.
+fn run<S, St, B, RB>(
     mut inner: S,
     store: St,
     config: Arc<Config>,
     key: String,
     parts: http::request::Parts,
     body: B,
-) -> Result<Response<MaybeBuffered<RB>>, S::Error>
+) -> impl std::future::Future<Output = Result<Response<MaybeBuffered<RB>>, S::Error>> + Send
 where
     S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Send,
     St: Store,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
     RB: Body<Data = Bytes> + Send + Unpin + 'static,
     RB::Error: Into<BoxError>,
 {
-    let mut body = std::pin::pin!(body);
-    let bytes = match read_capped(&mut body, config.request_cap).await {
-        Ok((bytes, true)) => bytes,
-        Ok((_, false)) => {
-            return Ok(json_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                &format!(
-                    "a request with an idempotency key may have at most {} bytes of body",
-                    config.request_cap
-                ),
-            ))
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "request body failed");
-            return Ok(json_error(
-                StatusCode::BAD_REQUEST,
-                "request_body_failed",
-                "the request body could not be read",
-            ));
-        }
-    };
-    let fingerprint = request::fingerprint(&parts, &bytes);
-    let record = RecordKey {
-        scope: (config.scope)(&parts),
-        key,
-    };
-    let token = LeaseToken::random();
-    let begun = with_timeout(
-        config.store_timeout,
-        store.begin(&record, fingerprint, &token, config.ttl),
-    )
-    .await;
-    match begun {
-        Err(e) => return Ok(unavailable(&e)),
-        Ok(Begin::InProgress { fingerprint: fp })
-        | Ok(Begin::Completed {
-            fingerprint: fp, ..
-        }) if fp != fingerprint => {
-            return Ok(json_error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_key_reused",
-                "this idempotency key was used with another request (method, path or body differ)",
-            ));
-        }
-        Ok(Begin::InProgress { .. }) => {
-            return Ok(retry_later(
-                StatusCode::CONFLICT,
-                "idempotency_key_in_progress",
-                "a request with this idempotency key is in progress; retry later",
-                config.retry_after,
-            ));
-        }
-        Ok(Begin::Completed { response, .. }) => {
-            tracing::debug!(key = %record.key, "replaying a stored response");
-            return Ok(replay(response));
-        }
-        Ok(Begin::Acquired) => {}
-    }
-
+    // The guard is made here, unarmed (a drop does nothing until the lease
+    // is taken), so that the store and the key are held once, in it, rather
+    // than also among the future's captures.
     let mut guard = LeaseGuard {
         store,
-        key: record,
-        token,
+        key: RecordKey {
+            scope: String::new(),
+            key,
+        },
+        token: LeaseToken::random(),
         ttl: config.ttl,
-        armed: true,
+        armed: false,
         done: None,
     };
-    let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
-    let resp = match inner.call(req).await {
-        Ok(resp) => resp,
-        Err(e) => {
+    async move {
+        // (The body is read and the lease taken in a future of its own: its
+        // state then does not take room in the states that follow.)
+        let bytes = match lease(&mut guard, &config, &parts, body).await {
+            Leased::Acquired(bytes) => bytes,
+            Leased::Answer(response) => return Ok(response),
+        };
+        let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
+        // (The handler's answer goes straight into a future of its own, and
+        // is worked on there in place: it takes no room of its own here.)
+        settle(&mut guard, &config, inner.call(req).await).await
+    }
+}
+
+/// What follows the handler's answer: the lease dropped on an error, a 5xx
+/// or a 429; otherwise the response stored (its body read up to the cap)
+/// and handed on. The answer is worked on where it lies, in this future's
+/// state, and taken apart only once nothing is awaited any more.
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
+fn settle<'a, St, RB, E>(
+    guard: &'a mut LeaseGuard<St>,
+    config: &'a Config,
+    mut result: Result<Response<RB>, E>,
+) -> impl std::future::Future<Output = Result<Response<MaybeBuffered<RB>>, E>> + Send + 'a
+where
+    St: Store,
+    RB: Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError>,
+    E: Send + 'a,
+{
+    async move {
+        let resp = match &mut result {
+            Ok(resp) => resp,
+            Err(_) => {
+                guard.release().await;
+                return result.map(|resp| resp.map(MaybeBuffered::inner));
+            }
+        };
+        let status = resp.status();
+        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
             guard.release().await;
-            return Err(e);
+            return result.map(|resp| resp.map(MaybeBuffered::inner));
         }
-    };
-    let status = resp.status();
-    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-        guard.release().await;
-        return Ok(resp.map(MaybeBuffered::inner));
+        // The work is done: from here on, cancellation must not drop the
+        // lease (the next request would do the work again). Until the body
+        // is read, a cancellation stores the status and headers.
+        // Usually no header is hop-by-hop: then the response's own headers
+        // are lent to the record while it is stored, and no copy is made.
+        let lent = !resp.headers().keys().any(is_hop_by_hop);
+        let headers = if lent {
+            std::mem::take(resp.headers_mut())
+        } else {
+            stored_headers(resp.headers())
+        };
+        guard.done = Some(StoredResponse {
+            status,
+            headers,
+            body: Bytes::new(),
+            body_omitted: true,
+        });
+        let (bytes, ended) = match read_capped(resp.body_mut(), config.response_cap).await {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::warn!(error = %e, "response body failed: dropping the idempotency lease");
+                guard.done = None;
+                guard.release().await;
+                return Ok(json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "response_body_failed",
+                    "the response body failed",
+                ));
+            }
+        };
+        if let Some(done) = guard.done.as_mut() {
+            if ended {
+                done.body = bytes.clone();
+                done.body_omitted = false;
+            }
+        }
+        let stored = match &guard.done {
+            Some(done) => {
+                with_timeout(
+                    config.store_timeout,
+                    guard
+                        .store
+                        .complete(&guard.key, &guard.token, done, config.ttl),
+                )
+                .await
+            }
+            None => Ok(()),
+        };
+        guard.armed = false;
+        if let Err(e) = stored {
+            // The lease stays until it expires: a retry meanwhile gets 409,
+            // not a second run.
+            tracing::error!(error = %e, key = %guard.key.key, "could not store an idempotent response");
+        }
+        let lent_back = if lent { guard.done.take() } else { None };
+        result.map(|resp| {
+            let (mut parts, body) = resp.into_parts();
+            if let Some(done) = lent_back {
+                parts.headers = done.headers;
+            }
+            let body = if ended {
+                MaybeBuffered::full(bytes)
+            } else {
+                MaybeBuffered::chain(bytes, body)
+            };
+            Response::from_parts(parts, body)
+        })
     }
-    // The work is done: from here on, cancellation must not drop the lease
-    // (the next request would do the work again). Until the body is read,
-    // a cancellation stores the status and headers.
-    let (mut parts, mut body) = resp.into_parts();
-    // Usually no header is hop-by-hop: then the response's own headers are
-    // lent to the record while it is stored, and no copy is made.
-    let lent = !parts.headers.keys().any(is_hop_by_hop);
-    let headers = if lent {
-        std::mem::take(&mut parts.headers)
-    } else {
-        stored_headers(&parts.headers)
-    };
-    guard.done = Some(StoredResponse {
-        status,
-        headers,
-        body: Bytes::new(),
-        body_omitted: true,
-    });
-    // (Read and stored here rather than in a function of its own: a nested
-    // future would copy the guard, the parts and the body into its state.)
-    let (bytes, ended) = match read_capped(&mut body, config.response_cap).await {
-        Ok(read) => read,
-        Err(e) => {
-            tracing::warn!(error = %e, "response body failed: dropping the idempotency lease");
-            guard.done = None;
-            guard.release().await;
-            return Ok(json_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "response_body_failed",
-                "the response body failed",
-            ));
+}
+
+/// What [`lease`] ends with: the lease taken, or an answer of the layer's
+/// own.
+enum Leased<RB> {
+    Acquired(Bytes),
+    Answer(Response<MaybeBuffered<RB>>),
+}
+
+/// Reads the request's body (up to the cap), and takes the lease on its key.
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
+fn lease<'a, St, B, RB>(
+    guard: &'a mut LeaseGuard<St>,
+    config: &'a Config,
+    parts: &'a http::request::Parts,
+    body: B,
+) -> impl std::future::Future<Output = Leased<RB>> + Send + 'a
+where
+    St: Store,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    async move {
+        let mut body = std::pin::pin!(body);
+        let bytes = match read_capped(&mut body, config.request_cap).await {
+            Ok((bytes, true)) => bytes,
+            Ok((_, false)) => {
+                return Leased::Answer(json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request_too_large",
+                    &format!(
+                        "a request with an idempotency key may have at most {} bytes of body",
+                        config.request_cap
+                    ),
+                ))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "request body failed");
+                return Leased::Answer(json_error(
+                    StatusCode::BAD_REQUEST,
+                    "request_body_failed",
+                    "the request body could not be read",
+                ));
+            }
+        };
+        let fingerprint = request::fingerprint(parts, &bytes);
+        guard.key.scope = (config.scope)(parts);
+        let begun = with_timeout(
+            config.store_timeout,
+            guard
+                .store
+                .begin(&guard.key, fingerprint, &guard.token, config.ttl),
+        )
+        .await;
+        match begun {
+            Err(e) => return Leased::Answer(unavailable(&e)),
+            Ok(Begin::InProgress { fingerprint: fp })
+            | Ok(Begin::Completed {
+                fingerprint: fp, ..
+            }) if fp != fingerprint => {
+                return Leased::Answer(json_error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reused",
+                    "this idempotency key was used with another request (method, path or body differ)",
+                ));
+            }
+            Ok(Begin::InProgress { .. }) => {
+                return Leased::Answer(retry_later(
+                    StatusCode::CONFLICT,
+                    "idempotency_key_in_progress",
+                    "a request with this idempotency key is in progress; retry later",
+                    config.retry_after,
+                ));
+            }
+            Ok(Begin::Completed { response, .. }) => {
+                tracing::debug!(key = %guard.key.key, "replaying a stored response");
+                return Leased::Answer(replay(response));
+            }
+            Ok(Begin::Acquired) => {}
         }
-    };
-    if let Some(done) = guard.done.as_mut() {
-        if ended {
-            done.body = bytes.clone();
-            done.body_omitted = false;
-        }
+        guard.armed = true;
+        Leased::Acquired(bytes)
     }
-    let stored = match &guard.done {
-        Some(done) => {
-            with_timeout(
-                config.store_timeout,
-                guard
-                    .store
-                    .complete(&guard.key, &guard.token, done, config.ttl),
-            )
-            .await
-        }
-        None => Ok(()),
-    };
-    guard.armed = false;
-    if lent {
-        if let Some(done) = guard.done.take() {
-            parts.headers = done.headers;
-        }
-    }
-    if let Err(e) = stored {
-        // The lease stays until it expires: a retry meanwhile gets 409, not
-        // a second run.
-        tracing::error!(error = %e, key = %guard.key.key, "could not store an idempotent response");
-    }
-    let body = if ended {
-        MaybeBuffered::full(bytes)
-    } else {
-        MaybeBuffered::chain(bytes, body)
-    };
-    Ok(Response::from_parts(parts, body))
 }
 
 fn replay<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
