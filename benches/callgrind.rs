@@ -22,7 +22,7 @@ use std::time::Duration;
 use http::Request;
 use http_body_util::BodyExt;
 use resend::{AttemptTimeoutLayer, DeadlineLayer};
-use resend_benches::{carried, Body, CloneAndRetry, Instant200};
+use resend_benches::{variants, Body, Instant200};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 async fn run<S>(svc: S, n: usize)
@@ -92,57 +92,14 @@ fn main() {
         let a = || AttemptTimeoutLayer::new(Duration::from_secs(5));
         match variant.as_str() {
             "bare" => run(Instant200, n).await,
-            "tower" => {
-                run(
-                    ServiceBuilder::new()
-                        .timeout(Duration::from_secs(5))
-                        .service(Instant200),
-                    n,
-                )
-                .await
-            }
-            "tower_ext" => {
-                // tower's Timeout after writing the same Deadline extension
-                // that resend's DeadlineLayer writes (comparison only).
-                let svc = ServiceBuilder::new()
-                    .map_request(carried::deadline::<Body>)
-                    .timeout(Duration::from_secs(5))
-                    .service(Instant200);
-                run(svc, n).await
-            }
+            "tower" => run(variants::tower_timeout(), n).await,
+            "tower_ext" => run(variants::tower_timeout_ext(), n).await,
             "deadline" => run(ServiceBuilder::new().layer(d()).service(Instant200), n).await,
             "attempt" => run(ServiceBuilder::new().layer(a()).service(Instant200), n).await,
-            "both" => {
-                run(
-                    ServiceBuilder::new()
-                        .layer(d())
-                        .layer(a())
-                        .service(Instant200),
-                    n,
-                )
-                .await
-            }
-            "tower_retry_ext" => {
-                // The same after writing a Deadline on the request and a
-                // history on the response, as resend does (comparison only).
-                let svc = ServiceBuilder::new()
-                    .map_request(carried::deadline)
-                    .map_response(carried::history)
-                    .timeout(Duration::from_secs(10))
-                    .retry(CloneAndRetry { left: 2 })
-                    .timeout(Duration::from_secs(5))
-                    .service(Instant200);
-                run(svc, n).await;
-            }
-            "stack" => run(resend::stack().name("bench").service(Instant200), n).await,
-            "tower_retry" => {
-                let svc = ServiceBuilder::new()
-                    .timeout(Duration::from_secs(10))
-                    .retry(CloneAndRetry { left: 2 })
-                    .timeout(Duration::from_secs(5))
-                    .service(Instant200);
-                run(svc, n).await;
-            }
+            "both" => run(variants::resend_deadline_attempt(), n).await,
+            "tower_retry" => run(variants::tower_retry(), n).await,
+            "tower_retry_ext" => run(variants::tower_retry_ext(), n).await,
+            "stack" => run(variants::stack(), n).await,
             "loop_bare" => loopback("bare", n).await,
             "loop_tower" => loopback("tower", n).await,
             "loop_stack" => loopback("stack", n).await,

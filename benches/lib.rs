@@ -103,6 +103,85 @@ pub mod carried {
     }
 }
 
+/// The in-process variants, built the same way by every benchmark that
+/// compares them: each over [`Instant200`], each a service to clone per call.
+pub mod variants {
+    use std::time::Duration;
+
+    use http::{Request, Response};
+    use resend::{AttemptTimeoutLayer, DeadlineLayer};
+    use tower::{BoxError, Service, ServiceBuilder};
+
+    use super::{carried, Body, CloneAndRetry, Instant200};
+
+    /// A service of the in-process benchmarks.
+    pub trait Variant:
+        Service<Request<Body>, Response = Response<Self::Body>, Error = Self::Err> + Clone
+    {
+        /// The response body.
+        type Body;
+        /// The error.
+        type Err: std::fmt::Debug;
+    }
+
+    impl<S, B, E> Variant for S
+    where
+        S: Service<Request<Body>, Response = Response<B>, Error = E> + Clone,
+        E: std::fmt::Debug,
+    {
+        type Body = B;
+        type Err = E;
+    }
+
+    /// tower's `Timeout` (5 s).
+    pub fn tower_timeout() -> impl Variant {
+        ServiceBuilder::new()
+            .timeout(Duration::from_secs(5))
+            .service(Instant200)
+    }
+
+    /// tower's `Timeout` after writing the `Deadline` extension that
+    /// resend's DeadlineLayer writes (comparison only).
+    pub fn tower_timeout_ext() -> impl Variant {
+        ServiceBuilder::new()
+            .map_request(carried::deadline::<Body>)
+            .timeout(Duration::from_secs(5))
+            .service(Instant200)
+    }
+
+    /// resend's `DeadlineLayer` (10 s) and `AttemptTimeoutLayer` (5 s).
+    pub fn resend_deadline_attempt() -> impl Variant {
+        ServiceBuilder::new()
+            .layer(DeadlineLayer::new(Duration::from_secs(10)))
+            .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
+            .service(Instant200)
+    }
+
+    /// tower's `Timeout` (10 s), `Retry` with [`CloneAndRetry`] (2 retries)
+    /// and `Timeout` (5 s).
+    pub fn tower_retry() -> impl Variant<Err = BoxError> {
+        ServiceBuilder::new()
+            .timeout(Duration::from_secs(10))
+            .retry(CloneAndRetry { left: 2 })
+            .timeout(Duration::from_secs(5))
+            .service(Instant200)
+    }
+
+    /// [`tower_retry`] after writing what resend carries per call: a
+    /// `Deadline` on the request, a history on the response (comparison only).
+    pub fn tower_retry_ext() -> impl Variant {
+        ServiceBuilder::new()
+            .map_request(carried::deadline)
+            .map_response(carried::history)
+            .service(tower_retry())
+    }
+
+    /// The full `resend::stack()` with its defaults, named.
+    pub fn stack() -> impl Variant {
+        resend::stack().name("bench").service(Instant200)
+    }
+}
+
 /// Sends `concurrency * per_task` GETs to `uri` through clones of `svc`
 /// (`concurrency` tasks, each `per_task` requests in turn, every body read
 /// in full) and returns how long it took.

@@ -1,17 +1,15 @@
 //! In-process overhead of resend's layers on one successful call, against
 //! tower's own middleware in the same run.
 //!
-//! `cargo bench -p resend --bench overhead`
+//! `cargo bench -p resend-benches --bench overhead`
 #![allow(missing_docs)] // criterion's macros make undocumented functions
-
-use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::Request;
-use resend::{AttemptTimeoutLayer, DeadlineLayer};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::ServiceExt;
 
-use resend_benches::{carried, Body, CloneAndRetry, Instant200};
+use resend_benches::variants::{self, Variant};
+use resend_benches::Body;
 
 fn request() -> Request<Body> {
     Request::get("http://upstream/quote")
@@ -21,11 +19,7 @@ fn request() -> Request<Body> {
 
 /// One call on a clone of `svc`, as every task of a service does with a
 /// stack built once.
-async fn one_call<S>(svc: S)
-where
-    S: Service<Request<Body>>,
-    S::Error: std::fmt::Debug,
-{
+async fn one_call<S: Variant>(svc: S) {
     let resp = svc.oneshot(request()).await;
     std::hint::black_box(resp.expect("answered"));
 }
@@ -38,9 +32,7 @@ fn deadline_and_attempt(c: &mut Criterion) {
     let mut group = c.benchmark_group("timeouts");
 
     group.bench_function("tower_timeout", |b| {
-        let svc = ServiceBuilder::new()
-            .timeout(Duration::from_secs(5))
-            .service(Instant200);
+        let svc = variants::tower_timeout();
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
 
@@ -48,18 +40,12 @@ fn deadline_and_attempt(c: &mut Criterion) {
     // design requires resend's DeadlineLayer to write: what the extension
     // alone costs, for comparison (not a target).
     group.bench_function("tower_timeout_with_deadline_extension", |b| {
-        let svc = ServiceBuilder::new()
-            .map_request(carried::deadline::<Body>)
-            .timeout(Duration::from_secs(5))
-            .service(Instant200);
+        let svc = variants::tower_timeout_ext();
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
 
     group.bench_function("resend_deadline_attempt", |b| {
-        let svc = ServiceBuilder::new()
-            .layer(DeadlineLayer::new(Duration::from_secs(10)))
-            .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
-            .service(Instant200);
+        let svc = variants::resend_deadline_attempt();
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
     group.finish();
@@ -73,11 +59,7 @@ fn full_stack(c: &mut Criterion) {
     let mut group = c.benchmark_group("full_stack");
 
     group.bench_function("tower_retry_timeout", |b| {
-        let svc = ServiceBuilder::new()
-            .timeout(Duration::from_secs(10))
-            .retry(CloneAndRetry { left: 2 })
-            .timeout(Duration::from_secs(5))
-            .service(Instant200);
+        let svc = variants::tower_retry();
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
 
@@ -85,18 +67,12 @@ fn full_stack(c: &mut Criterion) {
     // per call (a Deadline on the request, a history on the response):
     // what those writes cost by themselves, for comparison (not a target).
     group.bench_function("tower_retry_timeout_with_extensions", |b| {
-        let svc = ServiceBuilder::new()
-            .map_request(carried::deadline)
-            .map_response(carried::history)
-            .timeout(Duration::from_secs(10))
-            .retry(CloneAndRetry { left: 2 })
-            .timeout(Duration::from_secs(5))
-            .service(Instant200);
+        let svc = variants::tower_retry_ext();
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
 
     group.bench_function("resend_stack", |b| {
-        let svc = resend::stack().name("bench").service(Instant200);
+        let svc = variants::stack();
         b.to_async(&rt).iter(|| one_call(svc.clone()));
     });
     group.finish();

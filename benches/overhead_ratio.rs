@@ -1,0 +1,108 @@
+//! In-process overhead as interleaved ratios: criterion's `overhead` runs
+//! one function after another, so drift on a shared machine lands between
+//! the two sides of a ratio; here every round times each variant in turn
+//! (rotating which goes first) and the ratios are taken within the round.
+//!
+//! `cargo bench -p resend-benches --bench overhead_ratio`
+//! (`RESEND_BENCH_ROUNDS=n` sets the rounds, default 21)
+#![allow(missing_docs, clippy::print_stdout)]
+
+use tokio::time::Instant;
+
+use http::Request;
+use tower::ServiceExt;
+
+use resend_benches::variants::{self, Variant};
+use resend_benches::Body;
+
+/// Calls per variant per round.
+const CALLS: u32 = 20_000;
+
+/// Nanoseconds per call over `CALLS` calls, each on a clone of `svc`.
+async fn per_call<S: Variant>(svc: &S) -> f64 {
+    let start = Instant::now();
+    for _ in 0..CALLS {
+        let req = Request::get("http://upstream/quote")
+            .body(Body::new())
+            .expect("valid request");
+        let resp = svc.clone().oneshot(req).await;
+        std::hint::black_box(resp.expect("answered"));
+    }
+    start.elapsed().as_nanos() as f64 / f64::from(CALLS)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let rounds: usize = std::env::var("RESEND_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(21);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let tower = variants::tower_timeout();
+        let tower_ext = variants::tower_timeout_ext();
+        let ours = variants::resend_deadline_attempt();
+        let retry = variants::tower_retry();
+        let retry_ext = variants::tower_retry_ext();
+        let stack = variants::stack();
+        const NAMES: [&str; 6] = [
+            "tower Timeout",
+            "tower Timeout + Deadline extension",
+            "resend Deadline + AttemptTimeout",
+            "tower Timeout + Retry + Timeout",
+            "the same + Deadline and history extensions",
+            "resend::stack()",
+        ];
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
+        // Warm-up round, not counted.
+        for k in 0..=rounds {
+            let mut got = [0.0; NAMES.len()];
+            for j in 0..NAMES.len() {
+                let which = (k + j) % NAMES.len();
+                got[which] = match which {
+                    0 => per_call(&tower).await,
+                    1 => per_call(&tower_ext).await,
+                    2 => per_call(&ours).await,
+                    3 => per_call(&retry).await,
+                    4 => per_call(&retry_ext).await,
+                    _ => per_call(&stack).await,
+                };
+            }
+            if k > 0 {
+                for (t, g) in times.iter_mut().zip(got) {
+                    t.push(g);
+                }
+            }
+        }
+        println!("rounds: {rounds}, {CALLS} calls per variant per round, current-thread runtime");
+        for (name, t) in NAMES.iter().zip(&times) {
+            println!("{name:<44}: median {:7.1} ns per call", median(t.clone()));
+        }
+        let ratio = |a: usize, b: usize| {
+            median(times[a].iter().zip(&times[b]).map(|(x, y)| x / y).collect())
+        };
+        println!(
+            "Deadline + AttemptTimeout / tower Timeout            : {:.2}",
+            ratio(2, 0)
+        );
+        println!(
+            "Deadline + AttemptTimeout / Timeout + extension      : {:.2}",
+            ratio(2, 1)
+        );
+        println!(
+            "resend::stack() / tower retry + timeouts             : {:.2}",
+            ratio(5, 3)
+        );
+        println!(
+            "resend::stack() / tower retry + timeouts + extensions: {:.2}",
+            ratio(5, 4)
+        );
+    });
+}
