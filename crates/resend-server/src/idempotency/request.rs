@@ -71,10 +71,8 @@ pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
 
 /// Lower-case hex of `bytes`, appended to `out`.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    for &b in bytes {
+        out.extend(crate::store::hex_pair(b).map(char::from));
     }
 }
 

@@ -85,14 +85,18 @@ impl LeaseToken {
 
     /// The token as 32 lower-case hex digits, without allocating.
     pub fn to_hex(self) -> [u8; 32] {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0; 32];
         for (pair, b) in out.chunks_exact_mut(2).zip(self.0.to_be_bytes()) {
-            pair[0] = HEX[usize::from(b >> 4)];
-            pair[1] = HEX[usize::from(b & 0xf)];
+            pair.copy_from_slice(&hex_pair(b));
         }
         out
     }
+}
+
+/// The two lower-case hex digits of `b`.
+pub(crate) fn hex_pair(b: u8) -> [u8; 2] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]
 }
 
 impl fmt::Display for LeaseToken {
@@ -321,6 +325,16 @@ pub trait Store: Clone + Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_token_reads_the_same_as_hex_and_as_text() {
+        // Redis keeps `to_hex`, PostgreSQL the `Display` form: the same text.
+        let t = LeaseToken(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        assert_eq!(&t.to_hex(), b"0123456789abcdeffedcba9876543210");
+        assert_eq!(t.to_string().as_bytes(), &t.to_hex());
+        let r = LeaseToken::random();
+        assert_eq!(r.to_string().as_bytes(), &r.to_hex());
+    }
 
     #[test]
     fn stored_responses_round_trip_and_garbage_is_refused() {
