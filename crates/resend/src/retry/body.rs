@@ -89,8 +89,13 @@ enum Inner<B> {
     Empty,
     /// Passed through once, never replayed (an outer layer retries).
     Direct(Pin<Box<B>>),
-    /// A reader over the shared copy and the rest of the original.
-    Shared(Reader<B>),
+    /// A reader over the shared copy and the rest of the original. Boxed:
+    /// the body is moved with its request many times inside hyper (into
+    /// its dispatch channel, its futures), and a 16-byte body keeps a
+    /// `Request` under the 256 bytes past which every such copy costs more
+    /// (measured with the callgrind bench: 40 bytes cost ~600 instructions
+    /// per call in hyper's own moves).
+    Shared(Box<Reader<B>>),
 }
 
 /// One handle on the shared state, with its own position in the body.
@@ -192,10 +197,10 @@ where
             owner_waker: None,
         };
         Self {
-            inner: Inner::Shared(Reader {
+            inner: Inner::Shared(Box::new(Reader {
                 shared: Arc::new(Mutex::new(state)),
                 cursor: Cursor::new(0),
-            }),
+            })),
         }
     }
 
@@ -233,10 +238,10 @@ where
         }
         state.last_generation += 1;
         Some(Self {
-            inner: Inner::Shared(Reader {
+            inner: Inner::Shared(Box::new(Reader {
                 shared: Arc::clone(&reader.shared),
                 cursor: Cursor::new(state.last_generation),
-            }),
+            })),
         })
     }
 
@@ -563,6 +568,15 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn stays_two_words() {
+        // A request is moved many times inside hyper's client; a larger body
+        // took `Request<ReplayBody<Empty<Bytes>>>` past 256 bytes, where each
+        // of those moves costs more (BENCHMARKS.md, loopback instructions).
+        assert!(std::mem::size_of::<ReplayBody<Empty<Bytes>>>() <= 16);
+        assert!(std::mem::size_of::<http::Request<ReplayBody<Empty<Bytes>>>>() <= 256);
+    }
 
     enum Step {
         Data(Bytes),
