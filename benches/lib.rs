@@ -41,13 +41,13 @@ pub struct CloneAndRetry {
     pub left: usize,
 }
 
-impl<E> tower::retry::Policy<Request<Body>, Response<Body>, E> for CloneAndRetry {
+impl<B: Clone, R, E> tower::retry::Policy<Request<B>, Response<R>, E> for CloneAndRetry {
     type Future = Ready<()>;
 
     fn retry(
         &mut self,
-        _req: &mut Request<Body>,
-        result: &mut Result<Response<Body>, E>,
+        _req: &mut Request<B>,
+        result: &mut Result<Response<R>, E>,
     ) -> Option<Self::Future> {
         match result {
             Ok(r) if !r.status().is_server_error() => None,
@@ -59,7 +59,7 @@ impl<E> tower::retry::Policy<Request<Body>, Response<Body>, E> for CloneAndRetry
         }
     }
 
-    fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
+    fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
         Some(req.clone())
     }
 }

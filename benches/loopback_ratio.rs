@@ -2,8 +2,10 @@
 //! a bare hyper-util client, measured in interleaved rounds so that drift on a
 //! shared machine hits both sides alike: each round sends one batch through
 //! each client, alternating which goes first; the median of the per-round
-//! ratios is reported. hyper-util under tower's `Timeout` (one timer per
-//! call and nothing else) is measured alongside, as a reference.
+//! ratios is reported. References measured alongside: hyper-util under
+//! tower's `Timeout` (one timer per call and nothing else), under tower's
+//! retry between two timeouts, and under that making the writes resend
+//! makes per call (a `Deadline` on the request, a history on the response).
 //!
 //! `cargo bench -p resend-benches --bench loopback_ratio`
 #![allow(missing_docs, clippy::print_stdout)]
@@ -17,7 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use resend::retry::ReplayBody;
-use resend_benches::send_batch;
+use resend_benches::{carried, send_batch, CloneAndRetry};
 use resend_testkit::{Script, TestServer};
 use tower::Service;
 
@@ -60,33 +62,67 @@ fn main() {
             resend::stack().name("bench").service(
                 resend::hyper_client::<ReplayBody<Empty<Bytes>>>(Duration::from_secs(2)),
             );
-        // A reference: the same client under tower's Timeout, one timer per call.
+        // References: the same client under tower's Timeout (one timer per
+        // call and nothing else); under tower's retry between two timeouts
+        // with a clone-and-retry policy; and that again writing what resend
+        // carries per call (a `Deadline` on the request, a history on the
+        // response), for a like-for-like comparison.
         let timed = tower::ServiceBuilder::new()
             .timeout(Duration::from_secs(5))
             .service(bare.clone());
-        // Warm all three: connections, allocator, caches.
-        batch(bare.clone(), uri.clone()).await;
-        batch(timed.clone(), uri.clone()).await;
-        batch(stack.clone(), uri.clone()).await;
-        let (mut b, mut t, mut s) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut stack_ratio, mut timer_ratio) = (Vec::new(), Vec::new());
+        let retried = tower::ServiceBuilder::new()
+            .timeout(Duration::from_secs(10))
+            .retry(CloneAndRetry { left: 2 })
+            .timeout(Duration::from_secs(5))
+            .service(bare.clone());
+        let carried = tower::ServiceBuilder::new()
+            .map_request(carried::deadline)
+            .map_response(carried::history)
+            .service(retried.clone());
+        const NAMES: [&str; 5] = [
+            "bare hyper-util",
+            "tower Timeout",
+            "tower retry + 2 timeouts",
+            "  the same + resend's writes",
+            "resend stack",
+        ];
+        let run = |which: usize| {
+            let uri = uri.clone();
+            let (bare, timed, retried, carried, stack) = (
+                bare.clone(),
+                timed.clone(),
+                retried.clone(),
+                carried.clone(),
+                stack.clone(),
+            );
+            async move {
+                match which {
+                    0 => batch(bare, uri).await,
+                    1 => batch(timed, uri).await,
+                    2 => batch(retried, uri).await,
+                    3 => batch(carried, uri).await,
+                    _ => batch(stack, uri).await,
+                }
+            }
+        };
+        // Warm every client: connections, allocator, caches.
+        for which in 0..NAMES.len() {
+            run(which).await;
+        }
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
+        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
         for round in 0..ROUNDS {
             // Rotate which client goes first.
-            let mut got = [0.0; 3];
-            for k in 0..3 {
-                let which = (round + k) % 3;
-                got[which] = match which {
-                    0 => batch(bare.clone(), uri.clone()).await,
-                    1 => batch(timed.clone(), uri.clone()).await,
-                    _ => batch(stack.clone(), uri.clone()).await,
-                };
+            let mut got = [0.0; NAMES.len()];
+            for k in 0..NAMES.len() {
+                let which = (round + k) % NAMES.len();
+                got[which] = run(which).await;
             }
             server.take_arrivals();
-            b.push(got[0]);
-            t.push(got[1]);
-            s.push(got[2]);
-            timer_ratio.push(got[1] / got[0]);
-            stack_ratio.push(got[2] / got[0]);
+            for (which, rate) in got.iter().enumerate() {
+                rates[which].push(*rate);
+                ratios[which].push(rate / got[0]);
+            }
         }
         let show = |v: &[f64]| {
             v.iter()
@@ -98,27 +134,25 @@ fn main() {
             "rounds: {ROUNDS}, each {} requests per client, concurrency {CONCURRENCY}",
             CONCURRENCY * PER_TASK
         );
+        for (which, name) in NAMES.iter().enumerate() {
+            println!(
+                "{name:<29}: median {:>8.0} req/s",
+                median(rates[which].clone())
+            );
+        }
+        for (which, name) in NAMES.iter().enumerate().skip(1) {
+            println!(
+                "{name:<29}: / bare, median {:.3} ({})",
+                median(ratios[which].clone()),
+                show(&ratios[which])
+            );
+        }
+        // resend against tower's retry making the same writes, round by round.
+        let like: Vec<f64> = rates[4].iter().zip(&rates[3]).map(|(s, c)| s / c).collect();
         println!(
-            "bare hyper-util           : median {:>8.0} req/s",
-            median(b)
-        );
-        println!(
-            "hyper-util + tower Timeout: median {:>8.0} req/s",
-            median(t)
-        );
-        println!(
-            "resend stack              : median {:>8.0} req/s",
-            median(s)
-        );
-        println!(
-            "tower Timeout / bare      : median {:.3} ({})",
-            median(timer_ratio.clone()),
-            show(&timer_ratio)
-        );
-        println!(
-            "resend stack / bare       : median {:.3} ({})",
-            median(stack_ratio.clone()),
-            show(&stack_ratio)
+            "resend stack / tower retry + writes: median {:.3} ({})",
+            median(like.clone()),
+            show(&like)
         );
     });
 }

@@ -36,7 +36,9 @@ pin_project! {
     #[project = StateProj]
     enum State<F> {
         Calling { #[pin] future: F },
-        Waiting { #[pin] sleep: Sleep },
+        // Boxed: a wait is the rare path, and an inline `Sleep` would make
+        // every call's future larger than its attempt needs.
+        Waiting { sleep: Pin<Box<Sleep>> },
         Readying,
         Done,
     }
@@ -266,7 +268,7 @@ where
                             drop(result);
                             r.waited = wait;
                             this.state.set(State::Waiting {
-                                sleep: tokio::time::sleep(wait),
+                                sleep: Box::pin(tokio::time::sleep(wait)),
                             });
                         }
                         Decision::Stop(stop) => {
@@ -276,7 +278,7 @@ where
                     }
                 }
                 StateProj::Waiting { sleep } => {
-                    if sleep.poll(cx).is_pending() {
+                    if sleep.as_mut().poll(cx).is_pending() {
                         context::report(Phase::Waiting);
                         return Poll::Pending;
                     }
