@@ -68,7 +68,8 @@ pub(crate) struct Retrying<S, B, C> {
 impl<S, B, C> Retrying<S, B, C> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        head: Head,
+        parts: &http::request::Parts,
+        own_deadline: Option<Deadline>,
         body: Option<ReplayBody<B>>,
         shared: Arc<Shared<S, C>>,
         replay_safe: bool,
@@ -79,8 +80,8 @@ impl<S, B, C> Retrying<S, B, C> {
         let span = tracing::debug_span!(
             "resend.call",
             upstream = shared.upstream.as_deref().unwrap_or(""),
-            method = %head.method(),
-            path = head.uri().path(),
+            method = %parts.method,
+            path = parts.uri.path(),
             replay_safe,
         );
         // Boxed where it is made: the state is a few hundred bytes, and
@@ -88,7 +89,8 @@ impl<S, B, C> Retrying<S, B, C> {
         // call by callgrind).
         Box::new(Self {
             service: None,
-            head,
+            // Made here, in its place, rather than moved in.
+            head: Head::keep(parts, own_deadline),
             body,
             next_body: None,
             shared,

@@ -37,9 +37,9 @@ enum Own {
 
 impl Head {
     /// Keeps what later attempts need from `parts` (which already carry the
-    /// [`RetryInCharge`] marker); the first attempt takes `parts` itself.
-    pub(super) fn keep(parts: &Parts) -> Self {
-        let deadline = parts.extensions.get::<Deadline>().copied();
+    /// [`RetryInCharge`] marker, and `deadline`, the `Deadline` among their
+    /// extensions, if any); the first attempt takes `parts` itself.
+    pub(super) fn keep(parts: &Parts, deadline: Option<Deadline>) -> Self {
         let ours = 1 + usize::from(deadline.is_some());
         let extensions = if parts.extensions.len() == ours {
             Own::Rebuild(deadline)
@@ -119,7 +119,7 @@ mod tests {
                 e.insert(Mine(7));
             }),
         ] {
-            let head = Head::keep(&p);
+            let head = Head::keep(&p, p.extensions.get::<Deadline>().copied());
             let again = head.request(());
             assert_eq!(again.method(), p.method);
             assert_eq!(again.uri(), &p.uri);

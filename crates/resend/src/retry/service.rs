@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::future::{ResponseFuture, Retrying};
-use super::head::{Head, RetryInCharge};
+use super::head::RetryInCharge;
 use super::layer::Shared;
 use super::{NoRetry, ReplayBody, RetryLayer};
 use crate::classify::{Classify, HttpClassifier, RequestFacts};
@@ -82,21 +82,26 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if req.extensions().get::<RetryInCharge>().is_some() {
+        let ext = req.extensions();
+        let own = ext.get::<Deadline>().copied();
+        // Most requests carry nothing but the deadline a DeadlineLayer wrote:
+        // then neither marker below can be there, and two lookups are saved.
+        let only_deadline = ext.len() == usize::from(own.is_some());
+        if !only_deadline && ext.get::<RetryInCharge>().is_some() {
             // An outer retry layer is in charge of this request.
             let req = req.map(ReplayBody::passthrough);
             return ResponseFuture::passthrough(self.inner.call(req));
         }
+        let allowed = only_deadline || ext.get::<NoRetry>().is_none();
         let shared = Arc::clone(&self.shared);
         let (call_deadline, now) = match context::current() {
             Some((d, now)) => (Some(d), now.unwrap_or_else(Instant::now)),
             None => (Deadline::current(), Instant::now()),
         };
-        let deadline = match (call_deadline, req.extensions().get::<Deadline>()) {
-            (Some(d), Some(r)) => Some(d.min(*r)),
-            (d, r) => d.or(r.copied()),
+        let deadline = match (call_deadline, own) {
+            (Some(d), Some(r)) => Some(d.min(r)),
+            (d, r) => d.or(r),
         };
-        let allowed = req.extensions().get::<NoRetry>().is_none();
         let replay_safe = self
             .shared
             .classifier
@@ -113,15 +118,20 @@ where
             Some(first) => (first, Some(body)),
             None => (body, None),
         };
-        let head = Head::keep(&parts);
+        let retrying = Retrying::new(
+            &parts,
+            own,
+            body,
+            shared,
+            replay_safe,
+            allowed,
+            deadline,
+            now,
+        );
         let attempt = Request::from_parts(parts, first);
         // Call the service that was made ready; a later attempt uses a clone
         // of the layer's template, made (and made ready) only then.
-        let future = self.inner.call(attempt);
-        ResponseFuture::retrying(
-            future,
-            Retrying::new(head, body, shared, replay_safe, allowed, deadline, now),
-        )
+        ResponseFuture::retrying(self.inner.call(attempt), retrying)
     }
 }
 
@@ -273,5 +283,69 @@ mod tests {
         let got: Vec<_> = seen.lock().unwrap().iter().map(|s| s.0.clone()).collect();
         assert_eq!(got, [None, Some("1".into()), Some("2".into())]);
         assert!(seen.lock().unwrap().iter().all(|s| s.1.is_none()));
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn no_retry_and_an_outer_retry_are_seen_whatever_else_is_there() {
+        use crate::retry::{Attempts, NoRetry, Stop};
+
+        // The extensions a request may carry: alone, with a deadline, with a
+        // deadline and a caller's own entry (each path of the lookups).
+        #[derive(Clone)]
+        struct Mine;
+        let with = |deadline: bool, mine: bool| {
+            let mut req = Request::get("http://up/x").body(Empty::new()).unwrap();
+            if deadline {
+                req.extensions_mut()
+                    .insert(Deadline::after(std::time::Duration::from_secs(10)));
+            }
+            if mine {
+                req.extensions_mut().insert(Mine);
+            }
+            req
+        };
+        for (deadline, mine) in [(false, false), (true, false), (true, true), (false, true)] {
+            // Plain: retried through 503, 503 to the 200.
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let client = RetryLayer::new()
+                .no_budget()
+                .seed(1)
+                .layer(flaky_recording(Arc::clone(&seen)));
+            let resp = client.oneshot(with(deadline, mine)).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert_eq!(seen.lock().unwrap().len(), 3);
+
+            // With NoRetry: one attempt, the 503 comes back.
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let client = RetryLayer::new()
+                .no_budget()
+                .seed(1)
+                .layer(flaky_recording(Arc::clone(&seen)));
+            let mut req = with(deadline, mine);
+            req.extensions_mut().insert(NoRetry);
+            let resp = client.oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(seen.lock().unwrap().len(), 1);
+            let history = resp.extensions().get::<Attempts>().unwrap();
+            assert_eq!(history.stop(), Stop::Disabled);
+
+            // Marked as under an outer retry layer: this one passes the
+            // request through, once, and leaves the history to the outer one.
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let client = RetryLayer::new()
+                .no_budget()
+                .seed(1)
+                .layer(flaky_recording(Arc::clone(&seen)));
+            let mut req = with(deadline, mine);
+            req.extensions_mut().insert(RetryInCharge);
+            let resp = client.oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(
+                seen.lock().unwrap().len(),
+                1,
+                "deadline {deadline}, mine {mine}"
+            );
+            assert!(resp.extensions().get::<Attempts>().is_none());
+        }
     }
 }
