@@ -78,14 +78,6 @@ impl Head {
     pub(super) fn facts(&self) -> RequestFacts<'_> {
         RequestFacts::new(&self.method, &self.uri, &self.headers)
     }
-
-    pub(super) fn method(&self) -> &Method {
-        &self.method
-    }
-
-    pub(super) fn uri(&self) -> &Uri {
-        &self.uri
-    }
 }
 
 #[cfg(test)]
