@@ -225,16 +225,17 @@ where
                         took,
                         c.retry_after(),
                     ));
-                    let remaining = r.deadline.map(|d| d.remaining_at(now));
-                    let decision = if !r.allowed {
-                        match c.class() {
-                            Class::Success | Class::Rejected => Decision::Stop(Stop::Final),
-                            _ => Decision::Stop(Stop::Disabled),
+                    let decision = match c.class() {
+                        // A final answer (the decision table's first row)
+                        // needs neither the time left nor a random draw.
+                        Class::Success | Class::Rejected => Decision::Stop(Stop::Final),
+                        _ if !r.allowed => Decision::Stop(Stop::Disabled),
+                        _ => {
+                            let remaining = r.deadline.map(|d| d.remaining_at(now));
+                            let policy = r.shared.policy;
+                            let replay_safe = r.replay_safe;
+                            policy.decide(&c, replay_safe, made, r.rng(), remaining)
                         }
-                    } else {
-                        let policy = r.shared.policy;
-                        let replay_safe = r.replay_safe;
-                        policy.decide(&c, replay_safe, made, r.rng(), remaining)
                     };
                     let decision = match decision {
                         Decision::Retry { wait } => {
@@ -262,7 +263,7 @@ where
                             Decision::Stop(s) => Some(tracing::field::display(s)),
                             _ => None,
                         },
-                        time_left_ms = remaining.map(|d| d.as_millis() as u64),
+                        time_left_ms = r.deadline.map(|d| d.remaining_at(now).as_millis() as u64),
                         "attempt"
                     );
                     match decision {
