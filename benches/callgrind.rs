@@ -14,7 +14,9 @@
 //!   the request and a small history on the response), `stack` (the full `resend::stack()`);
 //! - on loopback against resend-testkit: `loop_bare` (hyper-util's client),
 //!   `loop_tower` (that client under tower's Timeout: one timer per call),
-//!   `loop_stack` (the full stack over `resend::hyper_client`).
+//!   `loop_tower_retry` and `loop_tower_retry_ext` (that client under
+//!   `tower_retry`, without and with the per-call writes), `loop_stack`
+//!   (the full stack over `resend::hyper_client`).
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -22,7 +24,7 @@ use std::time::Duration;
 use http::Request;
 use http_body_util::BodyExt;
 use resend::{AttemptTimeoutLayer, DeadlineLayer};
-use resend_benches::{variants, Body, Instant200};
+use resend_benches::{carried, variants, Body, CloneAndRetry, Instant200};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 async fn run<S>(svc: S, n: usize)
@@ -66,6 +68,25 @@ async fn loopback(which: &str, n: usize) {
                 let r = svc.oneshot(req).await.unwrap();
                 r.into_body().collect().await.unwrap();
             }
+            "tower_retry" | "tower_retry_ext" => {
+                let retried = ServiceBuilder::new()
+                    .timeout(Duration::from_secs(10))
+                    .retry(CloneAndRetry { left: 2 })
+                    .timeout(Duration::from_secs(5))
+                    .service(bare.clone());
+                let r = if which == "tower_retry" {
+                    retried.oneshot(req).await.unwrap()
+                } else {
+                    ServiceBuilder::new()
+                        .map_request(carried::deadline)
+                        .map_response(carried::history)
+                        .service(retried)
+                        .oneshot(req)
+                        .await
+                        .unwrap()
+                };
+                r.into_body().collect().await.unwrap();
+            }
             _ => {
                 let r = bare.clone().oneshot(req).await.unwrap();
                 r.into_body().collect().await.unwrap();
@@ -103,6 +124,8 @@ fn main() {
             "loop_bare" => loopback("bare", n).await,
             "loop_tower" => loopback("tower", n).await,
             "loop_stack" => loopback("stack", n).await,
+            "loop_tower_retry" => loopback("tower_retry", n).await,
+            "loop_tower_retry_ext" => loopback("tower_retry_ext", n).await,
             other => panic!("unknown variant {other:?}"),
         }
     });
