@@ -215,6 +215,7 @@ pub struct Stack<S, C = HttpClassifier> {
 }
 
 impl<S: Clone, C> Clone for Stack<S, C> {
+    #[inline]
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),

@@ -30,6 +30,7 @@ impl<S: std::fmt::Debug, C: std::fmt::Debug> std::fmt::Debug for Retry<S, C> {
 }
 
 impl<S: Clone, C> Clone for Retry<S, C> {
+    #[inline]
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
