@@ -118,14 +118,14 @@ impl<S, B, C> Retrying<S, B, C> {
         })
     }
 
-    /// Ends the call at `now` with `result` and the reason retrying stopped.
+    /// Ends the call, `elapsed` after it began, with `result` and the reason
+    /// retrying stopped.
     fn finish<R>(
         &mut self,
-        now: Instant,
+        elapsed: Duration,
         result: Result<Response<R>, BoxError>,
         stop: Stop,
     ) -> Result<Response<R>, BoxError> {
-        let elapsed = now.saturating_duration_since(self.start);
         let mut history = std::mem::replace(&mut self.history, Attempts::new());
         history.finish(elapsed, stop);
         let upstream = self.shared.upstream.as_ref();
@@ -276,7 +276,13 @@ where
                         }
                         Decision::Stop(stop) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(r.finish(now, result, stop));
+                            // The first attempt began with the call.
+                            let elapsed = if r.attempt_start == r.start {
+                                took
+                            } else {
+                                now.saturating_duration_since(r.start)
+                            };
+                            return Poll::Ready(r.finish(elapsed, result, stop));
                         }
                     }
                 }
@@ -299,11 +305,8 @@ where
                             // Nothing was sent: the service failed before the call.
                             this.state.set(State::Done);
                             let e = Error::from_box(e.into());
-                            return Poll::Ready(r.finish(
-                                Instant::now(),
-                                Err(e.into()),
-                                Stop::Final,
-                            ));
+                            let elapsed = r.start.elapsed();
+                            return Poll::Ready(r.finish(elapsed, Err(e.into()), Stop::Final));
                         }
                         Poll::Ready(Ok(())) => {}
                     }
