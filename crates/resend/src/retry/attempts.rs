@@ -120,7 +120,11 @@ impl fmt::Display for Stop {
 pub struct Attempts {
     // The first attempt inline: a call answered at once allocates nothing here.
     first: Option<Attempt>,
-    rest: Vec<Attempt>,
+    // The others behind one pointer: every response carries this value in a
+    // box of its own, and 88 bytes cost less there than 104 (glibc served
+    // the larger one from its slow path on every loopback call: -269
+    // instructions per call, callgrind).
+    rest: Option<Box<Vec<Attempt>>>,
     elapsed: Duration,
     stop: Stop,
 }
@@ -129,7 +133,7 @@ impl Attempts {
     pub(crate) const fn new() -> Self {
         Self {
             first: None,
-            rest: Vec::new(),
+            rest: None,
             elapsed: Duration::ZERO,
             stop: Stop::Final,
         }
@@ -139,7 +143,7 @@ impl Attempts {
         if self.first.is_none() {
             self.first = Some(attempt);
         } else {
-            self.rest.push(attempt);
+            self.rest.get_or_insert_with(Box::default).push(attempt);
         }
     }
 
@@ -150,8 +154,9 @@ impl Attempts {
 
     /// The number of attempts made.
     pub fn len(&self) -> u32 {
-        u32::from(self.first.is_some())
-            .saturating_add(u32::try_from(self.rest.len()).unwrap_or(u32::MAX))
+        u32::from(self.first.is_some()).saturating_add(
+            u32::try_from(self.rest.as_ref().map_or(0, |r| r.len())).unwrap_or(u32::MAX),
+        )
     }
 
     /// True when no attempt was made.
@@ -161,12 +166,17 @@ impl Attempts {
 
     /// The attempts, in order.
     pub fn iter(&self) -> impl Iterator<Item = &Attempt> + '_ {
-        self.first.iter().chain(self.rest.iter())
+        self.first
+            .iter()
+            .chain(self.rest.iter().flat_map(|r| r.iter()))
     }
 
     /// The last attempt.
     pub fn last(&self) -> Option<&Attempt> {
-        self.rest.last().or(self.first.as_ref())
+        self.rest
+            .as_ref()
+            .and_then(|r| r.last())
+            .or(self.first.as_ref())
     }
 
     /// The total time of the call, waits included.
