@@ -221,9 +221,13 @@ where
         }
         let given = req.extensions().get::<IdempotencyKey>();
         let wanted = given.is_some() || !is_idempotent(req.method());
-        let has_key = req.headers().contains_key(&self.header)
-            || KEY_HEADERS.iter().any(|h| req.headers().contains_key(h));
-        if wanted && !has_key && req.extensions().get::<NoIdempotencyKey>().is_none() {
+        // Looked for only when a key is wanted: an idempotent request
+        // without one (most GETs) does no header lookups here.
+        let has_key = || {
+            req.headers().contains_key(&self.header)
+                || KEY_HEADERS.iter().any(|h| req.headers().contains_key(h))
+        };
+        if wanted && !has_key() && req.extensions().get::<NoIdempotencyKey>().is_none() {
             let value = given.map_or_else(generated, |k| k.0.clone());
             req.headers_mut().insert(self.header.clone(), value);
         }
