@@ -96,7 +96,7 @@ struct Slot {
 }
 
 impl Slot {
-    fn is(&self, hash: u64, key: &RecordKey) -> bool {
+    fn is(&self, hash: u64, key: &RecordKey<'_>) -> bool {
         self.hash == hash && self.record.is(key)
     }
 }
@@ -117,9 +117,9 @@ enum State {
 }
 
 impl Record {
-    fn is(&self, key: &RecordKey) -> bool {
+    fn is(&self, key: &RecordKey<'_>) -> bool {
         self.key.split_at_checked(self.scope_len)
-                == Some((key.scope.as_bytes(), key.key.as_bytes()))
+            == Some((key.scope.as_bytes(), key.key.as_bytes()))
     }
 
     /// What `begin` says about a live record.
@@ -204,7 +204,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn hash(&self, key: &RecordKey) -> u64 {
+    fn hash(&self, key: &RecordKey<'_>) -> u64 {
         let mut h = self.shared.hasher.build_hasher();
         h.write(key.scope.as_bytes());
         // Neither a scope (UTF-8) nor a key (ASCII) holds 0xff.
@@ -232,7 +232,7 @@ impl MemoryStore {
 
     fn begin_now(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         fingerprint: Fingerprint,
         token: &LeaseToken,
         ttl: Ttl,
@@ -294,7 +294,7 @@ impl MemoryStore {
 
     fn complete_now(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         token: &LeaseToken,
         response: &StoredResponse,
         ttl: Ttl,
@@ -334,7 +334,7 @@ impl MemoryStore {
         Ok(())
     }
 
-    fn release_now(&self, key: &RecordKey, token: &LeaseToken) {
+    fn release_now(&self, key: &RecordKey<'_>, token: &LeaseToken) {
         let hash = self.hash(key);
         let mut shard = self.shard(hash);
         if let Ok(e) = shard.table.find_entry(hash, |s| s.is(hash, key)) {
@@ -376,7 +376,7 @@ impl MemoryStore {
 impl Store for MemoryStore {
     fn begin(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         fingerprint: Fingerprint,
         token: &LeaseToken,
         ttl: Ttl,
@@ -386,7 +386,7 @@ impl Store for MemoryStore {
 
     fn complete(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         token: &LeaseToken,
         response: &StoredResponse,
         ttl: Ttl,
@@ -396,7 +396,7 @@ impl Store for MemoryStore {
 
     fn release(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         token: &LeaseToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.release_now(key, token);
@@ -413,11 +413,8 @@ mod tests {
 
     use super::*;
 
-    fn key(k: &str) -> RecordKey {
-        RecordKey {
-            scope: "s".into(),
-            key: k.into(),
-        }
+    fn key(k: &str) -> RecordKey<'_> {
+        RecordKey { scope: "s", key: k }
     }
 
     const TTL: Ttl = Ttl {
