@@ -281,7 +281,7 @@ fn stored_headers(headers: &HeaderMap) -> HeaderMap {
 
 /// A keyed request, start to end: the body read and the lease taken
 /// ([`lease`]), the handler run, its answer settled ([`settle`]). Its state is
-/// what is boxed per request, so it is kept small (880 bytes on an axum
+/// what is boxed per request, so it is kept small (928 bytes on an axum
 /// route, under the 1 KB that glibc's per-thread cache serves): a function
 /// returning an async block (an `async fn` would hold each parameter twice),
 /// the store and the key held once (in the guard), and the two ends in
