@@ -225,9 +225,10 @@ async fn postgres_store_exactly_once_under_faults() {
 #[allow(dead_code)]
 async fn store_reachable<St: Store>(store: St) -> bool {
     use resend_server::store::{Fingerprint, LeaseToken, RecordKey, Ttl};
+    let probe = common::unique("probe");
     let key = RecordKey {
-        scope: "probe".into(),
-        key: common::unique("probe"),
+        scope: "probe",
+        key: &probe,
     };
     let token = LeaseToken::random();
     let ttl = Ttl {

@@ -31,7 +31,7 @@ struct Down;
 impl Store for Down {
     fn begin(
         &self,
-        _: &RecordKey,
+        _: &RecordKey<'_>,
         _: Fingerprint,
         _: &LeaseToken,
         _: Ttl,
@@ -40,7 +40,7 @@ impl Store for Down {
     }
     fn complete(
         &self,
-        _: &RecordKey,
+        _: &RecordKey<'_>,
         _: &LeaseToken,
         _: &StoredResponse,
         _: Ttl,
@@ -49,7 +49,7 @@ impl Store for Down {
     }
     fn release(
         &self,
-        _: &RecordKey,
+        _: &RecordKey<'_>,
         _: &LeaseToken,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Err(StoreError::new("down")))
@@ -63,7 +63,7 @@ struct Silent;
 impl Store for Silent {
     fn begin(
         &self,
-        _: &RecordKey,
+        _: &RecordKey<'_>,
         _: Fingerprint,
         _: &LeaseToken,
         _: Ttl,
@@ -72,7 +72,7 @@ impl Store for Silent {
     }
     fn complete(
         &self,
-        _: &RecordKey,
+        _: &RecordKey<'_>,
         _: &LeaseToken,
         _: &StoredResponse,
         _: Ttl,
@@ -81,7 +81,7 @@ impl Store for Silent {
     }
     fn release(
         &self,
-        _: &RecordKey,
+        _: &RecordKey<'_>,
         _: &LeaseToken,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         std::future::pending()
@@ -95,8 +95,8 @@ async fn a_store_that_fails_or_hangs_gives_503_and_runs_nothing() {
     // A memory store full of live records refuses new keys the same way.
     let full = MemoryStore::new().max_records(1);
     let rk = RecordKey {
-        scope: "x".into(),
-        key: "y".into(),
+        scope: "x",
+        key: "y",
     };
     let ttl = Ttl {
         lease: Duration::from_secs(60),

@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +23,9 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The default `Retry-After` on a 409 (same key in progress): 1 s.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-pub(crate) type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
+/// The scope of a request's key: borrowed when it is a constant (the
+/// default scope's `anonymous`), so that it costs no allocation.
+pub(crate) type ScopeFn = dyn Fn(&Parts) -> Cow<'static, str> + Send + Sync;
 pub(crate) type RequireFn = dyn Fn(&Parts) -> bool + Send + Sync;
 
 #[derive(Clone)]
@@ -74,7 +77,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 response_cap: DEFAULT_RESPONSE_CAP,
                 store_timeout: DEFAULT_STORE_TIMEOUT,
                 retry_after: DEFAULT_RETRY_AFTER,
-                scope: Arc::new(super::authorization_scope),
+                scope: Arc::new(super::request::default_scope),
                 require: None,
             },
         }
@@ -138,7 +141,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// `Authorization` header.
     #[must_use]
     pub fn scope_with(mut self, scope: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
-        self.config.scope = Arc::new(scope);
+        self.config.scope = Arc::new(move |parts| Cow::Owned(scope(parts)));
         self
     }
 

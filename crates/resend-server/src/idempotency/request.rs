@@ -1,7 +1,9 @@
 //! What the layer reads from a request: the key, the fingerprint, the scope.
 
+use std::borrow::Cow;
+
 use http::request::Parts;
-use http::{HeaderName, Method};
+use http::{HeaderName, HeaderValue, Method};
 use sha2::{Digest, Sha256};
 
 use crate::store::Fingerprint;
@@ -24,10 +26,25 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
     )
 }
 
+/// A request's idempotency key, checked: 1 to 255 visible ASCII
+/// characters. It holds the request's own header value, which shares the
+/// bytes hyper read rather than copying them.
+#[derive(Clone, Debug)]
+pub(crate) struct Key(HeaderValue);
+
+impl Key {
+    /// The key as text.
+    pub(crate) fn as_str(&self) -> &str {
+        // Visible ASCII, checked when the key was made, is what `to_str`
+        // accepts: the default is never taken.
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
 /// The key a request carries: `Ok(None)` without one, `Err` with a reason
 /// when it is malformed (or two different keys are given).
-pub(crate) fn key(parts: &Parts) -> Result<Option<String>, &'static str> {
-    let mut found: Option<&[u8]> = None;
+pub(crate) fn key(parts: &Parts) -> Result<Option<Key>, &'static str> {
+    let mut found: Option<&HeaderValue> = None;
     for name in [IDEMPOTENCY_KEY, X_IDEMPOTENCY_KEY] {
         let mut values = parts.headers.get_all(&name).iter();
         let Some(v) = values.next() else { continue };
@@ -35,19 +52,14 @@ pub(crate) fn key(parts: &Parts) -> Result<Option<String>, &'static str> {
             return Err("the request carries more than one idempotency key");
         }
         match found {
-            Some(prev) if prev != v.as_bytes() => {
-                return Err("Idempotency-Key and X-Idempotency-Key differ")
-            }
-            _ => found = Some(v.as_bytes()),
+            Some(prev) if prev != v => return Err("Idempotency-Key and X-Idempotency-Key differ"),
+            _ => found = Some(v),
         }
     }
     let Some(k) = found else { return Ok(None) };
-    resend::idempotency::validate_key(k)
+    resend::idempotency::validate_key(k.as_bytes())
         .map_err(|_| "an idempotency key must be 1 to 255 visible ASCII characters")?;
-    // Visible ASCII is UTF-8.
-    std::str::from_utf8(k)
-        .map(|k| Some(k.to_owned()))
-        .map_err(|_| "an idempotency key must be 1 to 255 visible ASCII characters")
+    Ok(Some(Key(k.clone())))
 }
 
 /// A hash of method, path and query, and body: one SHA-256 pass over
@@ -80,15 +92,21 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
 /// with different credentials never share keys (and credentials are not
 /// stored); `anonymous` without one.
 pub fn authorization_scope(parts: &Parts) -> String {
+    default_scope(parts).into_owned()
+}
+
+/// [`authorization_scope`], as the layer uses it: `anonymous` without
+/// allocating.
+pub(crate) fn default_scope(parts: &Parts) -> Cow<'static, str> {
     match parts.headers.get(http::header::AUTHORIZATION) {
         Some(v) => {
             let h = Sha256::digest(v.as_bytes());
-            let mut s = String::with_capacity(36);
+            let mut s = String::with_capacity(37);
             s.push_str("auth:");
             push_hex(&mut s, &h[..16]);
-            s
+            Cow::Owned(s)
         }
-        None => "anonymous".to_owned(),
+        None => Cow::Borrowed("anonymous"),
     }
 }
 
@@ -101,6 +119,11 @@ mod tests {
         req.into_parts().0
     }
 
+    /// `key`, with the key as text.
+    fn key_text(parts: &Parts) -> Result<Option<String>, &'static str> {
+        key(parts).map(|k| k.map(|k| k.as_str().to_owned()))
+    }
+
     #[test]
     fn keys_are_checked() {
         let p = |k: &str| {
@@ -111,11 +134,11 @@ mod tests {
                     .unwrap(),
             )
         };
-        assert_eq!(key(&p("abc")), Ok(Some("abc".into())));
+        assert_eq!(key_text(&p("abc")), Ok(Some("abc".into())));
         assert!(key(&p("has space")).is_err());
         assert!(key(&p(&"x".repeat(256))).is_err());
         assert_eq!(
-            key(&p(&"x".repeat(255))).map(|k| k.map(|k| k.len())),
+            key_text(&p(&"x".repeat(255))).map(|k| k.map(|k| k.len())),
             Ok(Some(255))
         );
         assert!(key(&p("")).is_err());
@@ -125,7 +148,7 @@ mod tests {
                 .body(())
                 .unwrap(),
         );
-        assert_eq!(key(&x), Ok(Some("k1".into())));
+        assert_eq!(key_text(&x), Ok(Some("k1".into())));
         let both = parts(
             Request::post("/")
                 .header("x-idempotency-key", "k1")
@@ -135,7 +158,7 @@ mod tests {
         );
         assert!(key(&both).is_err());
         let none = parts(Request::post("/").body(()).unwrap());
-        assert_eq!(key(&none), Ok(None));
+        assert_eq!(key_text(&none), Ok(None));
         let utf8 = parts(
             Request::post("/")
                 .header(
@@ -183,9 +206,12 @@ mod tests {
         let digest = Sha256::digest(b"Bearer a");
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(authorization_scope(&a), format!("auth:{hex}"));
-        assert_eq!(
-            authorization_scope(&parts(Request::post("/").body(()).unwrap())),
-            "anonymous"
-        );
+        let anonymous = parts(Request::post("/").body(()).unwrap());
+        assert_eq!(authorization_scope(&anonymous), "anonymous");
+        assert!(matches!(
+            default_scope(&anonymous),
+            Cow::Borrowed("anonymous")
+        ));
+        assert_eq!(default_scope(&a), authorization_scope(&a));
     }
 }

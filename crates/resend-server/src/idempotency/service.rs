@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -8,7 +9,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::layer::Config;
-use super::request::{self, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
+use super::request::{self, Key, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
 use super::response::{json_error, retry_later};
 use crate::body::{read_capped, MaybeBuffered};
 use crate::store::{Begin, LeaseToken, RecordKey, Store, StoreError, StoredResponse};
@@ -120,7 +121,8 @@ where
 /// must not run again).
 struct LeaseGuard<St: Store> {
     store: St,
-    key: RecordKey,
+    scope: Cow<'static, str>,
+    key: Key,
     token: LeaseToken,
     ttl: crate::store::Ttl,
     armed: bool,
@@ -128,9 +130,16 @@ struct LeaseGuard<St: Store> {
 }
 
 impl<St: Store> LeaseGuard<St> {
+    fn record_key(&self) -> RecordKey<'_> {
+        RecordKey {
+            scope: &self.scope,
+            key: self.key.as_str(),
+        }
+    }
+
     async fn release(&mut self) {
         self.armed = false;
-        if let Err(e) = self.store.release(&self.key, &self.token).await {
+        if let Err(e) = self.store.release(&self.record_key(), &self.token).await {
             tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
         }
     }
@@ -141,22 +150,37 @@ impl<St: Store> Drop for LeaseGuard<St> {
         if !self.armed {
             return;
         }
-        let (store, key, token, ttl) = (self.store.clone(), self.key.clone(), self.token, self.ttl);
+        let (store, scope, key) = (self.store.clone(), self.scope.clone(), self.key.clone());
+        let (token, ttl) = (self.token, self.ttl);
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
         match self.done.take() {
             Some(done) => {
-                tracing::debug!(key = %key.key, "request cancelled after the work: storing its response");
+                tracing::debug!(
+                    key = key.as_str(),
+                    "request cancelled after the work: storing its response"
+                );
                 handle.spawn(async move {
+                    let key = RecordKey {
+                        scope: &scope,
+                        key: key.as_str(),
+                    };
                     if let Err(e) = store.complete(&key, &token, &done, ttl).await {
                         tracing::error!(error = %e, "could not store an idempotent response");
                     }
                 });
             }
             None => {
-                tracing::debug!(key = %key.key, "request cancelled: dropping its idempotency lease");
+                tracing::debug!(
+                    key = key.as_str(),
+                    "request cancelled: dropping its idempotency lease"
+                );
                 handle.spawn(async move {
+                    let key = RecordKey {
+                        scope: &scope,
+                        key: key.as_str(),
+                    };
                     if let Err(e) = store.release(&key, &token).await {
                         tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
                     }
@@ -257,7 +281,7 @@ fn stored_headers(headers: &HeaderMap) -> HeaderMap {
 
 /// A keyed request, start to end: the body read and the lease taken
 /// ([`lease`]), the handler run, its answer settled ([`settle`]). Its state is
-/// what is boxed per request, so it is kept small (880 bytes on an axum
+/// what is boxed per request, so it is kept small (928 bytes on an axum
 /// route, under the 1 KB that glibc's per-thread cache serves): a function
 /// returning an async block (an `async fn` would hold each parameter twice),
 /// the store and the key held once (in the guard), and the two ends in
@@ -267,7 +291,7 @@ fn run<S, St, B, RB>(
     mut inner: S,
     store: St,
     config: Arc<Config>,
-    key: String,
+    key: Key,
     parts: http::request::Parts,
     body: B,
 ) -> impl std::future::Future<Output = Result<Response<MaybeBuffered<RB>>, S::Error>> + Send
@@ -286,10 +310,8 @@ where
     // than also among the future's captures.
     let mut guard = LeaseGuard {
         store,
-        key: RecordKey {
-            scope: String::new(),
-            key,
-        },
+        scope: Cow::Borrowed(""),
+        key,
         token: LeaseToken::random(),
         ttl: config.ttl,
         armed: false,
@@ -382,7 +404,7 @@ where
                     config.store_timeout,
                     guard
                         .store
-                        .complete(&guard.key, &guard.token, done, config.ttl),
+                        .complete(&guard.record_key(), &guard.token, done, config.ttl),
                 )
                 .await
             }
@@ -392,7 +414,7 @@ where
         if let Err(e) = stored {
             // The lease stays until it expires: a retry meanwhile gets 409,
             // not a second run.
-            tracing::error!(error = %e, key = %guard.key.key, "could not store an idempotent response");
+            tracing::error!(error = %e, key = guard.key.as_str(), "could not store an idempotent response");
         }
         let lent_back = if lent { guard.done.take() } else { None };
         result.map(|resp| {
@@ -456,12 +478,12 @@ where
             }
         };
         let fingerprint = request::fingerprint(parts, &bytes);
-        guard.key.scope = (config.scope)(parts);
+        guard.scope = (config.scope)(parts);
         let begun = with_timeout(
             config.store_timeout,
             guard
                 .store
-                .begin(&guard.key, fingerprint, &guard.token, config.ttl),
+                .begin(&guard.record_key(), fingerprint, &guard.token, config.ttl),
         )
         .await;
         match begun {
@@ -485,7 +507,7 @@ where
                 ));
             }
             Ok(Begin::Completed { response, .. }) => {
-                tracing::debug!(key = %guard.key.key, "replaying a stored response");
+                tracing::debug!(key = guard.key.as_str(), "replaying a stored response");
                 return Leased::Answer(replay(response));
             }
             Ok(Begin::Acquired) => {}

@@ -40,13 +40,17 @@ pub use self::redis::RedisStore;
 pub use memory::{MemoryStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS};
 
 /// What identifies one logical operation: the caller's scope and its key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RecordKey {
+///
+/// It borrows both: the layer lends the request's own header value and
+/// scope, so no copy is made per request; a store that keeps them copies
+/// what it keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecordKey<'a> {
     /// The caller's identity (see
     /// [`IdempotencyLayer::scope_with`](crate::IdempotencyLayer::scope_with)).
-    pub scope: String,
+    pub scope: &'a str,
     /// The Idempotency-Key, 1 to 255 visible ASCII characters.
-    pub key: String,
+    pub key: &'a str,
 }
 
 /// A hash of what the request asks for: method, path and query, and body.
@@ -297,7 +301,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// lease or unexpired record holds it; otherwise says what does.
     fn begin(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         fingerprint: Fingerprint,
         token: &LeaseToken,
         ttl: Ttl,
@@ -307,7 +311,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// kept for `ttl.record`. Does nothing if the lease is no longer `token`'s.
     fn complete(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         token: &LeaseToken,
         response: &StoredResponse,
         ttl: Ttl,
@@ -317,7 +321,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// runs. Does nothing if the lease is no longer `token`'s.
     fn release(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         token: &LeaseToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

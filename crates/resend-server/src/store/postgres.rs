@@ -250,7 +250,7 @@ fn millis(d: Duration) -> i64 {
 impl Store for PostgresStore {
     async fn begin(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         fingerprint: Fingerprint,
         token: &LeaseToken,
         ttl: Ttl,
@@ -297,7 +297,7 @@ impl Store for PostgresStore {
 
     fn complete(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         token: &LeaseToken,
         response: &StoredResponse,
         ttl: Ttl,
@@ -317,7 +317,7 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn release(&self, key: &RecordKey, token: &LeaseToken) -> Result<(), StoreError> {
+    async fn release(&self, key: &RecordKey<'_>, token: &LeaseToken) -> Result<(), StoreError> {
         {
             let conn = self.conn().await?;
             let token = token.to_string();

@@ -135,7 +135,7 @@ impl RedisStore {
         Ok(conn.clone())
     }
 
-    fn redis_key(&self, key: &RecordKey) -> Vec<u8> {
+    fn redis_key(&self, key: &RecordKey<'_>) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.prefix.len() + key.scope.len() + key.key.len() + 12);
         k.extend_from_slice(self.prefix.as_bytes());
         // The scope's length first, so no scope and key can pass for another.
@@ -181,7 +181,7 @@ fn parse(value: &[u8]) -> Result<Begin, StoreError> {
 impl Store for RedisStore {
     fn begin(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         fingerprint: Fingerprint,
         token: &LeaseToken,
         ttl: Ttl,
@@ -213,7 +213,7 @@ impl Store for RedisStore {
 
     fn complete(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         token: &LeaseToken,
         response: &StoredResponse,
         ttl: Ttl,
@@ -237,7 +237,7 @@ impl Store for RedisStore {
 
     fn release(
         &self,
-        key: &RecordKey,
+        key: &RecordKey<'_>,
         token: &LeaseToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let rkey = self.redis_key(key);

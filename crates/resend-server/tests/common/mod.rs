@@ -421,8 +421,8 @@ pub async fn stale_lease_taken_over<St: Store>(store: St, lease: Duration) {
     // fingerprint the request will have.
     let fp = fingerprint_of(&post(&key, "a")).await;
     let rk = RecordKey {
-        scope: "stale".into(),
-        key: key.clone(),
+        scope: "stale",
+        key: &key,
     };
     let ttl = Ttl {
         lease,
@@ -454,7 +454,7 @@ pub async fn fingerprint_of(req: &Request<Full<Bytes>>) -> Fingerprint {
     impl Store for Spy {
         fn begin(
             &self,
-            _: &RecordKey,
+            _: &RecordKey<'_>,
             fp: Fingerprint,
             _: &LeaseToken,
             _: Ttl,
@@ -466,7 +466,7 @@ pub async fn fingerprint_of(req: &Request<Full<Bytes>>) -> Fingerprint {
         }
         fn complete(
             &self,
-            _: &RecordKey,
+            _: &RecordKey<'_>,
             _: &LeaseToken,
             _: &resend_server::store::StoredResponse,
             _: Ttl,
@@ -476,7 +476,7 @@ pub async fn fingerprint_of(req: &Request<Full<Bytes>>) -> Fingerprint {
         }
         fn release(
             &self,
-            _: &RecordKey,
+            _: &RecordKey<'_>,
             _: &LeaseToken,
         ) -> impl std::future::Future<Output = Result<(), resend_server::StoreError>> + Send
         {
