@@ -24,8 +24,8 @@ use resend_testkit::{Script, TestServer};
 use tower::Service;
 
 const CONCURRENCY: usize = 16;
-const PER_TASK: usize = 256;
-const ROUNDS: usize = 15;
+const PER_TASK: usize = 1024;
+const ROUNDS: usize = 21;
 
 /// One batch through clones of `svc`; requests per second.
 async fn batch<S, B>(svc: S, uri: http::Uri) -> f64
