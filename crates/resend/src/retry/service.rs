@@ -305,48 +305,48 @@ mod tests {
             }
             req
         };
-        for (deadline, mine) in [(false, false), (true, false), (true, true), (false, true)] {
-            // Plain: retried through 503, 503 to the 200.
+        // Sends `req` through a fresh retry layer over the 503, 503, 200
+        // upstream; the response and the attempts the upstream saw.
+        async fn send(req: Request<Empty<Bytes>>) -> (Response<()>, usize) {
             let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
             let client = RetryLayer::new()
                 .no_budget()
                 .seed(1)
                 .layer(flaky_recording(Arc::clone(&seen)));
-            let resp = client.oneshot(with(deadline, mine)).await.unwrap();
-            assert_eq!(resp.status(), StatusCode::OK);
-            assert_eq!(seen.lock().unwrap().len(), 3);
+            let resp = client.oneshot(req).await.unwrap();
+            let n = seen.lock().unwrap().len();
+            (resp, n)
+        }
+        for (deadline, mine) in [(false, false), (true, false), (true, true), (false, true)] {
+            let case = format!("deadline {deadline}, mine {mine}");
+
+            // Plain: retried through 503, 503 to the 200.
+            let (resp, sent) = send(with(deadline, mine)).await;
+            assert_eq!((resp.status(), sent), (StatusCode::OK, 3), "{case}");
 
             // With NoRetry: one attempt, the 503 comes back.
-            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-            let client = RetryLayer::new()
-                .no_budget()
-                .seed(1)
-                .layer(flaky_recording(Arc::clone(&seen)));
             let mut req = with(deadline, mine);
             req.extensions_mut().insert(NoRetry);
-            let resp = client.oneshot(req).await.unwrap();
-            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-            assert_eq!(seen.lock().unwrap().len(), 1);
+            let (resp, sent) = send(req).await;
+            assert_eq!(
+                (resp.status(), sent),
+                (StatusCode::SERVICE_UNAVAILABLE, 1),
+                "{case}"
+            );
             let history = resp.extensions().get::<Attempts>().unwrap();
-            assert_eq!(history.stop(), Stop::Disabled);
+            assert_eq!(history.stop(), Stop::Disabled, "{case}");
 
             // Marked as under an outer retry layer: this one passes the
             // request through, once, and leaves the history to the outer one.
-            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-            let client = RetryLayer::new()
-                .no_budget()
-                .seed(1)
-                .layer(flaky_recording(Arc::clone(&seen)));
             let mut req = with(deadline, mine);
             req.extensions_mut().insert(RetryInCharge);
-            let resp = client.oneshot(req).await.unwrap();
-            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let (resp, sent) = send(req).await;
             assert_eq!(
-                seen.lock().unwrap().len(),
-                1,
-                "deadline {deadline}, mine {mine}"
+                (resp.status(), sent),
+                (StatusCode::SERVICE_UNAVAILABLE, 1),
+                "{case}"
             );
-            assert!(resp.extensions().get::<Attempts>().is_none());
+            assert!(resp.extensions().get::<Attempts>().is_none(), "{case}");
         }
     }
 }
