@@ -155,38 +155,34 @@ impl<St: Store> Drop for LeaseGuard<St> {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        match self.done.take() {
-            Some(done) => {
-                tracing::debug!(
-                    key = key.as_str(),
-                    "request cancelled after the work: storing its response"
-                );
-                handle.spawn(async move {
-                    let key = RecordKey {
-                        scope: &scope,
-                        key: key.as_str(),
-                    };
+        let done = self.done.take();
+        tracing::debug!(
+            key = key.as_str(),
+            then = if done.is_some() {
+                "storing the response of the work it did"
+            } else {
+                "dropping its idempotency lease"
+            },
+            "request cancelled"
+        );
+        handle.spawn(async move {
+            let key = RecordKey {
+                scope: &scope,
+                key: key.as_str(),
+            };
+            match done {
+                Some(done) => {
                     if let Err(e) = store.complete(&key, &token, &done, ttl).await {
                         tracing::error!(error = %e, "could not store an idempotent response");
                     }
-                });
-            }
-            None => {
-                tracing::debug!(
-                    key = key.as_str(),
-                    "request cancelled: dropping its idempotency lease"
-                );
-                handle.spawn(async move {
-                    let key = RecordKey {
-                        scope: &scope,
-                        key: key.as_str(),
-                    };
+                }
+                None => {
                     if let Err(e) = store.release(&key, &token).await {
                         tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
                     }
-                });
+                }
             }
-        }
+        });
     }
 }
 
