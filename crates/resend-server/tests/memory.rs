@@ -24,43 +24,24 @@ async fn records_expire_after_their_ttl() {
     common::records_expire(MemoryStore::new(), Duration::from_secs(24 * 3600)).await;
 }
 
-/// A store that is down.
-#[derive(Clone)]
-struct Down;
+/// A store that cannot be reached: it fails at once (`hang: false`) or
+/// never answers (`hang: true`).
+#[derive(Clone, Copy)]
+struct Broken {
+    hang: bool,
+}
 
-impl Store for Down {
-    fn begin(
-        &self,
-        _: &RecordKey<'_>,
-        _: Fingerprint,
-        _: &LeaseToken,
-        _: Ttl,
-    ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
-        std::future::ready(Err(StoreError::new("down")))
-    }
-    fn complete(
-        &self,
-        _: &RecordKey<'_>,
-        _: &LeaseToken,
-        _: &StoredResponse,
-        _: Ttl,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(Err(StoreError::new("down")))
-    }
-    fn release(
-        &self,
-        _: &RecordKey<'_>,
-        _: &LeaseToken,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(Err(StoreError::new("down")))
+impl Broken {
+    async fn answer<T>(self) -> Result<T, StoreError> {
+        if self.hang {
+            std::future::pending().await
+        } else {
+            Err(StoreError::new("down"))
+        }
     }
 }
 
-/// A store that never answers.
-#[derive(Clone)]
-struct Silent;
-
-impl Store for Silent {
+impl Store for Broken {
     fn begin(
         &self,
         _: &RecordKey<'_>,
@@ -68,7 +49,7 @@ impl Store for Silent {
         _: &LeaseToken,
         _: Ttl,
     ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
-        std::future::pending()
+        self.answer()
     }
     fn complete(
         &self,
@@ -77,21 +58,21 @@ impl Store for Silent {
         _: &StoredResponse,
         _: Ttl,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        std::future::pending()
+        self.answer()
     }
     fn release(
         &self,
         _: &RecordKey<'_>,
         _: &LeaseToken,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        std::future::pending()
+        self.answer()
     }
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_store_that_fails_or_hangs_gives_503_and_runs_nothing() {
-    common::store_down(Down).await;
-    common::store_down(Silent).await;
+    common::store_down(Broken { hang: false }).await;
+    common::store_down(Broken { hang: true }).await;
     // A memory store full of live records refuses new keys the same way.
     let full = MemoryStore::new().max_records(1);
     let rk = RecordKey {

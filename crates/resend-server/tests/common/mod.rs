@@ -142,6 +142,32 @@ where
     svc.clone().oneshot(req).await
 }
 
+/// Sends `req` on a task of its own, marked to wait at the handler's gate,
+/// and returns once the handler has started on it (so its lease is taken).
+pub async fn start_held<S>(
+    h: &Handler,
+    s: &S,
+    mut req: Request<Full<Bytes>>,
+) -> tokio::task::JoinHandle<Result<Resp, resend::BoxError>>
+where
+    S: Service<Request<Full<Bytes>>, Response = Resp, Error = resend::BoxError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+{
+    req.headers_mut()
+        .insert("x-wait", HeaderValue::from_static("1"));
+    let started = h.started.notified();
+    let task = tokio::spawn({
+        let s = s.clone();
+        async move { call(&s, req).await }
+    });
+    started.await;
+    task
+}
+
 pub async fn text(resp: Resp) -> String {
     String::from_utf8(
         resp.into_body()
@@ -291,14 +317,7 @@ pub async fn in_progress_conflict<St: Store>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store));
     let key = unique("busy");
-    let mut first = post(&key, "a");
-    first.headers_mut().insert("x-wait", "1".parse().unwrap());
-    let started = h.started.notified();
-    let running = tokio::spawn({
-        let s = s.clone();
-        async move { call(&s, first).await.unwrap() }
-    });
-    started.await;
+    let running = start_held(&h, &s, post(&key, "a")).await;
     let busy = call(&s, post(&key, "a")).await.unwrap();
     assert_eq!(busy.status(), StatusCode::CONFLICT);
     assert_eq!(busy.headers()["retry-after"], "1");
@@ -308,7 +327,10 @@ pub async fn in_progress_conflict<St: Store>(store: St) {
         StatusCode::UNPROCESSABLE_ENTITY
     );
     h.gate.add_permits(1);
-    assert_eq!(running.await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(
+        running.await.unwrap().unwrap().status(),
+        StatusCode::CREATED
+    );
     let after = call(&s, post(&key, "a")).await.unwrap();
     assert_eq!(after.headers()["idempotent-replayed"], "true");
     assert_eq!(h.runs(), 1);
@@ -390,14 +412,7 @@ pub async fn cancellation_drops_the_lease<St: Store>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store));
     let key = unique("cancel");
-    let mut first = post(&key, "a");
-    first.headers_mut().insert("x-wait", "1".parse().unwrap());
-    let started = h.started.notified();
-    let task = tokio::spawn({
-        let s = s.clone();
-        async move { call(&s, first).await }
-    });
-    started.await;
+    let task = start_held(&h, &s, post(&key, "a")).await;
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
     // The lease is dropped in the background; a retry runs.
