@@ -5,7 +5,11 @@
 //!
 //! `cargo bench -p resend-server --all-features --bench throughput`
 //! (Redis and PostgreSQL rows need the servers of `RESEND_REDIS_URL` and
-//! `RESEND_PG_URL`; missing ones are skipped).
+//! `RESEND_PG_URL`; missing ones are skipped). `RESEND_BENCH_ROUNDS=n`
+//! sets the rounds (3), `RESEND_BENCH_SECS=s` the measured seconds of each
+//! row in a round (3), `RESEND_BENCH_MEMORY_ONLY=1` leaves out the Redis
+//! and PostgreSQL rows, `RESEND_BENCH_ONLY=text` keeps the rows whose name
+//! holds `text`.
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,8 +51,9 @@ fn with_store<St: Store>(store: St) -> Router {
 }
 
 /// CPU time of this process (client and server, all threads) in seconds,
-/// from `/proc/self/stat` (Linux; 10 ms ticks). `None` elsewhere.
-fn cpu_seconds() -> Option<f64> {
+/// in user space and in all, from `/proc/self/stat` (Linux; 10 ms ticks).
+/// `None` elsewhere.
+fn cpu_seconds() -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the command (which may hold spaces): state is the 3rd,
     // utime the 14th and stime the 15th.
@@ -56,13 +61,14 @@ fn cpu_seconds() -> Option<f64> {
     let mut fields = rest.split(' ').skip(11);
     let utime: f64 = fields.next()?.parse().ok()?;
     let stime: f64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+    Some((utime / 100.0, (utime + stime) / 100.0))
 }
 
-/// Requests per second over `MEASURE`, after `WARMUP`, and the CPU time
-/// per request in microseconds (client and server together), which the
-/// other load on a shared machine disturbs less than the rate.
-async fn load(url: &str) -> (f64, Option<f64>) {
+/// Requests per second over `measure`, after `WARMUP`, and the CPU time
+/// per request in microseconds (client and server together; user space,
+/// and in all), which the other load on a shared machine disturbs less than
+/// the rate.
+async fn load(url: &str, measure: Duration) -> (f64, Option<(f64, f64)>) {
     let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(1));
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -95,12 +101,13 @@ async fn load(url: &str) -> (f64, Option<f64>) {
     }
     tokio::time::sleep(WARMUP).await;
     let (start, before, cpu) = (Instant::now(), count.load(Ordering::Relaxed), cpu_seconds());
-    tokio::time::sleep(MEASURE).await;
+    tokio::time::sleep(measure).await;
     let done = count.load(Ordering::Relaxed) - before;
     let secs = start.elapsed().as_secs_f64();
-    let cpu = cpu
-        .zip(cpu_seconds())
-        .map(|(a, b)| (b - a) * 1e6 / done as f64);
+    let cpu = cpu.zip(cpu_seconds()).map(|(a, b)| {
+        let per = |x: f64, y: f64| (y - x) * 1e6 / done as f64;
+        (per(a.0, b.0), per(a.1, b.1))
+    });
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
@@ -128,15 +135,36 @@ async fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(ROUNDS)
     };
+    let measure = std::env::var("RESEND_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(MEASURE, Duration::from_secs_f64);
     let memory_only = std::env::var_os("RESEND_BENCH_MEMORY_ONLY").is_some();
 
     let mut targets: Vec<(&str, String)> = vec![
         ("axum, no layer", spawn(plain()).await),
         (
-            "IdempotencyLayer + MemoryStore",
+            // What any layer costs on an axum route: `Router::layer` boxes
+            // the layered service again, and each request clones it.
+            "axum, a layer that does nothing",
+            spawn(plain().layer(tower::layer::util::Identity::new())).await,
+        ),
+        (
+            // A store filling up from empty: every request leaves a record
+            // (24 h), each in memory never used before.
+            "IdempotencyLayer + MemoryStore, filling",
             spawn(with_store(
-                // Sized for the run: every request leaves a record.
                 MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30),
+            ))
+            .await,
+        ),
+        (
+            // A store at its bound, as a long-running server's is: the
+            // default bounds (100 000 records), records kept 1 s, so that
+            // as many expire as come and their memory is used again.
+            "IdempotencyLayer + MemoryStore, steady",
+            spawn(plain().layer(
+                IdempotencyLayer::new(MemoryStore::new()).record_ttl(Duration::from_secs(1)),
             ))
             .await,
         ),
@@ -166,6 +194,12 @@ async fn main() {
             Err(e) => eprintln!("PostgreSQL unusable, row skipped: {e}"),
         }
     }
+    // `RESEND_BENCH_ONLY=text` keeps only the rows whose name holds `text`,
+    // for a profiler's run of one row (the ratios are then to the first row
+    // kept).
+    if let Ok(only) = std::env::var("RESEND_BENCH_ONLY") {
+        targets.retain(|(name, _)| name.contains(only.as_str()));
+    }
     if quick {
         for (_, url) in &targets {
             let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(1));
@@ -181,10 +215,10 @@ async fn main() {
 
     // Rounds interleave the targets, so drift on a shared machine hits all alike.
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
-    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    let mut cpu: Vec<Vec<(f64, f64)>> = vec![Vec::new(); targets.len()];
     for _ in 0..rounds {
         for (i, (_, url)) in targets.iter().enumerate() {
-            let (rate, per_request) = load(url).await;
+            let (rate, per_request) = load(url, measure).await;
             results[i].push(rate);
             cpu[i].extend(per_request);
         }
@@ -204,28 +238,38 @@ async fn main() {
     // CPU per request of the no-layer run over this one's, per round: the
     // throughput ratio the layer allows when the process has the cores to
     // itself.
-    let cpu_ratio = |c: &[f64]| {
-        (!c.is_empty() && c.len() == cpu[0].len())
-            .then(|| median(c.iter().zip(&cpu[0]).map(|(x, b)| 100.0 * b / x).collect()))
+    let cpu_ratio = |c: &[(f64, f64)]| {
+        (!c.is_empty() && c.len() == cpu[0].len()).then(|| {
+            median(
+                c.iter()
+                    .zip(&cpu[0])
+                    .map(|(x, b)| 100.0 * b.1 / x.1)
+                    .collect(),
+            )
+        })
     };
     println!(
         "| setup | req/s (median of {rounds}) | vs no layer | median per-round ratio \
-         | CPU µs/req (median) | median per-round CPU ratio |"
+         | CPU µs/req (median) | user CPU µs/req (median) | median per-round CPU ratio |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (((name, _), r), c) in targets.iter().zip(results).zip(&cpu) {
         let m = median(r.clone());
-        let (c_med, c_ratio) = match (c.is_empty(), cpu_ratio(c)) {
-            (false, Some(ratio)) => (format!("{:.1}", median(c.clone())), format!("{ratio:.1}%")),
-            _ => ("-".to_owned(), "-".to_owned()),
+        let (c_med, u_med, c_ratio) = match (c.is_empty(), cpu_ratio(c)) {
+            (false, Some(ratio)) => (
+                format!("{:.1}", median(c.iter().map(|x| x.1).collect())),
+                format!("{:.1}", median(c.iter().map(|x| x.0).collect())),
+                format!("{ratio:.1}%"),
+            ),
+            _ => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
         };
         println!(
-            "| {name} | {m:.0} | {:.1}% | {:.1}% | {c_med} | {c_ratio} | rounds: {:?}, CPU: {:?}",
+            "| {name} | {m:.0} | {:.1}% | {:.1}% | {c_med} | {u_med} | {c_ratio} | rounds: {:?}, CPU: {:?}",
             100.0 * m / base,
             ratio(&r),
             r.iter().map(|x| x.round()).collect::<Vec<_>>(),
             c.iter()
-                .map(|x| (x * 10.0).round() / 10.0)
+                .map(|x| (x.1 * 10.0).round() / 10.0)
                 .collect::<Vec<_>>()
         );
     }
