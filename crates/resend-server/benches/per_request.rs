@@ -81,7 +81,7 @@ async fn main() {
     let mut total = 0usize;
     // Held here, so that its records are freed after the loop is timed.
     let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
-    let start = std::time::Instant::now();
+    let start = tokio::time::Instant::now();
     match mode.as_str() {
         "axum-none" | "axum-memory" => {
             let app = axum::Router::new().route("/orders", axum::routing::post(axum_handler));
