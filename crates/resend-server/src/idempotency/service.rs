@@ -109,9 +109,39 @@ where
         // The readied service goes with the request; a clone stays.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let store = self.store.clone();
-        let config = self.config.clone();
-        ResponseFuture::slow(Box::pin(run(inner, store, config, key, parts, body)))
+        let guard = LeaseGuard {
+            store: self.store.clone(),
+            scope: (self.config.scope)(&parts),
+            key,
+            token: LeaseToken::random(),
+            ttl: self.config.ttl,
+            armed: false,
+            done: None,
+        };
+        // The limits go by value: the config's `Arc` is not cloned (its
+        // count is a cache line that both cores would take turns to own).
+        let limits = Limits::of(&self.config);
+        ResponseFuture::slow(Box::pin(run(inner, guard, limits, parts, body)))
+    }
+}
+
+/// What a keyed request's future needs of the [`Config`], copied into it.
+#[derive(Clone, Copy)]
+struct Limits {
+    request_cap: usize,
+    response_cap: usize,
+    store_timeout: std::time::Duration,
+    retry_after: std::time::Duration,
+}
+
+impl Limits {
+    fn of(config: &Config) -> Self {
+        Self {
+            request_cap: config.request_cap,
+            response_cap: config.response_cap,
+            store_timeout: config.store_timeout,
+            retry_after: config.retry_after,
+        }
     }
 }
 
@@ -277,17 +307,19 @@ fn stored_headers(headers: &HeaderMap) -> HeaderMap {
 
 /// A keyed request, start to end: the body read and the lease taken
 /// ([`lease`]), the handler run, its answer settled ([`settle`]). Its state is
-/// what is boxed per request, so it is kept small (928 bytes on an axum
+/// what is boxed per request, so it is kept small (976 bytes on an axum
 /// route, under the 1 KB that glibc's per-thread cache serves): a function
 /// returning an async block (an `async fn` would hold each parameter twice),
-/// the store and the key held once (in the guard), and the two ends in
+/// the store, the scope and the key held once (in the guard), and the two ends in
 /// futures of their own, each awaited once, so their state shares room with
 /// the handler's future.
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
 fn run<S, St, B, RB>(
     mut inner: S,
-    store: St,
-    config: Arc<Config>,
-    key: Key,
+    mut guard: LeaseGuard<St>,
+    limits: Limits,
     parts: http::request::Parts,
     body: B,
 ) -> impl std::future::Future<Output = Result<Response<MaybeBuffered<RB>>, S::Error>> + Send
@@ -301,29 +333,19 @@ where
     RB: Body<Data = Bytes> + Send + Unpin + 'static,
     RB::Error: Into<BoxError>,
 {
-    // The guard is made here, unarmed (a drop does nothing until the lease
-    // is taken), so that the store and the key are held once, in it, rather
-    // than also among the future's captures.
-    let mut guard = LeaseGuard {
-        store,
-        scope: Cow::Borrowed(""),
-        key,
-        token: LeaseToken::random(),
-        ttl: config.ttl,
-        armed: false,
-        done: None,
-    };
+    // The guard comes unarmed (a drop does nothing until the lease is
+    // taken); it holds the store and the key, once.
     async move {
         // (The body is read and the lease taken in a future of its own: its
         // state then does not take room in the states that follow.)
-        let bytes = match lease(&mut guard, &config, &parts, body).await {
+        let bytes = match lease(&mut guard, &limits, &parts, body).await {
             Leased::Acquired(bytes) => bytes,
             Leased::Answer(response) => return Ok(response),
         };
         let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
         // (The handler's answer goes straight into a future of its own, and
         // is worked on there in place: it takes no room of its own here.)
-        settle(&mut guard, &config, inner.call(req).await).await
+        settle(&mut guard, &limits, inner.call(req).await).await
     }
 }
 
@@ -336,7 +358,7 @@ where
 #[allow(clippy::manual_async_fn)]
 fn settle<'a, St, RB, E>(
     guard: &'a mut LeaseGuard<St>,
-    config: &'a Config,
+    limits: &'a Limits,
     mut result: Result<Response<RB>, E>,
 ) -> impl std::future::Future<Output = Result<Response<MaybeBuffered<RB>>, E>> + Send + 'a
 where
@@ -375,7 +397,7 @@ where
             body: Bytes::new(),
             body_omitted: true,
         });
-        let (bytes, ended) = match read_capped(resp.body_mut(), config.response_cap).await {
+        let (bytes, ended) = match read_capped(resp.body_mut(), limits.response_cap).await {
             Ok(read) => read,
             Err(e) => {
                 tracing::warn!(error = %e, "response body failed: dropping the idempotency lease");
@@ -388,19 +410,23 @@ where
                 ));
             }
         };
-        if let Some(done) = guard.done.as_mut() {
-            if ended {
-                done.body = bytes.clone();
+        // The body is lent to the record too (a clone of `Bytes` made from
+        // a `Vec` would allocate), and taken back below.
+        let mut prefix = Bytes::new();
+        match guard.done.as_mut() {
+            Some(done) if ended => {
+                done.body = bytes;
                 done.body_omitted = false;
             }
+            _ => prefix = bytes,
         }
         let stored = match &guard.done {
             Some(done) => {
                 with_timeout(
-                    config.store_timeout,
+                    limits.store_timeout,
                     guard
                         .store
-                        .complete(&guard.record_key(), &guard.token, done, config.ttl),
+                        .complete(&guard.record_key(), &guard.token, done, guard.ttl),
                 )
                 .await
             }
@@ -412,18 +438,20 @@ where
             // not a second run.
             tracing::error!(error = %e, key = guard.key.as_str(), "could not store an idempotent response");
         }
-        let lent_back = if lent { guard.done.take() } else { None };
+        let lent_back = guard.done.take();
         result.map(|resp| {
             let (mut parts, body) = resp.into_parts();
             if let Some(done) = lent_back {
-                parts.headers = done.headers;
+                if lent {
+                    parts.headers = done.headers;
+                }
+                if ended {
+                    return Response::from_parts(parts, MaybeBuffered::full(done.body));
+                }
             }
-            let body = if ended {
-                MaybeBuffered::full(bytes)
-            } else {
-                MaybeBuffered::chain(bytes, body)
-            };
-            Response::from_parts(parts, body)
+            // The body goes on past the cap (or, were the record gone, ended
+            // with the bytes held here).
+            Response::from_parts(parts, MaybeBuffered::chain(prefix, body))
         })
     }
 }
@@ -441,7 +469,7 @@ enum Leased<RB> {
 #[allow(clippy::manual_async_fn)]
 fn lease<'a, St, B, RB>(
     guard: &'a mut LeaseGuard<St>,
-    config: &'a Config,
+    limits: &'a Limits,
     parts: &'a http::request::Parts,
     body: B,
 ) -> impl std::future::Future<Output = Leased<RB>> + Send + 'a
@@ -452,7 +480,7 @@ where
 {
     async move {
         let mut body = std::pin::pin!(body);
-        let bytes = match read_capped(&mut body, config.request_cap).await {
+        let bytes = match read_capped(&mut body, limits.request_cap).await {
             Ok((bytes, true)) => bytes,
             Ok((_, false)) => {
                 return Leased::Answer(json_error(
@@ -460,7 +488,7 @@ where
                     "request_too_large",
                     &format!(
                         "a request with an idempotency key may have at most {} bytes of body",
-                        config.request_cap
+                        limits.request_cap
                     ),
                 ))
             }
@@ -474,12 +502,11 @@ where
             }
         };
         let fingerprint = request::fingerprint(parts, &bytes);
-        guard.scope = (config.scope)(parts);
         let begun = with_timeout(
-            config.store_timeout,
+            limits.store_timeout,
             guard
                 .store
-                .begin(&guard.record_key(), fingerprint, &guard.token, config.ttl),
+                .begin(&guard.record_key(), fingerprint, &guard.token, guard.ttl),
         )
         .await;
         match begun {
@@ -499,7 +526,7 @@ where
                     StatusCode::CONFLICT,
                     "idempotency_key_in_progress",
                     "a request with this idempotency key is in progress; retry later",
-                    config.retry_after,
+                    limits.retry_after,
                 ));
             }
             Ok(Begin::Completed { response, .. }) => {
