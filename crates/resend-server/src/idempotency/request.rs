@@ -45,19 +45,28 @@ impl Key {
 /// The key a request carries: `Ok(None)` without one, `Err` with a reason
 /// when it is malformed (or two different keys are given).
 pub(crate) fn key(parts: &Parts) -> Result<Option<Key>, &'static str> {
-    let mut found: Option<&HeaderValue> = None;
-    for name in [IDEMPOTENCY_KEY, X_IDEMPOTENCY_KEY] {
-        let mut values = parts.headers.get_all(&name).iter();
-        let Some(v) = values.next() else { continue };
-        if values.next().is_some() {
+    // One pass over the headers, comparing names, rather than a hashed
+    // lookup for each of the two names: a request's few headers compare in
+    // fewer instructions than two names hash (a standard header's name is
+    // told apart at its first word).
+    let (mut plain, mut x): (Option<&HeaderValue>, Option<&HeaderValue>) = (None, None);
+    for (name, value) in &parts.headers {
+        let slot = if *name == IDEMPOTENCY_KEY {
+            &mut plain
+        } else if *name == X_IDEMPOTENCY_KEY {
+            &mut x
+        } else {
+            continue;
+        };
+        if slot.replace(value).is_some() {
             return Err("the request carries more than one idempotency key");
         }
-        match found {
-            Some(prev) if prev != v => return Err("Idempotency-Key and X-Idempotency-Key differ"),
-            _ => found = Some(v),
-        }
     }
-    let Some(k) = found else { return Ok(None) };
+    let k = match (plain, x) {
+        (Some(a), Some(b)) if a != b => return Err("Idempotency-Key and X-Idempotency-Key differ"),
+        (Some(k), _) | (None, Some(k)) => k,
+        (None, None) => return Ok(None),
+    };
     resend::idempotency::validate_key(k.as_bytes())
         .map_err(|_| "an idempotency key must be 1 to 255 visible ASCII characters")?;
     Ok(Some(Key(k.clone())))
@@ -158,6 +167,26 @@ mod tests {
                 .unwrap(),
         );
         assert!(key(&both).is_err());
+        let agree = parts(
+            Request::post("/")
+                .header("x-idempotency-key", "k1")
+                .header("content-type", "text/plain")
+                .header("idempotency-key", "k1")
+                .body(())
+                .unwrap(),
+        );
+        assert_eq!(key_text(&agree), Ok(Some("k1".into())));
+        for name in ["idempotency-key", "x-idempotency-key"] {
+            let twice = parts(
+                Request::post("/")
+                    .header(name, "k1")
+                    .header("accept", "*/*")
+                    .header(name, "k1")
+                    .body(())
+                    .unwrap(),
+            );
+            assert!(key(&twice).is_err(), "{name} twice");
+        }
         let none = parts(Request::post("/").body(()).unwrap());
         assert_eq!(key_text(&none), Ok(None));
         let utf8 = parts(
