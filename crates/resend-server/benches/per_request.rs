@@ -8,7 +8,10 @@
 //!     target/release/deps/per_request-* memory 50000
 //! ```
 //!
-//! The layer's cost per request is (memory - none) / n.
+//! The layer's cost per request is (memory - none) / n. Each run also
+//! prints its loop's wall time per request; `axum-none-mt` and
+//! `axum-memory-mt` send from 16 tasks on two workers (run them under
+//! `time` for the CPU).
 #![allow(clippy::print_stdout, missing_docs)]
 
 use std::convert::Infallible;
@@ -73,11 +76,69 @@ async fn axum_run(app: axum::Router, n: u64, keyed: bool) -> usize {
     total
 }
 
+/// `axum-none-mt` and `axum-memory-mt`: `n` requests in all from 16 tasks
+/// on a runtime of two workers, as the `throughput` bench's server sees
+/// them, without its sockets: what the two cores sharing the store and the
+/// router cost.
+fn multi_thread(mode: &str, n: u64) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
+    let app = axum::Router::new().route("/orders", axum::routing::post(axum_handler));
+    let app = if mode == "axum-memory-mt" {
+        app.layer(IdempotencyLayer::new(store.clone()))
+    } else {
+        app
+    };
+    let start = tokio::time::Instant::now();
+    let total: usize = rt.block_on(async {
+        let tasks: Vec<_> = (0..16)
+            .map(|t| {
+                let app = app.clone().with_state(());
+                tokio::spawn(async move {
+                    let mut app = app;
+                    let mut total = 0;
+                    for i in 0..n / 16 {
+                        let key = format!("run-{t}-{i}");
+                        let req = request(&key).map(axum::body::Body::new);
+                        let resp = ServiceExt::<Request<axum::body::Body>>::ready(&mut app)
+                            .await
+                            .unwrap()
+                            .call(req)
+                            .await
+                            .unwrap();
+                        total += resp.into_body().collect().await.unwrap().to_bytes().len();
+                        // Let the other tasks in, as a socket's wait would.
+                        tokio::task::yield_now().await;
+                    }
+                    total
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        total
+    });
+    let ns = start.elapsed().as_nanos() as f64 / n.max(1) as f64;
+    println!("{mode} {n}: {total} bytes, {ns:.0} ns per request (two workers)");
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let mode = args.next().unwrap_or_else(|| "memory".into());
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    if mode.ends_with("-mt") {
+        // A runtime of its own, off this one's thread.
+        return std::thread::spawn(move || multi_thread(&mode, n))
+            .join()
+            .unwrap();
+    }
     let mut total = 0usize;
     // Held here, so that its records are freed after the loop is timed.
     let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
