@@ -276,21 +276,20 @@ where
 }
 
 /// Left out of stored responses: hop-by-hop headers and `content-length`.
+/// (Matched on the name's text: a standard name's text is a table lookup,
+/// and no array of names is built and dropped on every call.)
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    use http::header::{CONNECTION, CONTENT_LENGTH, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
-    const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-    const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-    [
-        CONNECTION,
-        KEEP_ALIVE,
-        PROXY_CONNECTION,
-        TRANSFER_ENCODING,
-        TE,
-        TRAILER,
-        UPGRADE,
-        CONTENT_LENGTH,
-    ]
-    .contains(name)
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "content-length"
+    )
 }
 
 /// The headers a response is stored with: a copy without the hop-by-hop
@@ -556,6 +555,86 @@ fn replay<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MemoryStore;
+    use http_body_util::{BodyExt, Full};
+    use tower::{Layer, ServiceExt};
+
+    /// A response with `content-length` and `extra` as headers, through the
+    /// layer (response cap `cap`), then replayed.
+    async fn first_and_replay(
+        cap: usize,
+        extra: Option<(&'static str, &'static str)>,
+    ) -> [Response<MaybeBuffered<Full<Bytes>>>; 2] {
+        let handler = tower::service_fn(move |_: Request<MaybeBuffered<Full<Bytes>>>| async move {
+            let mut resp = Response::new(Full::new(Bytes::from_static(b"hello")));
+            let h = resp.headers_mut();
+            h.insert("content-type", HeaderValue::from_static("text/plain"));
+            h.insert("content-length", HeaderValue::from_static("5"));
+            h.insert("x-a", HeaderValue::from_static("1"));
+            if let Some((n, v)) = extra {
+                h.insert(n, HeaderValue::from_static(v));
+            }
+            Ok::<_, std::convert::Infallible>(resp)
+        });
+        let svc = IdempotencyLayer::new(MemoryStore::new())
+            .response_cap(cap)
+            .layer(handler);
+        let req = || {
+            Request::post("/x")
+                .header("idempotency-key", "k")
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        };
+        let first = svc.clone().oneshot(req()).await.unwrap();
+        let again = svc.oneshot(req()).await.unwrap();
+        [first, again]
+    }
+
+    async fn body(resp: Response<MaybeBuffered<Full<Bytes>>>) -> Bytes {
+        resp.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    /// The handler's headers reach the first caller as it set them (its
+    /// `content-length` as the body's exact size, which hyper writes), and
+    /// the replay carries them without the hop-by-hop ones.
+    #[tokio::test]
+    async fn headers_reach_the_first_caller_and_the_replay() {
+        let [first, again] = first_and_replay(1024, None).await;
+        assert_eq!(first.headers()["content-type"], "text/plain");
+        assert_eq!(first.headers()["x-a"], "1");
+        assert_eq!(first.body().size_hint().exact(), Some(5));
+        assert!(first
+            .headers()
+            .get("content-length")
+            .is_none_or(|v| v == "5"));
+        assert_eq!(body(first).await, "hello");
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.headers()["x-a"], "1");
+        assert!(again.headers().get("content-length").is_none());
+        assert_eq!(body(again).await, "hello");
+
+        // Another hop-by-hop header: the first caller gets it, the replay
+        // does not.
+        let [first, again] = first_and_replay(1024, Some(("connection", "close"))).await;
+        assert_eq!(first.headers()["connection"], "close");
+        assert_eq!(first.headers()["content-length"], "5");
+        assert_eq!(body(first).await, "hello");
+        assert!(again.headers().get("connection").is_none());
+        assert_eq!(again.headers()["x-a"], "1");
+        assert_eq!(body(again).await, "hello");
+    }
+
+    /// A body past the cap goes on to the first caller whole, with the
+    /// length the handler gave it.
+    #[tokio::test]
+    async fn a_body_past_the_cap_keeps_its_length() {
+        let [first, again] = first_and_replay(3, None).await;
+        assert_eq!(first.headers()["content-length"], "5");
+        assert_eq!(first.headers()["x-a"], "1");
+        assert_eq!(body(first).await, "hello");
+        assert_eq!(again.headers()["idempotent-body-omitted"], "true");
+        assert_eq!(body(again).await, "");
+    }
 
     #[test]
     fn stored_headers_leave_out_hop_by_hop_ones_only() {
