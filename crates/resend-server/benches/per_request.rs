@@ -56,13 +56,21 @@ async fn axum_handler(body: Bytes) -> String {
     format!("ok {}", body.len())
 }
 
-async fn axum_run(app: axum::Router, n: u64, keyed: bool) -> usize {
+/// `n` requests through `app`, keyed `{prefix}-{i}`; with `yield_each`,
+/// the task lets others in after each one, as a socket's wait would.
+async fn axum_run(
+    app: axum::Router,
+    prefix: String,
+    n: u64,
+    keyed: bool,
+    yield_each: bool,
+) -> usize {
     // As `axum::serve` does for each connection: the handlers become routes
     // once, not on every request.
     let mut app = app.with_state(());
     let mut total = 0;
     for i in 0..n {
-        let key = format!("run-{i}");
+        let key = format!("{prefix}-{i}");
         let req = request(&key).map(axum::body::Body::new);
         let resp = ServiceExt::<Request<axum::body::Body>>::ready(&mut app)
             .await
@@ -72,6 +80,9 @@ async fn axum_run(app: axum::Router, n: u64, keyed: bool) -> usize {
             .unwrap();
         assert!(!keyed || resp.status().is_success());
         total += resp.into_body().collect().await.unwrap().to_bytes().len();
+        if yield_each {
+            tokio::task::yield_now().await;
+        }
     }
     total
 }
@@ -88,7 +99,8 @@ fn multi_thread(mode: &str, n: u64) {
         .unwrap();
     let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
     let app = axum::Router::new().route("/orders", axum::routing::post(axum_handler));
-    let app = if mode == "axum-memory-mt" {
+    let keyed = mode == "axum-memory-mt";
+    let app = if keyed {
         app.layer(IdempotencyLayer::new(store.clone()))
     } else {
         app
@@ -97,25 +109,13 @@ fn multi_thread(mode: &str, n: u64) {
     let total: usize = rt.block_on(async {
         let tasks: Vec<_> = (0..16)
             .map(|t| {
-                let app = app.clone().with_state(());
-                tokio::spawn(async move {
-                    let mut app = app;
-                    let mut total = 0;
-                    for i in 0..n / 16 {
-                        let key = format!("run-{t}-{i}");
-                        let req = request(&key).map(axum::body::Body::new);
-                        let resp = ServiceExt::<Request<axum::body::Body>>::ready(&mut app)
-                            .await
-                            .unwrap()
-                            .call(req)
-                            .await
-                            .unwrap();
-                        total += resp.into_body().collect().await.unwrap().to_bytes().len();
-                        // Let the other tasks in, as a socket's wait would.
-                        tokio::task::yield_now().await;
-                    }
-                    total
-                })
+                tokio::spawn(axum_run(
+                    app.clone(),
+                    format!("run-{t}"),
+                    n / 16,
+                    keyed,
+                    true,
+                ))
             })
             .collect();
         let mut total = 0;
@@ -147,9 +147,10 @@ async fn main() {
         "axum-none" | "axum-memory" => {
             let app = axum::Router::new().route("/orders", axum::routing::post(axum_handler));
             total = if mode == "axum-none" {
-                axum_run(app, n, false).await
+                axum_run(app, "run".into(), n, false, false).await
             } else {
-                axum_run(app.layer(IdempotencyLayer::new(store.clone())), n, true).await
+                let app = app.layer(IdempotencyLayer::new(store.clone()));
+                axum_run(app, "run".into(), n, true, false).await
             };
         }
         "none" => {
