@@ -180,11 +180,14 @@ impl<St: Store> Drop for LeaseGuard<St> {
         if !self.armed {
             return;
         }
-        let (store, scope, key) = (self.store.clone(), self.scope.clone(), self.key.clone());
-        let (token, ttl) = (self.token, self.ttl);
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        // The guard is going: its scope moves to the task; the store and the
+        // key (handles to shared data) are cloned.
+        let scope = std::mem::take(&mut self.scope);
+        let (store, key) = (self.store.clone(), self.key.clone());
+        let (token, ttl) = (self.token, self.ttl);
         let done = self.done.take();
         tracing::debug!(
             key = key.as_str(),
