@@ -5,11 +5,13 @@
 //!
 //! `cargo bench -p resend-server --all-features --bench throughput`
 //! (Redis and PostgreSQL rows need the servers of `RESEND_REDIS_URL` and
-//! `RESEND_PG_URL`; missing ones are skipped). `RESEND_BENCH_ROUNDS=n`
-//! sets the rounds (3), `RESEND_BENCH_SECS=s` the measured seconds of each
-//! row in a round (3), `RESEND_BENCH_MEMORY_ONLY=1` leaves out the Redis
-//! and PostgreSQL rows, `RESEND_BENCH_ONLY=text` keeps the rows whose name
-//! holds `text`.
+//! `RESEND_PG_URL`; missing ones are skipped). Each round gives every row a
+//! short slice of load, in an order that turns from round to round, and
+//! each row is compared with the no-layer row of its own round.
+//! `RESEND_BENCH_ROUNDS=n` sets the rounds (15), `RESEND_BENCH_SECS=s` the
+//! measured seconds of a slice (0.5), `RESEND_BENCH_MEMORY_ONLY=1` leaves
+//! out the Redis and PostgreSQL rows, `RESEND_BENCH_ONLY=text` keeps the
+//! rows whose name holds `text`.
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,9 +29,16 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 const CONCURRENCY: usize = 16;
+/// Load before a target's first slice: its connections made, its code and
+/// data warm.
 const WARMUP: Duration = Duration::from_millis(500);
-const MEASURE: Duration = Duration::from_secs(3);
-const ROUNDS: usize = 3;
+/// Load before every later slice (the connections are kept between slices).
+const SLICE_WARMUP: Duration = Duration::from_millis(50);
+/// A slice: one target's measured time in a round.
+const MEASURE: Duration = Duration::from_millis(500);
+const ROUNDS: usize = 15;
+
+type Client = resend::HyperClient<Full<Bytes>>;
 
 async fn handler(body: Bytes) -> String {
     format!("ok {}", body.len())
@@ -50,28 +59,36 @@ fn with_store<St: Store>(store: St) -> Router {
     plain().layer(IdempotencyLayer::new(store))
 }
 
-/// CPU time of this process (client and server, all threads) in seconds,
-/// in user space and in all, from `/proc/self/stat` (Linux; 10 ms ticks).
-/// `None` elsewhere.
+/// CPU time of this process (client and server, all threads) in seconds:
+/// in user space, from `/proc/self/stat` (10 ms ticks), and in all, from
+/// each thread's `/proc/self/task/*/schedstat` (nanoseconds, so that a
+/// short slice is measured as well as a long one). Linux; `None` elsewhere.
 fn cpu_seconds() -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // Fields after the command (which may hold spaces): state is the 3rd,
-    // utime the 14th and stime the 15th.
+    // utime the 14th.
     let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split(' ').skip(11);
-    let utime: f64 = fields.next()?.parse().ok()?;
-    let stime: f64 = fields.next()?.parse().ok()?;
-    Some((utime / 100.0, (utime + stime) / 100.0))
+    let utime: f64 = rest.split(' ').nth(11)?.parse().ok()?;
+    let mut total_ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        // A thread that ended between the listing and the read is skipped.
+        if let Ok(s) = std::fs::read_to_string(path) {
+            total_ns += s.split(' ').next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some((utime / 100.0, total_ns as f64 / 1e9))
 }
 
-/// Requests per second over `measure`, after `WARMUP`, and the CPU time
+/// Sends from [`CONCURRENCY`] tasks through `client` for `warmup`, then
+/// counts the answers over `measure`: requests per second, and the CPU time
 /// per request in microseconds (client and server together; user space,
 /// and in all), which the other load on a shared machine disturbs less than
 /// the rate.
-async fn load(url: &str, measure: Duration) -> (f64, Option<(f64, f64)>) {
-    let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(1));
+async fn load(client: &Client, url: &str, warmup: Duration, measure: Duration) -> Slice {
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    // Keys unique to this slice: the stores keep every earlier one.
     let run = uuid::Uuid::new_v4().simple().to_string();
     let mut tasks = Vec::new();
     for w in 0..CONCURRENCY {
@@ -99,20 +116,42 @@ async fn load(url: &str, measure: Duration) -> (f64, Option<(f64, f64)>) {
             }
         }));
     }
-    tokio::time::sleep(WARMUP).await;
+    tokio::time::sleep(warmup).await;
     let (start, before, cpu) = (Instant::now(), count.load(Ordering::Relaxed), cpu_seconds());
     tokio::time::sleep(measure).await;
     let done = count.load(Ordering::Relaxed) - before;
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu.zip(cpu_seconds()).map(|(a, b)| {
         let per = |x: f64, y: f64| (y - x) * 1e6 / done as f64;
-        (per(a.0, b.0), per(a.1, b.1))
+        Cpu {
+            user: per(a.0, b.0),
+            total: per(a.1, b.1),
+        }
     });
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
-    (done as f64 / secs, cpu)
+    Slice {
+        rate: done as f64 / secs,
+        cpu,
+    }
+}
+
+/// One target's slice of a round.
+struct Slice {
+    /// Requests per second.
+    rate: f64,
+    cpu: Option<Cpu>,
+}
+
+/// CPU time per request, in microseconds.
+#[derive(Clone, Copy)]
+struct Cpu {
+    /// User space, client and server.
+    user: f64,
+    /// In all, client and server.
+    total: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -134,6 +173,7 @@ async fn main() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(ROUNDS)
+            .max(1)
     };
     let measure = std::env::var("RESEND_BENCH_SECS")
         .ok()
@@ -202,7 +242,7 @@ async fn main() {
     }
     if quick {
         for (_, url) in &targets {
-            let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(1));
+            let client: Client = resend::hyper_client(Duration::from_secs(1));
             let req = Request::post(url.as_str())
                 .header("idempotency-key", uuid::Uuid::new_v4().to_string())
                 .body(Full::new(Bytes::from_static(b"{}")))
@@ -213,64 +253,62 @@ async fn main() {
         return;
     }
 
-    // Rounds interleave the targets, so drift on a shared machine hits all alike.
-    let mut results: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
-    let mut cpu: Vec<Vec<(f64, f64)>> = vec![Vec::new(); targets.len()];
-    for _ in 0..rounds {
-        for (i, (_, url)) in targets.iter().enumerate() {
-            let (rate, per_request) = load(url, measure).await;
-            results[i].push(rate);
-            cpu[i].extend(per_request);
+    // Rounds interleave the targets in short slices, each round in another
+    // order, so that the drift of a shared machine (its other load, its
+    // clock) hits every target alike and is compared within the round.
+    let clients: Vec<Client> = targets
+        .iter()
+        .map(|_| resend::hyper_client(Duration::from_secs(1)))
+        .collect();
+    for ((_, url), client) in targets.iter().zip(&clients) {
+        load(client, url, WARMUP, Duration::from_millis(100)).await;
+    }
+    let mut slices: Vec<Vec<Slice>> = targets.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for k in 0..targets.len() {
+            let i = (k + round) % targets.len();
+            slices[i].push(load(&clients[i], &targets[i].1, SLICE_WARMUP, measure).await);
         }
     }
-    let base = median(results[0].clone());
-    let base_rounds = results[0].clone();
-    // The ratio to the no-layer run of the same round, then its median:
-    // less sensitive to drift between rounds than a ratio of medians.
-    let ratio = |r: &[f64]| {
-        median(
-            r.iter()
-                .zip(&base_rounds)
-                .map(|(x, b)| 100.0 * x / b)
-                .collect(),
-        )
+    report(&targets, &slices, rounds);
+}
+
+/// Prints one row per target: its median rate, and its medians of per-round
+/// ratios to the first row (the no-layer one) in rate and in CPU time per
+/// request. A ratio to the first row of the same round, then its median,
+/// is less sensitive to drift between rounds than a ratio of medians. The
+/// CPU ratio (the first row's CPU per request over this one's) is the
+/// throughput ratio the layer allows when the process has the cores to
+/// itself.
+fn report(targets: &[(&str, String)], slices: &[Vec<Slice>], rounds: usize) {
+    let base = &slices[0];
+    let per_round = |row: &[Slice], f: &dyn Fn(&Slice, &Slice) -> Option<f64>| {
+        let v: Vec<f64> = row.iter().zip(base).filter_map(|(x, b)| f(x, b)).collect();
+        (!v.is_empty()).then(|| median(v))
     };
-    // CPU per request of the no-layer run over this one's, per round: the
-    // throughput ratio the layer allows when the process has the cores to
-    // itself.
-    let cpu_ratio = |c: &[(f64, f64)]| {
-        (!c.is_empty() && c.len() == cpu[0].len()).then(|| {
-            median(
-                c.iter()
-                    .zip(&cpu[0])
-                    .map(|(x, b)| 100.0 * b.1 / x.1)
-                    .collect(),
-            )
-        })
+    let cpu_med = |row: &[Slice], f: &dyn Fn(&Cpu) -> f64| {
+        let v: Vec<f64> = row.iter().filter_map(|s| s.cpu.as_ref().map(f)).collect();
+        (!v.is_empty()).then(|| median(v))
     };
+    let show = |x: Option<f64>, unit: &str| x.map_or("-".to_owned(), |x| format!("{x:.1}{unit}"));
+    let base_rate = median(base.iter().map(|s| s.rate).collect());
     println!(
         "| setup | req/s (median of {rounds}) | vs no layer | median per-round ratio \
          | CPU µs/req (median) | user CPU µs/req (median) | median per-round CPU ratio |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (((name, _), r), c) in targets.iter().zip(results).zip(&cpu) {
-        let m = median(r.clone());
-        let (c_med, u_med, c_ratio) = match (c.is_empty(), cpu_ratio(c)) {
-            (false, Some(ratio)) => (
-                format!("{:.1}", median(c.iter().map(|x| x.1).collect())),
-                format!("{:.1}", median(c.iter().map(|x| x.0).collect())),
-                format!("{ratio:.1}%"),
-            ),
-            _ => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
-        };
+    for ((name, _), row) in targets.iter().zip(slices) {
+        let rate = median(row.iter().map(|s| s.rate).collect());
+        let ratio = per_round(row, &|x, b| Some(100.0 * x.rate / b.rate));
+        let cpu_ratio = per_round(row, &|x, b| Some(100.0 * b.cpu?.total / x.cpu?.total));
         println!(
-            "| {name} | {m:.0} | {:.1}% | {:.1}% | {c_med} | {u_med} | {c_ratio} | rounds: {:?}, CPU: {:?}",
-            100.0 * m / base,
-            ratio(&r),
-            r.iter().map(|x| x.round()).collect::<Vec<_>>(),
-            c.iter()
-                .map(|x| (x.1 * 10.0).round() / 10.0)
-                .collect::<Vec<_>>()
+            "| {name} | {rate:.0} | {:.1}% | {} | {} | {} | {} | rounds: {:?}",
+            100.0 * rate / base_rate,
+            show(ratio, "%"),
+            show(cpu_med(row, &|c| c.total), ""),
+            show(cpu_med(row, &|c| c.user), ""),
+            show(cpu_ratio, "%"),
+            row.iter().map(|s| s.rate.round()).collect::<Vec<_>>(),
         );
     }
 }
