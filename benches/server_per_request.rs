@@ -4,8 +4,9 @@
 //! counts, which are repeatable on a noisy machine:
 //!
 //! ```text
+//! cargo bench -p resend-benches --bench server_per_request --no-run
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p \
-//!     target/release/deps/per_request-* memory 50000
+//!     target/release/deps/server_per_request-* memory 50000
 //! ```
 //!
 //! The layer's cost per request is (memory - none) / n. Each run also

@@ -3,7 +3,7 @@
 //! Every request is a POST with a fresh Idempotency-Key (the full path:
 //! body read and hashed, lease taken, handler run, response stored).
 //!
-//! `cargo bench -p resend-server --all-features --bench throughput`
+//! `cargo bench -p resend-benches --all-features --bench server_throughput`
 //! (Redis and PostgreSQL rows need the servers of `RESEND_REDIS_URL` and
 //! `RESEND_PG_URL`; missing ones are skipped). Each round gives every row a
 //! short slice of load, in an order that turns from round to round, and
