@@ -32,6 +32,10 @@ const SHARDS: usize = 16;
 /// records refuses new keys (the layer answers 503) rather than forget a
 /// finished operation and run it twice.
 ///
+/// A record is one allocation of its exact size: 65 bytes, its scope and
+/// key, and its stored response; with its slot in the table, a UUID key
+/// with a small JSON answer takes about 200 bytes.
+///
 /// The records are split into 16 shards by the hash of their key (randomly
 /// seeded), each behind its own lock, so concurrent requests seldom wait for
 /// each other and a growing table moves only its shard's records.
@@ -64,20 +68,29 @@ impl fmt::Debug for MemoryStore {
 }
 
 /// Each field on cache lines of its own (`Padded`): the `Arc`'s counts,
-/// which every request changes as it clones the store, the hasher, which
-/// every request reads, each shard, and each counter. Packed together, a
-/// write to one would take the line from the other core for all of them
-/// (false sharing), and every request on a two-core server paid for that.
+/// which every request changes as it clones the store, the hasher and the
+/// epoch, which every request reads, each shard, and each counter. Packed
+/// together, a write to one would take the line from the other core for all
+/// of them (false sharing), and every request on a two-core server paid for
+/// that.
 struct Shared {
-    /// Randomly seeded (SipHash), so that keys chosen by callers cannot be
-    /// made to collide.
-    hasher: Padded<RandomState>,
+    fixed: Padded<Fixed>,
     shards: [Padded<Mutex<Shard>>; SHARDS],
     /// Records in all shards: changed only under the lock of the shard
     /// whose table gains or loses the record, so it never underflows.
     records: Padded<AtomicUsize>,
     /// Bytes of stored responses in all shards, kept like `records`.
     bytes: Padded<AtomicUsize>,
+}
+
+/// What never changes after the store is made.
+struct Fixed {
+    /// Randomly seeded (SipHash), so that keys chosen by callers cannot be
+    /// made to collide.
+    hasher: RandomState,
+    /// Records keep their expiry as nanoseconds after this instant: 8 bytes
+    /// rather than a 16-byte `Instant`.
+    epoch: Instant,
 }
 
 /// `T` aligned to 128 bytes (two cache lines, as x86's adjacent-line
@@ -102,18 +115,24 @@ struct Shard {
     /// nothing.
     table: HashTable<Slot>,
     /// No record of this shard expires before this (a lower bound on every
-    /// record's `until`, lowered whenever one is set), so a sweep before it
+    /// record's expiry, lowered whenever one is set), so a sweep before it
     /// would free nothing. `None` when there is no record to expire.
-    next_expiry: Option<Instant>,
+    next_expiry: Option<u64>,
 }
 
-/// A slot of a shard's table: 16 bytes, the record itself out of line.
+impl Shard {
+    fn expires_at(&mut self, until: u64) {
+        self.next_expiry = Some(self.next_expiry.map_or(until, |t| t.min(until)));
+    }
+}
+
+/// A slot of a shard's table: 24 bytes, the record itself out of line.
 /// The table of a busy store holds millions of slots, and finding or adding
 /// a key touches a slot at random: small slots keep more of the table in
-/// the CPU's caches, and growing it moves 16 bytes per record.
+/// the CPU's caches, and growing it moves 24 bytes per record.
 struct Slot {
     hash: u64,
-    record: Box<Record>,
+    record: Record,
 }
 
 impl Slot {
@@ -122,104 +141,161 @@ impl Slot {
     }
 }
 
-/// A record: 160 bytes, its scope and key inside it when they fit (as a
-/// UUID key does, under the default scope or a credentials one), so that a
-/// fresh key costs one allocation, not two, and finding it one pointer
-/// followed, not two.
-struct Record {
-    fingerprint: Fingerprint,
-    until: Instant,
-    state: State,
-    /// The scope's bytes, then the key's.
-    key: KeyBytes,
-    scope_len: usize,
-}
+// A record's bytes: its header, then its scope's and its key's bytes, then,
+// once it is done, its response as `StoredResponse::encode` writes it.
+/// Expiry: nanoseconds after the store's epoch (`u64`, little-endian).
+const UNTIL: std::ops::Range<usize> = 0..8;
+/// `LEASED` or `DONE`.
+const STATE: usize = 8;
+/// The lease's token (`u128`, little-endian); zeros once done.
+const TOKEN: std::ops::Range<usize> = 9..25;
+const FINGERPRINT: std::ops::Range<usize> = 25..57;
+/// The scope's length and the key's (`u32`, little-endian).
+const SCOPE_LEN: std::ops::Range<usize> = 57..61;
+const KEY_LEN: std::ops::Range<usize> = 61..65;
+const HEADER: usize = 65;
+const LEASED: u8 = 0;
+const DONE: u8 = 1;
 
-enum State {
-    /// The lease's token, as bytes (a `u128` would align the record to 16
-    /// and make it 16 bytes larger).
-    Leased([u8; 16]),
-    /// The response as [`StoredResponse::encode`] writes it: one allocation.
-    Done(Box<[u8]>),
-}
+/// A record, in one allocation of its exact size: a lease holds its header
+/// and its scope and key (~110 bytes for a UUID key), a finished record
+/// those and its response. So a record at rest is one allocation, not
+/// two, and a lease, made again as the finished record replaces it, is
+/// freed while it is still in the CPU's caches, and its memory is the next
+/// lease's.
+struct Record(Box<[u8]>);
 
-impl State {
-    fn leased(token: &LeaseToken) -> Self {
-        Self::Leased(token.as_u128().to_le_bytes())
-    }
-
-    fn is_leased_by(&self, token: &LeaseToken) -> bool {
-        matches!(self, Self::Leased(t) if *t == token.as_u128().to_le_bytes())
-    }
-}
-
-/// Room for a scope and key held inside the record: `auth:` and 32 hex
-/// digits (the default scope of a caller with credentials) and a 36-byte
-/// UUID take 73.
-const INLINE_KEY: usize = 78;
-
-/// A scope's and a key's bytes, one after the other.
-enum KeyBytes {
-    Inline { len: u8, bytes: [u8; INLINE_KEY] },
-    Heap(Box<[u8]>),
-}
-
-impl KeyBytes {
-    fn new(key: &RecordKey<'_>) -> Self {
-        let (scope, k) = (key.scope.as_bytes(), key.key.as_bytes());
-        let len = scope.len() + k.len();
-        match u8::try_from(len) {
-            Ok(short) if len <= INLINE_KEY => {
-                let mut bytes = [0; INLINE_KEY];
-                bytes[..scope.len()].copy_from_slice(scope);
-                bytes[scope.len()..len].copy_from_slice(k);
-                Self::Inline { len: short, bytes }
-            }
-            _ => Self::Heap([scope, k].concat().into_boxed_slice()),
-        }
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
-            Self::Heap(bytes) => bytes,
-        }
-    }
+/// The length of a scope or key as the header keeps it.
+fn len32(bytes: &[u8]) -> Result<[u8; 4], StoreError> {
+    u32::try_from(bytes.len())
+        .map(u32::to_le_bytes)
+        .map_err(|_| StoreError::new("an idempotency scope of 4 GiB or more"))
 }
 
 impl Record {
+    /// A record's header and key, with room for `extra` bytes more.
+    fn start(
+        key: &RecordKey<'_>,
+        state: u8,
+        token: u128,
+        fingerprint: &Fingerprint,
+        until: u64,
+        extra: usize,
+    ) -> Result<Vec<u8>, StoreError> {
+        let (scope, k) = (key.scope.as_bytes(), key.key.as_bytes());
+        let (scope_len, key_len) = (len32(scope)?, len32(k)?);
+        let mut header = [0; HEADER];
+        header[UNTIL].copy_from_slice(&until.to_le_bytes());
+        header[STATE] = state;
+        header[TOKEN].copy_from_slice(&token.to_le_bytes());
+        header[FINGERPRINT].copy_from_slice(&fingerprint.0);
+        header[SCOPE_LEN].copy_from_slice(&scope_len);
+        header[KEY_LEN].copy_from_slice(&key_len);
+        let mut out = Vec::with_capacity(HEADER + scope.len() + k.len() + extra);
+        out.extend_from_slice(&header);
+        out.extend_from_slice(scope);
+        out.extend_from_slice(k);
+        Ok(out)
+    }
+
+    fn lease(
+        key: &RecordKey<'_>,
+        fingerprint: &Fingerprint,
+        token: &LeaseToken,
+        until: u64,
+    ) -> Result<Self, StoreError> {
+        let bytes = Self::start(key, LEASED, token.as_u128(), fingerprint, until, 0)?;
+        Ok(Self(bytes.into_boxed_slice()))
+    }
+
+    /// A finished record for `key`, holding `response` (or, with `slim`,
+    /// its status and headers only). Its fingerprint is set from the lease
+    /// it replaces, under the shard's lock.
+    fn done(
+        key: &RecordKey<'_>,
+        response: &StoredResponse,
+        slim: bool,
+        until: u64,
+    ) -> Result<Self, StoreError> {
+        let body: &[u8] = if slim { &[] } else { &response.body };
+        let (headers, omitted) = (&response.headers, slim || response.body_omitted);
+        let extra = super::encoded_len(headers, body);
+        let mut bytes = Self::start(key, DONE, 0, &Fingerprint([0; 32]), until, extra)?;
+        super::encode_into(&mut bytes, response.status, headers, omitted, body);
+        Ok(Self(bytes.into_boxed_slice()))
+    }
+
+    fn u32_at(&self, at: std::ops::Range<usize>) -> usize {
+        let mut b = [0; 4];
+        b.copy_from_slice(&self.0[at]);
+        u32::from_le_bytes(b) as usize
+    }
+
+    /// Where the scope and key end and the response begins.
+    fn key_end(&self) -> usize {
+        HEADER + self.u32_at(SCOPE_LEN) + self.u32_at(KEY_LEN)
+    }
+
     fn is(&self, key: &RecordKey<'_>) -> bool {
-        self.key.as_slice().split_at_checked(self.scope_len)
-            == Some((key.scope.as_bytes(), key.key.as_bytes()))
+        let scope_end = HEADER + self.u32_at(SCOPE_LEN);
+        self.0.get(HEADER..scope_end) == Some(key.scope.as_bytes())
+            && self.0.get(scope_end..self.key_end()) == Some(key.key.as_bytes())
+    }
+
+    fn until(&self) -> u64 {
+        let mut b = [0; 8];
+        b.copy_from_slice(&self.0[UNTIL]);
+        u64::from_le_bytes(b)
+    }
+
+    fn set_until(&mut self, until: u64) {
+        self.0[UNTIL].copy_from_slice(&until.to_le_bytes());
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        let mut f = [0; 32];
+        f.copy_from_slice(&self.0[FINGERPRINT]);
+        Fingerprint(f)
+    }
+
+    fn is_lease(&self) -> bool {
+        self.0[STATE] == LEASED
+    }
+
+    fn is_leased_by(&self, token: &LeaseToken) -> bool {
+        self.is_lease() && self.0[TOKEN] == token.as_u128().to_le_bytes()
+    }
+
+    /// A lease's record taken over by `token`, in place (a lease and a new
+    /// one for the same key have the same size).
+    fn lease_again(&mut self, fingerprint: &Fingerprint, token: &LeaseToken, until: u64) {
+        self.set_until(until);
+        self.0[TOKEN].copy_from_slice(&token.as_u128().to_le_bytes());
+        self.0[FINGERPRINT].copy_from_slice(&fingerprint.0);
+    }
+
+    /// The bytes of its stored response: 0 for a lease.
+    fn size(&self) -> usize {
+        if self.is_lease() {
+            0
+        } else {
+            self.0.len() - self.key_end()
+        }
     }
 
     /// What `begin` says about a live record.
     fn answer(&self) -> Result<Begin, StoreError> {
-        match &self.state {
-            State::Leased(_) => Ok(Begin::InProgress {
-                fingerprint: self.fingerprint,
+        let fingerprint = self.fingerprint();
+        if self.is_lease() {
+            return Ok(Begin::InProgress { fingerprint });
+        }
+        match StoredResponse::decode(&self.0[self.key_end()..]) {
+            Some(response) => Ok(Begin::Completed {
+                fingerprint,
+                response,
             }),
-            State::Done(encoded) => match StoredResponse::decode(encoded) {
-                Some(response) => Ok(Begin::Completed {
-                    fingerprint: self.fingerprint,
-                    response,
-                }),
-                None => Err(StoreError::new("a stored response could not be decoded")),
-            },
+            None => Err(StoreError::new("a stored response could not be decoded")),
         }
-    }
-
-    fn size(&self) -> usize {
-        match &self.state {
-            State::Leased(_) => 0,
-            State::Done(encoded) => encoded.len(),
-        }
-    }
-}
-
-impl Shard {
-    fn expires_at(&mut self, until: Instant) {
-        self.next_expiry = Some(self.next_expiry.map_or(until, |t| t.min(until)));
     }
 }
 
@@ -239,7 +315,10 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self {
             shared: Arc::new(Shared {
-                hasher: Padded(RandomState::new()),
+                fixed: Padded(Fixed {
+                    hasher: RandomState::new(),
+                    epoch: Instant::now(),
+                }),
                 shards: std::array::from_fn(|_| Padded::default()),
                 records: Padded(AtomicUsize::new(0)),
                 bytes: Padded(AtomicUsize::new(0)),
@@ -276,12 +355,18 @@ impl MemoryStore {
     }
 
     fn hash(&self, key: &RecordKey<'_>) -> u64 {
-        let mut h = self.shared.hasher.build_hasher();
+        let mut h = self.shared.fixed.hasher.build_hasher();
         h.write(key.scope.as_bytes());
         // Neither a scope (UTF-8) nor a key (ASCII) holds 0xff.
         h.write_u8(0xff);
         h.write(key.key.as_bytes());
         h.finish()
+    }
+
+    /// Now, as nanoseconds after the store's epoch.
+    fn now(&self) -> u64 {
+        let since = Instant::now().saturating_duration_since(self.shared.fixed.epoch);
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The shard of a key: bits of its hash that the table itself uses
@@ -308,8 +393,8 @@ impl MemoryStore {
         token: &LeaseToken,
         ttl: Ttl,
     ) -> Result<Begin, StoreError> {
-        let now = Instant::now();
-        let until = now + ttl.lease;
+        let now = self.now();
+        let until = after(now, ttl.lease);
         let hash = self.hash(key);
         let mut swept = false;
         loop {
@@ -317,15 +402,18 @@ impl MemoryStore {
             let shard = &mut *guard;
             let full = match shard.table.entry(hash, |s| s.is(hash, key), |s| s.hash) {
                 Entry::Occupied(mut e) => {
-                    let r = &mut *e.get_mut().record;
-                    if r.until > now {
+                    let r = &mut e.get_mut().record;
+                    if r.until() > now {
                         return r.answer();
                     }
                     // Expired: a dead holder's lease, or an old record. Take it over.
-                    self.shared.bytes.fetch_sub(r.size(), Relaxed);
-                    r.fingerprint = fingerprint;
-                    r.until = until;
-                    r.state = State::leased(token);
+                    if r.is_lease() {
+                        r.lease_again(&fingerprint, token, until);
+                    } else {
+                        let size = r.size();
+                        *r = Record::lease(key, &fingerprint, token, until)?;
+                        self.shared.bytes.fetch_sub(size, Relaxed);
+                    }
                     false
                 }
                 Entry::Vacant(e) => {
@@ -333,16 +421,15 @@ impl MemoryStore {
                     if self.shared.bytes.load(Relaxed) > self.max_bytes || !self.reserve_record() {
                         true
                     } else {
-                        e.insert(Slot {
-                            hash,
-                            record: Box::new(Record {
-                                fingerprint,
-                                until,
-                                state: State::leased(token),
-                                key: KeyBytes::new(key),
-                                scope_len: key.scope.len(),
-                            }),
-                        });
+                        match Record::lease(key, &fingerprint, token, until) {
+                            Ok(record) => {
+                                e.insert(Slot { hash, record });
+                            }
+                            Err(err) => {
+                                self.shared.records.fetch_sub(1, Relaxed);
+                                return Err(err);
+                            }
+                        }
                         false
                     }
                 }
@@ -367,37 +454,36 @@ impl MemoryStore {
         response: &StoredResponse,
         ttl: Ttl,
     ) -> Result<(), StoreError> {
-        let now = Instant::now();
+        let until = after(self.now(), ttl.record);
         let hash = self.hash(key);
-        // Encoded before the lock is taken.
-        let full = response.encode().into_boxed_slice();
+        // Made before the lock is taken; the lease's fingerprint is copied
+        // in under it.
+        let mut full = Record::done(key, response, false, until)?;
         let mut guard = self.shard(hash);
         let shard = &mut *guard;
         let Some(Slot { record: r, .. }) = shard.table.find_mut(hash, |s| s.is(hash, key)) else {
             return Ok(());
         };
-        if !r.state.is_leased_by(token) {
+        if !r.is_leased_by(token) {
             return Ok(());
         }
         let fits = self
             .shared
             .bytes
             .fetch_update(Relaxed, Relaxed, |b| {
-                b.checked_add(full.len())
+                b.checked_add(full.size())
                     .filter(|&total| total <= self.max_bytes)
             })
             .is_ok();
-        r.state = State::Done(if fits {
-            full
-        } else {
+        if !fits {
             // Keep the operation's outcome, without its body, rather than
             // forget that it ran.
-            let slim = super::encode(response.status, &response.headers, true, &[]);
-            self.shared.bytes.fetch_add(slim.len(), Relaxed);
-            slim.into_boxed_slice()
-        });
-        r.until = now + ttl.record;
-        let until = r.until;
+            full = Record::done(key, response, true, until)?;
+            self.shared.bytes.fetch_add(full.size(), Relaxed);
+        }
+        full.0[FINGERPRINT].copy_from_slice(&r.0[FINGERPRINT]);
+        // The lease's record is freed here, while it is in the caches.
+        *r = full;
         shard.expires_at(until);
         Ok(())
     }
@@ -406,7 +492,7 @@ impl MemoryStore {
         let hash = self.hash(key);
         let mut shard = self.shard(hash);
         if let Ok(e) = shard.table.find_entry(hash, |s| s.is(hash, key)) {
-            if e.get().record.state.is_leased_by(token) {
+            if e.get().record.is_leased_by(token) {
                 // A lease holds no bytes.
                 e.remove();
                 self.shared.records.fetch_sub(1, Relaxed);
@@ -415,7 +501,7 @@ impl MemoryStore {
     }
 
     /// Drops the expired records of every shard, one shard at a time.
-    fn sweep(&self, now: Instant) {
+    fn sweep(&self, now: u64) {
         for shard in &self.shared.shards {
             let mut shard = lock(shard);
             if shard.next_expiry.is_none_or(|t| t > now) {
@@ -423,11 +509,12 @@ impl MemoryStore {
                 continue;
             }
             let (mut freed, mut removed) = (0, 0);
-            let mut next: Option<Instant> = None;
+            let mut next: Option<u64> = None;
             shard.table.retain(|Slot { record: r, .. }| {
-                let keep = r.until > now;
+                let until = r.until();
+                let keep = until > now;
                 if keep {
-                    next = Some(next.map_or(r.until, |t| t.min(r.until)));
+                    next = Some(next.map_or(until, |t| t.min(until)));
                 } else {
                     freed += r.size();
                     removed += 1;
@@ -439,6 +526,11 @@ impl MemoryStore {
             self.shared.records.fetch_sub(removed, Relaxed);
         }
     }
+}
+
+/// `now` plus `ttl`, in nanoseconds, saturating.
+fn after(now: u64, ttl: std::time::Duration) -> u64 {
+    now.saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX))
 }
 
 impl Store for MemoryStore {
@@ -539,26 +631,39 @@ mod tests {
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn records_stay_small() {
-        assert_eq!(std::mem::size_of::<Slot>(), 16);
-        assert_eq!(std::mem::size_of::<Record>(), 160);
+        assert_eq!(std::mem::size_of::<Slot>(), 24);
+        let (fp, t) = (Fingerprint([3; 32]), LeaseToken::random());
+        let k = RecordKey {
+            scope: "anonymous",
+            key: "0b5a2f9e-3c1d-4e8a-9f7b-2d6c8e1a4b3f",
+        };
+        // A lease: its header, scope and key, in one allocation.
+        let lease = Record::lease(&k, &fp, &t, 7).unwrap();
+        assert_eq!(lease.0.len(), 110);
+        assert_eq!(lease.size(), 0);
+        // Finished: the same, and the response as `encode` writes it.
+        let r = resp("ok 21");
+        let done = Record::done(&k, &r, false, 9).unwrap();
+        assert_eq!(done.0.len(), 110 + r.encode().len());
+        assert_eq!(done.size(), r.encode().len());
+        assert!(done.is(&k) && lease.is(&k));
+        assert_eq!((lease.until(), done.until()), (7, 9));
+        assert!(lease.is_leased_by(&t) && !done.is_lease());
     }
 
-    /// Scopes and keys held inside the record and out of it, either side of
-    /// the line, are told apart by every byte and found again.
+    /// Scopes and keys of any length are found again, and the same bytes
+    /// split another way between scope and key are another record.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn keys_inside_the_record_and_out_of_it_work_alike() {
+    async fn keys_of_any_length_and_split_work_alike() {
         let s = MemoryStore::new();
         let fp = Fingerprint([2; 32]);
         let t = LeaseToken::random();
-        // "s" and 77, 78 and 254 bytes of key: 78, 79 and 255 in all.
-        let keys: Vec<String> = [77, 78, 254].iter().map(|&n| "k".repeat(n)).collect();
+        let keys: Vec<String> = [1, 77, 78, 254].iter().map(|&n| "k".repeat(n)).collect();
         for k in &keys {
-            assert!(matches!(KeyBytes::new(&key(k)), KeyBytes::Inline { .. }) == (k.len() < 78));
             assert_eq!(
                 s.begin(&key(k), fp, &t, TTL).await.unwrap(),
                 Begin::Acquired
             );
-            // The same bytes split another way are another operation.
             let moved = RecordKey {
                 scope: "sk",
                 key: &k[1..],
@@ -566,15 +671,48 @@ mod tests {
             assert_eq!(s.begin(&moved, fp, &t, TTL).await.unwrap(), Begin::Acquired);
         }
         for (i, k) in keys.iter().enumerate() {
-            s.complete(&key(k), &t, &resp(["a", "b", "c"][i]), TTL)
+            s.complete(&key(k), &t, &resp(["a", "b", "c", "d"][i]), TTL)
                 .await
                 .unwrap();
         }
         for (i, k) in keys.iter().enumerate() {
             match s.begin(&key(k), fp, &t, TTL).await.unwrap() {
-                Begin::Completed { response, .. } => assert_eq!(response.body, ["a", "b", "c"][i]),
+                Begin::Completed { response, .. } => {
+                    assert_eq!(response.body, ["a", "b", "c", "d"][i]);
+                }
                 other => panic!("{other:?}"),
             }
+        }
+    }
+
+    /// A finished record keeps its lease's fingerprint; one taken over
+    /// after it expired gives its bytes back and takes the new one.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn finished_records_keep_their_fingerprint_and_give_back_their_bytes() {
+        let s = MemoryStore::new();
+        let (a, b) = (Fingerprint([0xa; 32]), Fingerprint([0xb; 32]));
+        let t = LeaseToken::random();
+        assert_eq!(
+            s.begin(&key("k"), a, &t, TTL).await.unwrap(),
+            Begin::Acquired
+        );
+        s.complete(&key("k"), &t, &resp("done"), TTL).await.unwrap();
+        let stored = resp("done").encode().len();
+        assert_eq!(s.shared.bytes.load(Relaxed), stored);
+        match s.begin(&key("k"), b, &t, TTL).await.unwrap() {
+            Begin::Completed { fingerprint, .. } => assert_eq!(fingerprint, a),
+            other => panic!("{other:?}"),
+        }
+        tokio::time::advance(TTL.record).await;
+        assert_eq!(
+            s.begin(&key("k"), b, &t, TTL).await.unwrap(),
+            Begin::Acquired
+        );
+        assert_eq!(s.shared.bytes.load(Relaxed), 0);
+        assert_eq!(s.len(), 1);
+        match s.begin(&key("k"), a, &t, TTL).await.unwrap() {
+            Begin::InProgress { fingerprint } => assert_eq!(fingerprint, b),
+            other => panic!("{other:?}"),
         }
     }
 

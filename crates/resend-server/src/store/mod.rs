@@ -202,25 +202,45 @@ pub(crate) fn encode(
     body_omitted: bool,
     body: &[u8],
 ) -> Vec<u8> {
-    let n = u32::try_from(headers.len()).unwrap_or(u32::MAX);
-    let len = 8
-        + headers
-            .iter()
-            .take(n as usize)
-            .map(|(name, value)| 8 + name.as_str().len() + value.len())
-            .sum::<usize>()
-        + body.len();
-    let mut out = Vec::with_capacity(len);
+    let mut out = Vec::with_capacity(encoded_len(headers, body));
+    encode_into(&mut out, status, headers, body_omitted, body);
+    out
+}
+
+/// The headers an encoding holds: all of them, unless there are more than
+/// a `u32` counts.
+fn header_count(headers: &HeaderMap) -> u32 {
+    u32::try_from(headers.len()).unwrap_or(u32::MAX)
+}
+
+/// The length of what [`encode_into`] writes.
+pub(crate) fn encoded_len(headers: &HeaderMap, body: &[u8]) -> usize {
+    8 + headers
+        .iter()
+        .take(header_count(headers) as usize)
+        .map(|(name, value)| 8 + name.as_str().len() + value.len())
+        .sum::<usize>()
+        + body.len()
+}
+
+/// [`encode`], appended to `out`.
+pub(crate) fn encode_into(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body_omitted: bool,
+    body: &[u8],
+) {
+    let n = header_count(headers);
     out.push(FORMAT_VERSION);
     out.extend_from_slice(&status.as_u16().to_be_bytes());
     out.push(u8::from(body_omitted));
     out.extend_from_slice(&n.to_be_bytes());
     for (name, value) in headers.iter().take(n as usize) {
-        put(&mut out, name.as_str().as_bytes());
-        put(&mut out, value.as_bytes());
+        put(out, name.as_str().as_bytes());
+        put(out, value.as_bytes());
     }
     out.extend_from_slice(body);
-    out
 }
 
 fn put(out: &mut Vec<u8>, bytes: &[u8]) {
