@@ -21,8 +21,19 @@ use resend::BoxError;
 #[derive(Clone, Debug)]
 pub struct Idempotency<S, St> {
     inner: S,
+    shared: Arc<Shared<St>>,
+}
+
+/// The store and the config, behind the one `Arc` that each clone of the
+/// service (axum makes one per request) and each keyed request's future
+/// count: one count changed per clone, not one per field. Aligned to 128
+/// bytes, so that the store and config, read by every request, do not
+/// share a cache line with the counts, which both cores write.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shared<St> {
     store: St,
-    config: Arc<Config>,
+    config: Config,
 }
 
 impl<S, St: Store> Idempotency<S, St> {
@@ -39,8 +50,7 @@ impl<S, St: Store> Idempotency<S, St> {
     pub(crate) fn from_parts(inner: S, store: St, config: Config) -> Self {
         Self {
             inner,
-            store,
-            config: Arc::new(config),
+            shared: Arc::new(Shared { store, config }),
         }
     }
 
@@ -87,7 +97,13 @@ where
         let key = match request::key(&parts) {
             Ok(Some(key)) => key,
             Ok(None) => {
-                if self.config.require.as_ref().is_some_and(|r| r(&parts)) {
+                if self
+                    .shared
+                    .config
+                    .require
+                    .as_ref()
+                    .is_some_and(|r| r(&parts))
+                {
                     return ResponseFuture::ready(json_error(
                         StatusCode::BAD_REQUEST,
                         "idempotency_key_required",
@@ -110,17 +126,17 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let guard = LeaseGuard {
-            store: self.store.clone(),
-            scope: (self.config.scope)(&parts),
+            shared: Arc::clone(&self.shared),
+            scope: (self.shared.config.scope)(&parts),
             key,
             token: LeaseToken::random(),
-            ttl: self.config.ttl,
+            ttl: self.shared.config.ttl,
             armed: false,
             done: None,
         };
-        // The limits go by value: the config's `Arc` is not cloned (its
-        // count is a cache line that both cores would take turns to own).
-        let limits = Limits::of(&self.config);
+        // The limits go by value: read in the future without following the
+        // `Arc`.
+        let limits = Limits::of(&self.shared.config);
         ResponseFuture::slow(Box::pin(run(inner, guard, limits, parts, body)))
     }
 }
@@ -150,7 +166,7 @@ impl Limits {
 /// stores the response once the handler has answered (the work is done, and
 /// must not run again).
 struct LeaseGuard<St: Store> {
-    store: St,
+    shared: Arc<Shared<St>>,
     scope: Cow<'static, str>,
     key: Key,
     token: LeaseToken,
@@ -169,7 +185,12 @@ impl<St: Store> LeaseGuard<St> {
 
     async fn release(&mut self) {
         self.armed = false;
-        if let Err(e) = self.store.release(&self.record_key(), &self.token).await {
+        if let Err(e) = self
+            .shared
+            .store
+            .release(&self.record_key(), &self.token)
+            .await
+        {
             tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
         }
     }
@@ -186,7 +207,7 @@ impl<St: Store> Drop for LeaseGuard<St> {
         // The guard is going: its scope moves to the task; the store and the
         // key (handles to shared data) are cloned.
         let scope = std::mem::take(&mut self.scope);
-        let (store, key) = (self.store.clone(), self.key.clone());
+        let (shared, key) = (Arc::clone(&self.shared), self.key.clone());
         let (token, ttl) = (self.token, self.ttl);
         let done = self.done.take();
         tracing::debug!(
@@ -205,12 +226,12 @@ impl<St: Store> Drop for LeaseGuard<St> {
             };
             match done {
                 Some(done) => {
-                    if let Err(e) = store.complete(&key, &token, &done, ttl).await {
+                    if let Err(e) = shared.store.complete(&key, &token, &done, ttl).await {
                         tracing::error!(error = %e, "could not store an idempotent response");
                     }
                 }
                 None => {
-                    if let Err(e) = store.release(&key, &token).await {
+                    if let Err(e) = shared.store.release(&key, &token).await {
                         tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
                     }
                 }
@@ -427,6 +448,7 @@ where
                 with_timeout(
                     limits.store_timeout,
                     guard
+                        .shared
                         .store
                         .complete(&guard.record_key(), &guard.token, done, guard.ttl),
                 )
@@ -507,6 +529,7 @@ where
         let begun = with_timeout(
             limits.store_timeout,
             guard
+                .shared
                 .store
                 .begin(&guard.record_key(), fingerprint, &guard.token, guard.ttl),
         )
