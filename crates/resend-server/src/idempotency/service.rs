@@ -204,8 +204,8 @@ impl<St: Store> Drop for LeaseGuard<St> {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        // The guard is going: its scope moves to the task; the store and the
-        // key (handles to shared data) are cloned.
+        // The guard is going: its scope moves to the task; the `Arc` of the
+        // store and the key (handles to shared data) are cloned.
         let scope = std::mem::take(&mut self.scope);
         let (shared, key) = (Arc::clone(&self.shared), self.key.clone());
         let (token, ttl) = (self.token, self.ttl);
