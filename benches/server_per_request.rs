@@ -129,6 +129,31 @@ fn multi_thread(mode: &str, n: u64) {
     println!("{mode} {n}: {total} bytes, {ns:.0} ns per request (two workers)");
 }
 
+/// Sends `n` keyed requests through `svc`, one after the other: the bytes
+/// of the answers.
+async fn drive<S, B>(mut svc: S, n: u64) -> usize
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>>,
+    S::Error: std::fmt::Debug,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let mut total = 0;
+    for i in 0..n {
+        let key = format!("run-{i}");
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request(&key))
+            .await
+            .unwrap();
+        assert!(resp.status().is_success());
+        total += resp.into_body().collect().await.unwrap().to_bytes().len();
+    }
+    total
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
@@ -140,51 +165,29 @@ async fn main() {
             .join()
             .unwrap();
     }
-    let mut total = 0usize;
     // Held here, so that its records are freed after the loop is timed.
     let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
     let start = tokio::time::Instant::now();
-    match mode.as_str() {
+    let total = match mode.as_str() {
         "axum-none" | "axum-memory" => {
             let app = axum::Router::new().route("/orders", axum::routing::post(axum_handler));
-            total = if mode == "axum-none" {
+            if mode == "axum-none" {
                 axum_run(app, "run".into(), n, false, false).await
             } else {
                 let app = app.layer(IdempotencyLayer::new(store.clone()));
                 axum_run(app, "run".into(), n, true, false).await
-            };
+            }
         }
         "none" => {
-            let mut svc =
+            let svc =
                 service_fn(|req: Request<Full<Bytes>>| handler(req.map(MaybeBuffered::inner)));
-            for i in 0..n {
-                let key = format!("run-{i}");
-                let resp = svc
-                    .ready()
-                    .await
-                    .unwrap()
-                    .call(request(&key))
-                    .await
-                    .unwrap();
-                total += resp.into_body().collect().await.unwrap().to_bytes().len();
-            }
+            drive(svc, n).await
         }
         _ => {
-            let mut svc = IdempotencyLayer::new(store.clone()).layer(service_fn(handler));
-            for i in 0..n {
-                let key = format!("run-{i}");
-                let resp = svc
-                    .ready()
-                    .await
-                    .unwrap()
-                    .call(request(&key))
-                    .await
-                    .unwrap();
-                assert!(resp.status().is_success());
-                total += resp.into_body().collect().await.unwrap().to_bytes().len();
-            }
+            let svc = IdempotencyLayer::new(store.clone()).layer(service_fn(handler));
+            drive(svc, n).await
         }
-    }
+    };
     // The loop's own time: a rough figure, which other load on the machine
     // moves; the instruction counts are the repeatable one.
     let ns = start.elapsed().as_nanos() as f64 / n.max(1) as f64;
