@@ -662,6 +662,69 @@ mod tests {
         assert_eq!(body(again).await, "");
     }
 
+    /// A store that counts its clones.
+    #[derive(Debug)]
+    struct Counted(MemoryStore, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Self(self.0.clone(), self.1.clone())
+        }
+    }
+
+    impl Store for Counted {
+        fn begin(
+            &self,
+            key: &RecordKey<'_>,
+            fingerprint: crate::store::Fingerprint,
+            token: &LeaseToken,
+            ttl: crate::store::Ttl,
+        ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
+            self.0.begin(key, fingerprint, token, ttl)
+        }
+
+        fn complete(
+            &self,
+            key: &RecordKey<'_>,
+            token: &LeaseToken,
+            response: &StoredResponse,
+            ttl: crate::store::Ttl,
+        ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+            self.0.complete(key, token, response, ttl)
+        }
+
+        fn release(
+            &self,
+            key: &RecordKey<'_>,
+            token: &LeaseToken,
+        ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+            self.0.release(key, token)
+        }
+    }
+
+    /// Neither a clone of the service (axum makes one per request) nor a
+    /// keyed request clones the store: both share the layer's one `Arc`.
+    #[tokio::test]
+    async fn requests_and_service_clones_share_the_store() {
+        let clones = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let store = Counted(MemoryStore::new(), clones.clone());
+        let handler = tower::service_fn(|_: Request<MaybeBuffered<Full<Bytes>>>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        });
+        let svc = IdempotencyLayer::new(store).layer(handler);
+        let before = clones.load(std::sync::atomic::Ordering::Relaxed);
+        for i in 0..10 {
+            let req = Request::post("/x")
+                .header("idempotency-key", format!("k{i}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+        }
+        assert_eq!(clones.load(std::sync::atomic::Ordering::Relaxed), before);
+    }
+
     #[test]
     fn stored_headers_leave_out_hop_by_hop_ones_only() {
         let mut h = HeaderMap::new();
