@@ -130,34 +130,10 @@ where
             scope: (self.shared.config.scope)(&parts),
             key,
             token: LeaseToken::random(),
-            ttl: self.shared.config.ttl,
             armed: false,
             done: None,
         };
-        // The limits go by value: read in the future without following the
-        // `Arc`.
-        let limits = Limits::of(&self.shared.config);
-        ResponseFuture::slow(Box::pin(run(inner, guard, limits, parts, body)))
-    }
-}
-
-/// What a keyed request's future needs of the [`Config`], copied into it.
-#[derive(Clone, Copy)]
-struct Limits {
-    request_cap: usize,
-    response_cap: usize,
-    store_timeout: std::time::Duration,
-    retry_after: std::time::Duration,
-}
-
-impl Limits {
-    fn of(config: &Config) -> Self {
-        Self {
-            request_cap: config.request_cap,
-            response_cap: config.response_cap,
-            store_timeout: config.store_timeout,
-            retry_after: config.retry_after,
-        }
+        ResponseFuture::slow(Box::pin(run(inner, guard, parts, body)))
     }
 }
 
@@ -170,12 +146,15 @@ struct LeaseGuard<St: Store> {
     scope: Cow<'static, str>,
     key: Key,
     token: LeaseToken,
-    ttl: crate::store::Ttl,
     armed: bool,
     done: Option<StoredResponse>,
 }
 
 impl<St: Store> LeaseGuard<St> {
+    fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
     fn record_key(&self) -> RecordKey<'_> {
         RecordKey {
             scope: &self.scope,
@@ -208,7 +187,7 @@ impl<St: Store> Drop for LeaseGuard<St> {
         // store and the key (handles to shared data) are cloned.
         let scope = std::mem::take(&mut self.scope);
         let (shared, key) = (Arc::clone(&self.shared), self.key.clone());
-        let (token, ttl) = (self.token, self.ttl);
+        let (token, ttl) = (self.token, self.config().ttl);
         let done = self.done.take();
         tracing::debug!(
             key = key.as_str(),
@@ -330,7 +309,7 @@ fn stored_headers(headers: &HeaderMap) -> HeaderMap {
 
 /// A keyed request, start to end: the body read and the lease taken
 /// ([`lease`]), the handler run, its answer settled ([`settle`]). Its state is
-/// what is boxed per request, so it is kept small (976 bytes on an axum
+/// what is boxed per request, so it is kept small (864 bytes on an axum
 /// route, under the 1 KB that glibc's per-thread cache serves): a function
 /// returning an async block (an `async fn` would hold each parameter twice),
 /// the store, the scope and the key held once (in the guard), and the two ends in
@@ -342,7 +321,6 @@ fn stored_headers(headers: &HeaderMap) -> HeaderMap {
 fn run<S, St, B, RB>(
     mut inner: S,
     mut guard: LeaseGuard<St>,
-    limits: Limits,
     parts: http::request::Parts,
     body: B,
 ) -> impl std::future::Future<Output = Result<Response<MaybeBuffered<RB>>, S::Error>> + Send
@@ -361,14 +339,14 @@ where
     async move {
         // (The body is read and the lease taken in a future of its own: its
         // state then does not take room in the states that follow.)
-        let bytes = match lease(&mut guard, &limits, &parts, body).await {
+        let bytes = match lease(&mut guard, &parts, body).await {
             Leased::Acquired(bytes) => bytes,
             Leased::Answer(response) => return Ok(response),
         };
         let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
         // (The handler's answer goes straight into a future of its own, and
         // is worked on there in place: it takes no room of its own here.)
-        settle(&mut guard, &limits, inner.call(req).await).await
+        settle(&mut guard, inner.call(req).await).await
     }
 }
 
@@ -381,7 +359,6 @@ where
 #[allow(clippy::manual_async_fn)]
 fn settle<'a, St, RB, E>(
     guard: &'a mut LeaseGuard<St>,
-    limits: &'a Limits,
     mut result: Result<Response<RB>, E>,
 ) -> impl std::future::Future<Output = Result<Response<MaybeBuffered<RB>>, E>> + Send + 'a
 where
@@ -420,7 +397,7 @@ where
             body: Bytes::new(),
             body_omitted: true,
         });
-        let (bytes, ended) = match read_capped(resp.body_mut(), limits.response_cap).await {
+        let (bytes, ended) = match read_capped(resp.body_mut(), guard.config().response_cap).await {
             Ok(read) => read,
             Err(e) => {
                 tracing::warn!(error = %e, "response body failed: dropping the idempotency lease");
@@ -446,11 +423,13 @@ where
         let stored = match &guard.done {
             Some(done) => {
                 with_timeout(
-                    limits.store_timeout,
-                    guard
-                        .shared
-                        .store
-                        .complete(&guard.record_key(), &guard.token, done, guard.ttl),
+                    guard.config().store_timeout,
+                    guard.shared.store.complete(
+                        &guard.record_key(),
+                        &guard.token,
+                        done,
+                        guard.config().ttl,
+                    ),
                 )
                 .await
             }
@@ -493,7 +472,6 @@ enum Leased<RB> {
 #[allow(clippy::manual_async_fn)]
 fn lease<'a, St, B, RB>(
     guard: &'a mut LeaseGuard<St>,
-    limits: &'a Limits,
     parts: &'a http::request::Parts,
     body: B,
 ) -> impl std::future::Future<Output = Leased<RB>> + Send + 'a
@@ -504,7 +482,7 @@ where
 {
     async move {
         let mut body = std::pin::pin!(body);
-        let bytes = match read_capped(&mut body, limits.request_cap).await {
+        let bytes = match read_capped(&mut body, guard.config().request_cap).await {
             Ok((bytes, true)) => bytes,
             Ok((_, false)) => {
                 return Leased::Answer(json_error(
@@ -512,7 +490,7 @@ where
                     "request_too_large",
                     &format!(
                         "a request with an idempotency key may have at most {} bytes of body",
-                        limits.request_cap
+                        guard.config().request_cap
                     ),
                 ))
             }
@@ -527,11 +505,13 @@ where
         };
         let fingerprint = request::fingerprint(parts, &bytes);
         let begun = with_timeout(
-            limits.store_timeout,
-            guard
-                .shared
-                .store
-                .begin(&guard.record_key(), fingerprint, &guard.token, guard.ttl),
+            guard.config().store_timeout,
+            guard.shared.store.begin(
+                &guard.record_key(),
+                fingerprint,
+                &guard.token,
+                guard.config().ttl,
+            ),
         )
         .await;
         match begun {
@@ -551,7 +531,7 @@ where
                     StatusCode::CONFLICT,
                     "idempotency_key_in_progress",
                     "a request with this idempotency key is in progress; retry later",
-                    limits.retry_after,
+                    guard.config().retry_after,
                 ));
             }
             Ok(Begin::Completed { response, .. }) => {
