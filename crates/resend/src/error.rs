@@ -311,6 +311,35 @@ impl Error {
         self.inner.not_sent
     }
 
+    /// True when the upstream did nothing with this call: the request
+    /// [never reached it](Self::is_not_sent), or every attempt made was
+    /// answered in a way that says it was not acted on (see
+    /// [`Attempts::none_processed`]: not sent, 408, 425, 429).
+    ///
+    /// Running the whole operation again is then safe, even without an
+    /// Idempotency-Key. When false, the upstream may have acted (an attempt
+    /// timed out in flight, a 5xx, a connection lost mid-response): the
+    /// outcome is unknown unless the upstream deduplicates. A server uses
+    /// this to tell "nothing was done, the operation may run again" from
+    /// "outcome unknown".
+    ///
+    /// ```
+    /// use resend::Error;
+    ///
+    /// fn may_run_again(e: &Error) -> bool {
+    ///     e.nothing_processed()
+    /// }
+    /// # let _ = may_run_again;
+    /// ```
+    pub fn nothing_processed(&self) -> bool {
+        self.inner.not_sent
+            || self
+                .inner
+                .history
+                .as_ref()
+                .is_some_and(Attempts::none_processed)
+    }
+
     /// True for [`ErrorKind::DeadlineExceeded`].
     pub fn is_deadline_exceeded(&self) -> bool {
         self.inner.kind == ErrorKind::DeadlineExceeded
@@ -564,6 +593,57 @@ mod tests {
             Error::attempt_timeout(Duration::from_millis(400)).to_string(),
             "attempt timed out after 400ms"
         );
+    }
+
+    #[test]
+    fn nothing_processed_when_not_sent_or_no_attempt_was_acted_on() {
+        use crate::retry::{Attempt, Stop};
+        use http::StatusCode;
+
+        fn history(attempts: &[(Class, u16)]) -> Attempts {
+            let mut a = Attempts::new();
+            for &(class, status) in attempts {
+                let status = StatusCode::from_u16(status).unwrap();
+                a.push(Attempt::new(
+                    class,
+                    Some(status),
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    None,
+                ));
+            }
+            a.finish(Duration::from_secs(1), Stop::MaxAttempts);
+            a
+        }
+
+        // Not sent: from the connector, the connect timeout, a deadline
+        // that had passed before the start.
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(Error::connect(Box::new(refused)).nothing_processed());
+        assert!(Error::connect_timeout(Duration::from_secs(2)).nothing_processed());
+        assert!(Error::deadline_exceeded(Phase::Start, Duration::ZERO).nothing_processed());
+
+        // The upstream may have acted.
+        assert!(
+            !Error::deadline_exceeded(Phase::Attempt, Duration::from_secs(1)).nothing_processed()
+        );
+        assert!(!Error::attempt_timeout(Duration::from_secs(1)).nothing_processed());
+        assert!(!Error::from_box("reset".into()).nothing_processed());
+
+        // Every attempt refused with 429 or 408, then the cap: nothing done.
+        let h = history(&[(Class::Overloaded, 429), (Class::NotProcessed, 408)]);
+        let e = Error::retry(ErrorKind::RetriesExhausted, h, Some("last".into()));
+        assert!(!e.is_not_sent());
+        assert!(e.nothing_processed());
+
+        // One attempt got a 503 or a 500: unknown.
+        for (class, status) in [(Class::Overloaded, 503), (Class::Unknown, 500)] {
+            let h = history(&[(Class::Overloaded, 429), (class, status)]);
+            let e = Error::retry(ErrorKind::RetriesExhausted, h, Some("last".into()));
+            assert!(!e.nothing_processed(), "{status}");
+        }
+        let h = history(&[(Class::Unknown, 500)]);
+        assert!(!Error::retry(ErrorKind::OutcomeUnknown, h, None).nothing_processed());
     }
 
     #[test]

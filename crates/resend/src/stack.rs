@@ -95,12 +95,14 @@ impl Default for StackBuilder {
 }
 
 impl<C> StackBuilder<C> {
-    /// Names the upstream: it shows up in errors, tracing and 504 bodies.
-    /// Default: unnamed.
+    /// Names the upstream: it shows up in errors, tracing and 504 bodies,
+    /// and counts this upstream's [derived](crate::idempotency::derive_keys)
+    /// Idempotency-Keys. Default: unnamed.
     #[must_use]
     pub fn name(mut self, name: impl Into<Name>) -> Self {
         let name = name.into();
         self.retry = self.retry.upstream(name.clone());
+        self.keys = self.keys.upstream(name.clone());
         self.name = Some(name);
         self
     }
@@ -170,12 +172,16 @@ impl<C> StackBuilder<C> {
     }
 
     /// Declares that this upstream honours `Idempotency-Key`: unsafe requests
-    /// get one key per call (the caller's [`IdempotencyKey`](crate::IdempotencyKey)
-    /// or a UUID v4), reused on every attempt, which makes them replay-safe.
-    /// Default: off.
+    /// get one key per call (the caller's [`IdempotencyKey`](crate::IdempotencyKey),
+    /// a key [derived](crate::idempotency::derive_keys) from a keyed inbound
+    /// operation, or a UUID v4), reused on every attempt, which makes them
+    /// replay-safe. Default: off.
     #[must_use]
     pub fn idempotency_keys(mut self) -> Self {
-        self.keys = IdempotencyKeyLayer::new();
+        self.keys = match &self.name {
+            Some(name) => IdempotencyKeyLayer::new().upstream(name.clone()),
+            None => IdempotencyKeyLayer::new(),
+        };
         self
     }
 
@@ -265,5 +271,53 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.project().inner.poll(cx).map_err(Error::from_box)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::{derive_keys, IDEMPOTENCY_KEY};
+    use crate::retry::ReplayBody;
+    use http::HeaderValue;
+    use tower::{service_fn, ServiceExt};
+
+    /// The key a POST to `uri` was sent with, inside a keyed operation.
+    async fn derived(builder: StackBuilder, uri: &'static str) -> HeaderValue {
+        let echo = service_fn(|req: Request<ReplayBody<String>>| async move {
+            let key = req.headers()[IDEMPOTENCY_KEY].to_str().unwrap().to_owned();
+            Ok::<_, std::convert::Infallible>(Response::new(key))
+        });
+        let stack = builder.service(echo);
+        let req = Request::post(uri).body(String::new()).unwrap();
+        let resp = derive_keys("s", HeaderValue::from_static("k"), stack.oneshot(req))
+            .await
+            .unwrap();
+        HeaderValue::from_str(resp.body().get_ref()).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_stacks_name_counts_its_derived_keys() {
+        let by_name = derived(
+            stack().name("shipping").idempotency_keys(),
+            "http://10.0.0.7/",
+        )
+        .await;
+        // In either order of the builder's calls.
+        let keys_first = derived(
+            stack().idempotency_keys().name("shipping"),
+            "http://10.0.0.7/",
+        )
+        .await;
+        assert_eq!(by_name, keys_first);
+        // The same key as an unnamed stack calling `shipping` by host.
+        assert_eq!(
+            by_name,
+            derived(stack().idempotency_keys(), "http://shipping/").await
+        );
+        assert_ne!(
+            by_name,
+            derived(stack().idempotency_keys(), "http://10.0.0.7/").await
+        );
     }
 }

@@ -11,7 +11,8 @@
 //! both beside the writers.
 //!
 //! A server or a job runner opens an ambient [`scope`] once; every stack
-//! called inside inherits its deadline.
+//! called inside inherits its deadline. A future spawned onto another task
+//! takes the scope along when wrapped in [`carry`].
 //!
 //! ```
 //! use std::time::Duration;
@@ -33,6 +34,7 @@
 //! ```
 
 mod body;
+mod carry;
 pub(crate) mod context;
 mod future;
 mod header;
@@ -43,6 +45,7 @@ mod value;
 mod wire;
 
 pub use body::DeadlineBody;
+pub use carry::{carry, Carried};
 pub use future::ResponseFuture;
 pub(crate) use header::is_grpc;
 pub use header::{DeadlineHeader, DeadlineHeaderLayer, DEFAULT_MARGIN, GRPC_TIMEOUT};

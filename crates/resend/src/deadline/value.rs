@@ -33,6 +33,15 @@ impl Ambient {
     }
 }
 
+/// `future` in the current task's scope, if it has one, wherever it is
+/// polled later; else `future` back as it was. See [`carry`](super::carry).
+pub(super) fn rescope<F: Future>(future: F) -> Result<TaskLocalFuture<Ambient, F>, F> {
+    match AMBIENT.try_with(Ambient::clone) {
+        Ok(ambient) => Ok(AMBIENT.scope(ambient, future)),
+        Err(_) => Err(future),
+    }
+}
+
 /// The ambient deadline and ledger, in one task-local access.
 pub(crate) fn ambient() -> Option<(Deadline, Option<TimeLedger>)> {
     AMBIENT.try_with(|a| (a.deadline, a.ledger.clone())).ok()
@@ -144,8 +153,8 @@ fn after(now: Instant, budget: Duration) -> Instant {
 /// deadline keeps the earlier one.
 ///
 /// The scope belongs to the task that awaits the returned future: a task
-/// started with `tokio::spawn` inside it does not inherit it (open a scope
-/// there too, with [`Deadline::current`]).
+/// started with `tokio::spawn` inside it does not inherit it. Wrap the
+/// spawned future in [`carry`](super::carry) to take the scope along.
 ///
 /// ```
 /// use std::time::Duration;

@@ -13,6 +13,19 @@
 //! repeated key with the first result instead of doing the work twice. A
 //! request can opt out with [`NoIdempotencyKey`].
 //!
+//! # Derived keys
+//!
+//! A server that runs a keyed operation (an inbound request with an
+//! Idempotency-Key) runs its handler inside [`derive_keys`]. There, a request
+//! that would get a fresh UUID v4 gets a key derived from the inbound
+//! operation instead: from the caller's scope, the inbound key, the
+//! upstream's name ([`IdempotencyKeyLayer::upstream`], else the URI's
+//! authority) and how many keys that upstream has had in the scope so far.
+//! When the operation runs again (its first run crashed, or its outcome was
+//! lost), the same calls in the same order send the same keys, and each
+//! upstream answers with what it did the first time instead of doing it
+//! twice. Keys the caller sets still win.
+//!
 //! ```
 //! use http::Request;
 //! use resend::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
@@ -33,15 +46,20 @@
 //! # }
 //! ```
 
+mod derive;
+
 use std::fmt;
 use std::task::{Context, Poll};
 
 use http::header::HeaderName;
-use http::{HeaderValue, Request};
+use http::{HeaderValue, Request, Uri};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::classify::{is_idempotent, KEY_HEADERS};
+use crate::Name;
+
+pub use derive::{derive_keys, DeriveKeys, KeySource};
 
 /// The default header: `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -120,6 +138,7 @@ pub struct NoIdempotencyKey;
 pub struct IdempotencyKeyLayer {
     header: HeaderName,
     enabled: bool,
+    upstream: Option<Name>,
 }
 
 impl IdempotencyKeyLayer {
@@ -128,6 +147,7 @@ impl IdempotencyKeyLayer {
         Self {
             header: IDEMPOTENCY_KEY,
             enabled: true,
+            upstream: None,
         }
     }
 
@@ -137,6 +157,7 @@ impl IdempotencyKeyLayer {
         Self {
             header: IDEMPOTENCY_KEY,
             enabled: false,
+            upstream: None,
         }
     }
 
@@ -144,6 +165,16 @@ impl IdempotencyKeyLayer {
     #[must_use]
     pub fn header(mut self, header: HeaderName) -> Self {
         self.header = header;
+        self
+    }
+
+    /// Names the upstream, for keys [derived](derive_keys) inside a keyed
+    /// operation: each upstream's calls are counted apart. Default: unnamed,
+    /// which counts by the request URI's authority (`host:port` as written,
+    /// without user info; empty when the URI has none).
+    #[must_use]
+    pub fn upstream(mut self, name: impl Into<Name>) -> Self {
+        self.upstream = Some(name.into());
         self
     }
 }
@@ -162,6 +193,7 @@ impl<S> Layer<S> for IdempotencyKeyLayer {
             inner,
             header: self.header.clone(),
             enabled: self.enabled,
+            upstream: self.upstream.clone(),
         }
     }
 }
@@ -173,6 +205,7 @@ pub struct SetIdempotencyKey<S> {
     inner: S,
     header: HeaderName,
     enabled: bool,
+    upstream: Option<Name>,
 }
 
 impl<S> SetIdempotencyKey<S> {
@@ -195,11 +228,30 @@ impl<S> SetIdempotencyKey<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
+
+    /// A key for a request that has none: derived inside a keyed operation,
+    /// else a UUID v4.
+    fn fresh<B>(&self, req: &Request<B>) -> HeaderValue {
+        let upstream = match &self.upstream {
+            Some(name) => name.as_str(),
+            None => authority(req.uri()),
+        };
+        encode(derive::derived(upstream).unwrap_or_else(uuid::Uuid::new_v4))
+    }
 }
 
-fn generated() -> HeaderValue {
+/// `host:port` as written in `uri`; empty when it has no authority.
+fn authority(uri: &Uri) -> &str {
+    uri.authority().map_or("", |a| {
+        let a = a.as_str();
+        a.rsplit_once('@').map_or(a, |(_user, host)| host)
+    })
+}
+
+/// `key`, hyphenated in lower case.
+fn encode(key: uuid::Uuid) -> HeaderValue {
     let mut buf = uuid::Uuid::encode_buffer();
-    let s = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+    let s = key.hyphenated().encode_lower(&mut buf);
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("invalid-uuid"))
 }
 
@@ -228,7 +280,10 @@ where
                 || KEY_HEADERS.iter().any(|h| req.headers().contains_key(h))
         };
         if wanted && !has_key() && req.extensions().get::<NoIdempotencyKey>().is_none() {
-            let value = given.map_or_else(generated, |k| k.0.clone());
+            let value = match given {
+                Some(k) => k.0.clone(),
+                None => self.fresh(&req),
+            };
             req.headers_mut().insert(self.header.clone(), value);
         }
         self.inner.call(req)
@@ -289,6 +344,231 @@ mod tests {
         let l = IdempotencyKeyLayer::new().header(HeaderName::from_static("x-request-key"));
         let h = sent(&l, Request::post("/").body(()).unwrap()).await;
         assert_eq!(h["x-request-key"].len(), 36);
+    }
+
+    fn post(uri: &str) -> Request<()> {
+        Request::post(uri).body(()).unwrap()
+    }
+
+    /// The key each request was sent with, through `layer`.
+    async fn keys(layer: &IdempotencyKeyLayer, reqs: Vec<Request<()>>) -> Vec<Option<HeaderValue>> {
+        let mut out = Vec::new();
+        for req in reqs {
+            out.push(sent(layer, req).await.get(IDEMPOTENCY_KEY).cloned());
+        }
+        out
+    }
+
+    /// `keys` inside a keyed operation.
+    async fn keyed(
+        scope: &'static str,
+        key: &'static str,
+        layer: &IdempotencyKeyLayer,
+        reqs: Vec<Request<()>>,
+    ) -> Vec<Option<HeaderValue>> {
+        derive_keys(scope, HeaderValue::from_static(key), keys(layer, reqs)).await
+    }
+
+    fn version(key: &HeaderValue) -> usize {
+        uuid::Uuid::parse_str(key.to_str().unwrap())
+            .unwrap()
+            .get_version_num()
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_keyed_operation_sends_the_same_keys_each_run() {
+        let l = IdempotencyKeyLayer::new();
+        let calls = || {
+            vec![
+                post("http://shipping/a"),
+                post("http://billing/charge"),
+                post("http://shipping/b"),
+                post("http://shipping/c"),
+            ]
+        };
+        let first = keyed("caller-1", "order-7", &l, calls()).await;
+        let again = keyed("caller-1", "order-7", &l, calls()).await;
+        assert_eq!(first, again);
+        for key in first.iter().map(|k| k.as_ref().unwrap()) {
+            assert_eq!(key.len(), 36);
+            assert!(validate_key(key.as_bytes()).is_ok());
+            assert_eq!(version(key), 5);
+            assert_eq!(key.to_str().unwrap(), key.to_str().unwrap().to_lowercase());
+        }
+        // Every call of the run has a key of its own.
+        let mut distinct = first.clone();
+        distinct.sort_by(|a, b| {
+            a.as_ref()
+                .unwrap()
+                .as_bytes()
+                .cmp(b.as_ref().unwrap().as_bytes())
+        });
+        distinct.dedup();
+        assert_eq!(distinct.len(), 4);
+
+        // Another caller, or another operation: unrelated keys.
+        for other in [
+            keyed("caller-2", "order-7", &l, calls()).await,
+            keyed("caller-1", "order-8", &l, calls()).await,
+        ] {
+            for k in &other {
+                assert!(!first.contains(k), "{k:?}");
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn ordinals_count_per_upstream() {
+        let l = IdempotencyKeyLayer::new();
+        // Shipping's calls get the same keys whether or not billing is
+        // called in between.
+        let interleaved = keyed(
+            "s",
+            "k",
+            &l,
+            vec![
+                post("http://billing/1"),
+                post("http://shipping/1"),
+                post("http://billing/2"),
+                post("http://shipping/2"),
+            ],
+        )
+        .await;
+        let shipping = keyed(
+            "s",
+            "k",
+            &l,
+            vec![post("http://shipping/1"), post("http://shipping/2")],
+        )
+        .await;
+        let billing = keyed(
+            "s",
+            "k",
+            &l,
+            vec![post("http://billing/1"), post("http://billing/2")],
+        )
+        .await;
+        assert_eq!(
+            interleaved,
+            [&billing[0], &shipping[0], &billing[1], &shipping[1]].map(Clone::clone)
+        );
+        // Paths do not matter, the upstream and the order do.
+        let swapped = keyed(
+            "s",
+            "k",
+            &l,
+            vec![post("http://shipping/2"), post("http://shipping/1")],
+        )
+        .await;
+        assert_eq!(swapped, shipping);
+        assert_ne!(shipping[0], billing[0]);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn caller_keys_win_and_use_up_no_ordinal() {
+        let l = IdempotencyKeyLayer::new();
+        let plain = keyed("s", "k", &l, vec![post("http://up/"), post("http://up/")]).await;
+
+        let mut given = post("http://up/");
+        given
+            .extensions_mut()
+            .insert(IdempotencyKey::new("mine").unwrap());
+        let mut opted_out = post("http://up/");
+        opted_out.extensions_mut().insert(NoIdempotencyKey);
+        let header = Request::post("http://up/")
+            .header("x-idempotency-key", "theirs")
+            .body(())
+            .unwrap();
+        let own_header = Request::post("http://up/")
+            .header(IDEMPOTENCY_KEY, "ours")
+            .body(())
+            .unwrap();
+        let get = Request::get("http://up/").body(()).unwrap();
+        let mixed = keyed(
+            "s",
+            "k",
+            &l,
+            vec![
+                given,
+                post("http://up/"),
+                opted_out,
+                header,
+                own_header,
+                get,
+                post("http://up/"),
+            ],
+        )
+        .await;
+        assert_eq!(
+            mixed,
+            [
+                Some(HeaderValue::from_static("mine")),
+                plain[0].clone(),
+                None,
+                None,
+                Some(HeaderValue::from_static("ours")),
+                None,
+                plain[1].clone(),
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn outside_a_keyed_operation_keys_are_uuid_v4() {
+        let l = IdempotencyKeyLayer::new();
+        let a = keys(&l, vec![post("http://up/"), post("http://up/")]).await;
+        assert_ne!(a[0], a[1]);
+        for key in a.iter().map(|k| k.as_ref().unwrap()) {
+            assert_eq!(version(key), 4);
+            assert!(validate_key(key.as_bytes()).is_ok());
+        }
+        // A disabled layer derives nothing either.
+        let off = keyed(
+            "s",
+            "k",
+            &IdempotencyKeyLayer::disabled(),
+            vec![post("http://up/")],
+        )
+        .await;
+        assert_eq!(off, [None]);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_upstream_is_the_layers_name_or_the_uri_authority() {
+        let unnamed = IdempotencyKeyLayer::new();
+        let named = |n: &'static str| IdempotencyKeyLayer::new().upstream(n);
+        let one = |layer: IdempotencyKeyLayer, uri: &'static str| async move {
+            keyed("s", "k", &layer, vec![post(uri)]).await.remove(0)
+        };
+        // Unnamed: host:port as written, without user info.
+        let by_authority = one(unnamed.clone(), "http://user:pw@shipping:8080/a").await;
+        assert_eq!(by_authority, one(named("shipping:8080"), "/").await);
+        assert_ne!(
+            by_authority,
+            one(unnamed.clone(), "http://shipping/a").await
+        );
+        // No authority: the empty name.
+        assert_eq!(
+            one(unnamed.clone(), "/a").await,
+            one(named(""), "http://x/").await
+        );
+        // Named: the name, whatever the URI says.
+        assert_eq!(
+            one(named("shipping"), "http://10.0.0.7:80/a").await,
+            one(unnamed, "http://shipping/b").await
+        );
+        // One name, one count, across hosts.
+        let both = keyed(
+            "s",
+            "k",
+            &named("shipping"),
+            vec![post("http://a/"), post("http://b/")],
+        )
+        .await;
+        assert_eq!(
+            both,
+            keyed("s", "k", &named("shipping"), vec![post("/"), post("/")]).await
+        );
     }
 
     #[test]

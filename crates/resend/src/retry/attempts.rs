@@ -199,6 +199,25 @@ impl Attempts {
     pub fn any_sent(&self) -> bool {
         self.iter().any(|a| a.class != Class::NotSent)
     }
+
+    /// True when attempts were made and the server can have acted on none of
+    /// them: each was [not sent](Class::NotSent), answered
+    /// [not processed](Class::NotProcessed) (408, 425), or refused with 429
+    /// (an [overloaded](Class::Overloaded) 503, or a gRPC status, does not
+    /// count: it makes no such promise).
+    ///
+    /// The whole call then did nothing upstream, and running the operation
+    /// again is safe; when this is false, the outcome may be unknown.
+    /// [`Error::nothing_processed`](crate::Error::nothing_processed) asks
+    /// the same of a failed call.
+    pub fn none_processed(&self) -> bool {
+        !self.is_empty()
+            && self.iter().all(|a| match a.class {
+                Class::NotSent | Class::NotProcessed => true,
+                Class::Overloaded => a.status == Some(StatusCode::TOO_MANY_REQUESTS),
+                _ => false,
+            })
+    }
 }
 
 impl fmt::Display for Attempts {
@@ -219,6 +238,62 @@ impl fmt::Display for Attempts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn history(attempts: &[(Class, Option<u16>)]) -> Attempts {
+        let mut a = Attempts::new();
+        for &(class, status) in attempts {
+            let status = status.map(|s| StatusCode::from_u16(s).unwrap());
+            a.push(Attempt::new(
+                class,
+                status,
+                Duration::ZERO,
+                Duration::ZERO,
+                None,
+            ));
+        }
+        a.finish(Duration::ZERO, Stop::MaxAttempts);
+        a
+    }
+
+    #[test]
+    fn none_processed_only_when_no_attempt_can_have_been_acted_on() {
+        use Class::*;
+        let none: &[&[(Class, Option<u16>)]] = &[
+            &[(NotSent, None)],
+            &[(NotProcessed, Some(408))],
+            &[(Overloaded, Some(429))],
+            &[
+                (NotSent, None),
+                (NotProcessed, Some(425)),
+                (Overloaded, Some(429)),
+            ],
+        ];
+        for h in none {
+            assert!(history(h).none_processed(), "{h:?}");
+        }
+        let some: &[&[(Class, Option<u16>)]] = &[
+            // No attempt at all says nothing.
+            &[],
+            &[(Overloaded, Some(503))],
+            // gRPC's RESOURCE_EXHAUSTED and UNAVAILABLE come with a 200.
+            &[(Overloaded, Some(200))],
+            &[(Overloaded, None)],
+            &[(Unknown, Some(500))],
+            &[(Unknown, None)],
+            &[(InProgress, Some(409))],
+            &[(Rejected, Some(400))],
+            &[(Success, Some(200))],
+            &[
+                (NotSent, None),
+                (Overloaded, Some(429)),
+                (Unknown, Some(502)),
+            ],
+            &[(Unknown, None), (NotSent, None)],
+        ];
+        for h in some {
+            assert!(!history(h).none_processed(), "{h:?}");
+        }
+    }
 
     #[test]
     fn keeps_order_and_totals() {
