@@ -48,6 +48,13 @@
 //! # }
 //! ```
 //!
+//! # Faults below HTTP
+//!
+//! Put a [`FaultProxy`] between a client and any TCP server (a
+//! [`TestServer`], an axum app, Redis, PostgreSQL): it loses answers, delays
+//! them, cuts connections, or plays a server that goes down and comes back.
+//! See the [`proxy`] module.
+//!
 //! # On tokio's paused clock
 //!
 //! A paused clock jumps to the next timer whenever the runtime has nothing
@@ -60,10 +67,12 @@
 //! write frames separately.
 
 mod body;
+pub mod proxy;
 mod reply;
 mod script;
 mod server;
 
+pub use proxy::{Fault, FaultProxy};
 pub use reply::Reply;
 pub use script::Script;
 pub use server::{Arrival, Builder, TestServer, DEFAULT_BODY_LIMIT};
