@@ -22,6 +22,16 @@ use crate::deadline::{Attribution, ErrorSource};
 ///
 /// Every body names the upstream and says what happened in `message`.
 ///
+/// Under [`IdempotencyLayer`](crate::IdempotencyLayer), an error that says
+/// the upstream did nothing with the call
+/// ([`nothing_processed`](resend::Error::nothing_processed): it was never
+/// sent, or was refused unprocessed) becomes a response marked
+/// [`NothingDone`](crate::NothingDone): the lease is dropped, and the
+/// caller's retry runs the handler again. Any other error is the
+/// operation's end, kept and replayed. A handler that did work of its own
+/// before the failed call should not pass such an error on with `?`: its
+/// retry would do that work again.
+///
 /// ```
 /// use axum::{routing::post, Router};
 /// use resend_server::ClientErrorResponse;
@@ -110,6 +120,9 @@ impl IntoResponse for ClientErrorResponse {
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.0.nothing_processed() {
+            resp.extensions_mut().insert(crate::NothingDone);
         }
         resp
     }

@@ -62,7 +62,7 @@ pub mod store;
 pub use axum::ClientErrorResponse;
 pub use body::MaybeBuffered;
 pub use deadline::{InboundDeadline, InboundDeadlineLayer};
-pub use idempotency::{Idempotency, IdempotencyLayer};
+pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyStats, NothingDone};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
 #[cfg(feature = "redis")]

@@ -224,25 +224,26 @@ async fn postgres_store_exactly_once_under_faults() {
 /// True if the store answers at all.
 #[allow(dead_code)]
 async fn store_reachable<St: Store>(store: St) -> bool {
-    use resend_server::store::{Fingerprint, LeaseToken, RecordKey, Ttl};
+    use resend_server::store::{Claim, Fingerprint, LeaseToken, RecordKey, Ttl};
     let probe = common::unique("probe");
     let key = RecordKey {
         scope: "probe",
         key: &probe,
     };
-    let token = LeaseToken::random();
+    let claim = Claim {
+        key,
+        fingerprint: Fingerprint([0; 32]),
+        token: LeaseToken::random(),
+    };
     let ttl = Ttl {
         lease: Duration::from_secs(1),
         record: Duration::from_secs(1),
     };
-    let ok = tokio::time::timeout(
-        Duration::from_secs(3),
-        store.begin(&key, Fingerprint([0; 32]), &token, ttl),
-    )
-    .await
-    .is_ok_and(|r| r.is_ok());
+    let ok = tokio::time::timeout(Duration::from_secs(3), store.begin(&claim, ttl))
+        .await
+        .is_ok_and(|r| r.is_ok());
     if ok {
-        let _ = store.release(&key, &token).await;
+        let _ = store.release(&claim).await;
     }
     ok
 }

@@ -5,10 +5,14 @@ mod common;
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
 use resend_server::store::{
-    Begin, Fingerprint, LeaseToken, RecordKey, StoreError, StoredResponse, Ttl,
+    Begin, Claim, Fingerprint, LeaseState, LeaseToken, RecordKey, StoreError, StoredResponse, Ttl,
 };
-use resend_server::{MemoryStore, Store};
+use resend_server::{IdempotencyLayer, InboundDeadlineLayer, MaybeBuffered, MemoryStore, Store};
+use tower::{Layer, ServiceExt};
 
 store_rules!((flavor = "current_thread", start_paused = true), async {
     Some(MemoryStore::new())
@@ -44,26 +48,29 @@ impl Broken {
 impl Store for Broken {
     fn begin(
         &self,
-        _: &RecordKey<'_>,
-        _: Fingerprint,
-        _: &LeaseToken,
+        _: &Claim<'_>,
         _: Ttl,
     ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
         self.answer()
     }
+    fn renew(
+        &self,
+        _: &Claim<'_>,
+        _: Ttl,
+    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
+        self.answer()
+    }
     fn complete(
         &self,
-        _: &RecordKey<'_>,
-        _: &LeaseToken,
+        _: &Claim<'_>,
         _: &StoredResponse,
         _: Ttl,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
         self.answer()
     }
     fn release(
         &self,
-        _: &RecordKey<'_>,
-        _: &LeaseToken,
+        _: &Claim<'_>,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         self.answer()
     }
@@ -83,8 +90,113 @@ async fn a_store_that_fails_or_hangs_gives_503_and_runs_nothing() {
         lease: Duration::from_secs(60),
         record: Duration::from_secs(60),
     };
-    full.begin(&rk, Fingerprint([0; 32]), &LeaseToken::random(), ttl)
-        .await
-        .unwrap();
+    let claim = Claim {
+        key: rk,
+        fingerprint: Fingerprint([0; 32]),
+        token: LeaseToken::random(),
+    };
+    full.begin(&claim, ttl).await.unwrap();
     common::store_down(full).await;
+}
+
+/// Handler 8 s, lease 3 s, the caller gives up at 400 ms and retries.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_slow_handler_keeps_its_lease() {
+    common::a_slow_handler_keeps_its_lease(
+        MemoryStore::new(),
+        Duration::from_secs(8),
+        Duration::from_secs(3),
+        Duration::from_millis(400),
+    )
+    .await;
+}
+
+/// The inbound deadline cuts a keyed handler: the caller gets the 504 that
+/// says where the time went, and so does every retry (the work may have
+/// run in part); the handler does not run again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_cut_by_the_deadline_keeps_its_504() {
+    let h = common::Handler::default();
+    let svc = InboundDeadlineLayer::new(Duration::from_secs(30))
+        .layer(IdempotencyLayer::new(MemoryStore::new()).layer(h.service()));
+    let req = || {
+        let mut r = common::with(common::post("cut", "a"), "x-sleep-ms", "5000");
+        r.headers_mut()
+            .insert("grpc-timeout", "1S".parse().unwrap());
+        r
+    };
+    let start = tokio::time::Instant::now();
+    let first = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(first.status(), StatusCode::GATEWAY_TIMEOUT);
+    // Let the detached work reach its own deadline and store its end.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let again = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(again.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let body: serde_json::Value =
+        serde_json::from_slice(&again.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["error"], "deadline_exceeded");
+    assert_eq!(h.runs(), 1);
+    // Past the deadline, the detached handler was cut: it ran no further.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(h.runs(), 1);
+}
+
+/// Inside a keyed handler, outbound calls get keys derived from the
+/// inbound one: a re-run of the same operation (here: a fresh store, as
+/// after a crash) sends the same keys downstream; another operation, others.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn outbound_keys_are_derived_from_the_inbound_key() {
+    let sent: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let upstream = {
+        let sent = sent.clone();
+        resend::IdempotencyKeyLayer::new()
+            .upstream("payments")
+            .layer(tower::service_fn(move |req: Request<()>| {
+                let sent = sent.clone();
+                async move {
+                    let key = req.headers()["idempotency-key"]
+                        .to_str()
+                        .unwrap()
+                        .to_owned();
+                    sent.lock().unwrap().push(key);
+                    Ok::<_, std::convert::Infallible>(())
+                }
+            }))
+    };
+    let handler = tower::service_fn(move |_: Request<MaybeBuffered<Full<Bytes>>>| {
+        let upstream = upstream.clone();
+        async move {
+            for _ in 0..2 {
+                upstream
+                    .clone()
+                    .oneshot(Request::post("http://payments/charges").body(()).unwrap())
+                    .await?;
+            }
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+        }
+    });
+    let run = |store: MemoryStore, key: &'static str| {
+        let svc = IdempotencyLayer::new(store).layer(handler.clone());
+        async move {
+            let req = Request::post("/orders")
+                .header("idempotency-key", key)
+                .header("authorization", "Bearer a")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            assert_eq!(svc.oneshot(req).await.unwrap().status(), StatusCode::OK);
+        }
+    };
+    run(MemoryStore::new(), "order-1").await;
+    run(MemoryStore::new(), "order-1").await;
+    run(MemoryStore::new(), "order-2").await;
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 6);
+    // The same operation sends the same two keys; the two calls differ.
+    assert_eq!(sent[0..2], sent[2..4]);
+    assert_ne!(sent[0], sent[1]);
+    // Another operation, other keys.
+    assert!(sent[4..].iter().all(|k| !sent[..4].contains(k)));
+    assert!(sent.iter().all(|k| k.len() == 36));
 }

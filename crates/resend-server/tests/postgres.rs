@@ -73,3 +73,18 @@ async fn migration_is_idempotent_and_purge_runs() {
         s.purge_expired().await.unwrap();
     }
 }
+
+/// A handler slower than its lease (1.6 s against 0.6 s, renewed), whose
+/// caller gives up at 200 ms and retries: one run, 409s, then the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handler_keeps_its_lease() {
+    if let Some(s) = store().await {
+        common::a_slow_handler_keeps_its_lease(
+            s,
+            Duration::from_millis(1600),
+            Duration::from_millis(600),
+            Duration::from_millis(200),
+        )
+        .await;
+    }
+}

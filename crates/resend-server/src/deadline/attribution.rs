@@ -4,11 +4,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use resend::deadline::{Snapshot, Source};
 use serde_json::{Map, Value};
 
 use crate::body::MaybeBuffered;
+use crate::store::StoredResponse;
 
 /// Where a request's time ran out, as the 504 body says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,21 +118,36 @@ impl Attribution {
     /// 504 with the JSON body; for a gRPC request, the gRPC way:
     /// `grpc-status: 4` (DEADLINE_EXCEEDED) in a trailers-only response.
     pub(crate) fn response<B>(&self, grpc: bool) -> Response<MaybeBuffered<B>> {
-        if grpc {
-            let mut resp = Response::new(MaybeBuffered::empty());
-            let h = resp.headers_mut();
-            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-            h.insert("grpc-status", HeaderValue::from_static("4"));
-            if let Ok(v) = HeaderValue::from_str(&self.summary().replace('%', "%25")) {
-                h.insert("grpc-message", v);
-            }
-            return resp;
-        }
-        let mut resp = Response::new(MaybeBuffered::full(Bytes::from(self.to_json().to_string())));
-        *resp.status_mut() = StatusCode::GATEWAY_TIMEOUT;
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let stored = self.stored(grpc);
+        let mut resp = Response::new(MaybeBuffered::full(stored.body));
+        *resp.status_mut() = stored.status;
+        *resp.headers_mut() = stored.headers;
         resp
+    }
+
+    /// [`response`](Self::response), as a record keeps it.
+    pub(crate) fn stored(&self, grpc: bool) -> StoredResponse {
+        let mut headers = HeaderMap::new();
+        if grpc {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            headers.insert("grpc-status", HeaderValue::from_static("4"));
+            if let Ok(v) = HeaderValue::from_str(&self.summary().replace('%', "%25")) {
+                headers.insert("grpc-message", v);
+            }
+            return StoredResponse {
+                status: StatusCode::OK,
+                headers,
+                body: Bytes::new(),
+                body_omitted: false,
+            };
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        StoredResponse {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            headers,
+            body: Bytes::from(self.to_json().to_string()),
+            body_omitted: false,
+        }
     }
 }
 

@@ -72,7 +72,6 @@ mod future;
 mod layer;
 mod service;
 
-#[cfg(feature = "axum")]
 pub(crate) use attribution::Attribution;
 pub use attribution::ErrorSource;
 pub use future::{Lazy, ResponseFuture};

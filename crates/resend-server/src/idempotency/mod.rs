@@ -1,6 +1,9 @@
 //! `Idempotency-Key` done right: a repeated key gets the first result, and
 //! the work is done once.
 //!
+//! The promise is about work, not requests: **a keyed operation's work runs
+//! once**, whatever the caller, the clock, the store or the process does.
+//!
 //! [`IdempotencyLayer`] applies to requests with an unsafe method (POST,
 //! PATCH, …) that carry `Idempotency-Key` (or `X-Idempotency-Key`); other
 //! requests go straight through. For such a request:
@@ -8,22 +11,45 @@
 //! - the key must be 1 to 255 visible ASCII characters, else 400; on routes
 //!   configured to require one ([`IdempotencyLayer::require_key_when`]), a
 //!   request without a key gets 400;
+//! - keys are scoped by every credential the caller presents
+//!   (`Authorization`, `Proxy-Authorization`, `Cookie`, `X-Api-Key` and the
+//!   [API-key headers](IdempotencyLayer::api_key_headers) you name), or by
+//!   your own [`scope_with`](IdempotencyLayer::scope_with): no caller is
+//!   ever replayed another's response. Callers without credentials share one
+//!   scope, or are refused ([`Anonymous`]). `Set-Cookie` (and the
+//!   [per-caller headers](IdempotencyLayer::per_caller_header) you name) is
+//!   never stored for replay;
 //! - the body is read, up to a cap (a larger one: 413, nothing runs), and
 //!   handed on to the handler; the *fingerprint* is the method, path and
 //!   query and a hash of the body;
-//! - the first request with the key takes a lease in the [`Store`](crate::Store),
-//!   runs the handler and stores its final response (status, headers, body up
-//!   to a cap) in place of the lease;
+//! - the first request with the key takes a short lease in the
+//!   [`Store`](crate::Store) and runs the handler **to completion**: a
+//!   caller that goes away (a dropped connection, an attempt timeout) does
+//!   not cancel it — it goes on in a task of its own, still bounded by the
+//!   inbound deadline. The lease is renewed every third of its life while
+//!   the handler runs, so no second run starts however long the first
+//!   takes, and a holder that died (a crash) is replaced once it expires;
 //! - the same key while the first runs: 409 with `Retry-After`;
 //! - the same key after: the stored response, marked
 //!   `Idempotent-Replayed: true`, and the handler does not run;
 //! - the same key with another fingerprint: 422;
-//! - a handler error, a 5xx or 429, or a cancelled request drops the lease, so
-//!   a retry runs; a lease whose holder died expires and is taken over;
-//! - keys are scoped by the caller's identity ([`IdempotencyLayer::scope_with`]),
-//!   so nobody can replay another caller's response; records expire (24 h by
-//!   default);
-//! - a store that cannot answer fails closed: 503, nothing runs.
+//! - what is kept: once the handler has started, its final response, **5xx
+//!   included**, unless it says nothing was done — it carries the
+//!   [`NothingDone`] extension, or is a 429 — in which case the lease is
+//!   dropped and a retry runs. A handler error, a panic, or a body that fails
+//!   after the head are kept as a 500 saying so; a handler cut by the
+//!   deadline, as the deadline's 504. None of them runs again;
+//! - a store that cannot be reached before the work fails closed: 503,
+//!   nothing runs. One that fails after it does not lose the response: it is
+//!   held in memory (this process answers the key from it) and stored in the
+//!   background, with the lease kept, until it lands
+//!   ([`IdempotencyStats`] counts what could not be);
+//! - outbound calls made by the handler through a resend stack with
+//!   [`idempotency_keys`](resend::StackBuilder::idempotency_keys) derive
+//!   their keys from the inbound one ([`resend::idempotency::derive_keys`]),
+//!   so a re-run after a crash sends the same keys downstream;
+//! - records expire (24 h by default); every store call is bounded by a
+//!   timeout.
 //!
 //! ```
 //! use http::{Request, Response, StatusCode};
@@ -52,7 +78,7 @@
 //! ```
 //!
 //! Configured: keys required on one route, scoped by a tenant header set by
-//! the authentication in front, shorter leases and records.
+//! the authentication in front, a shorter lease and records.
 //!
 //! ```
 //! use std::time::Duration;
@@ -63,28 +89,52 @@
 //!     .scope_with(|req| {
 //!         req.headers.get("x-tenant-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
 //!     })
-//!     .lease(Duration::from_secs(30))
+//!     .lease(Duration::from_secs(5))
 //!     .record_ttl(Duration::from_secs(3600))
 //!     .request_cap(64 * 1024);
 //! # let _ = layer;
 //! ```
 
 mod future;
+mod held;
 mod layer;
 mod request;
 mod response;
+mod rules;
+mod run;
 mod service;
+mod stats;
 
 pub use future::ResponseFuture;
 pub use layer::{
-    IdempotencyLayer, DEFAULT_LEASE, DEFAULT_RECORD_TTL, DEFAULT_REQUEST_CAP, DEFAULT_RESPONSE_CAP,
-    DEFAULT_RETRY_AFTER, DEFAULT_STORE_TIMEOUT,
+    Anonymous, IdempotencyLayer, DEFAULT_LEASE, DEFAULT_RECORD_TTL, DEFAULT_REQUEST_CAP,
+    DEFAULT_RESPONSE_CAP, DEFAULT_RETRY_AFTER, DEFAULT_STORE_RETRY_FOR, DEFAULT_STORE_TIMEOUT,
+    LEASE_RANGE, RECORD_TTL_RANGE, RETRY_AFTER_RANGE, STORE_TIMEOUT_RANGE, X_API_KEY,
 };
 pub use request::{
-    authorization_scope, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED,
-    X_IDEMPOTENCY_KEY,
+    credential_scope, CREDENTIAL_HEADERS, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED,
+    IDEMPOTENT_REPLAYED, X_IDEMPOTENCY_KEY,
 };
 pub use service::Idempotency;
+pub use stats::IdempotencyStats;
 
-#[cfg(test)]
-mod tests;
+/// A response extension by which a handler says that it did nothing: the
+/// layer then drops the lease instead of storing the response, so the
+/// caller's retry runs the handler again.
+///
+/// Set it only when nothing at all was done — validation failed before any
+/// write, an upstream said the request was never sent or processed.
+/// [`ClientErrorResponse`](crate::ClientErrorResponse) sets it for resend
+/// client errors that say so
+/// ([`nothing_processed`](resend::Error::nothing_processed)).
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use resend_server::idempotency::NothingDone;
+///
+/// let mut resp = Response::new(String::from("try again later"));
+/// *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+/// resp.extensions_mut().insert(NothingDone);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NothingDone;

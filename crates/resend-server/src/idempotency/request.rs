@@ -3,9 +3,10 @@
 use std::borrow::Cow;
 
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Method};
+use http::{HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
+use super::layer::Scope;
 use crate::store::Fingerprint;
 
 /// `Idempotency-Key`.
@@ -17,14 +18,6 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// `Idempotent-Body-Omitted: true` marks a replay whose body was larger than
 /// the cap and was not stored.
 pub const IDEMPOTENT_BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-body-omitted");
-
-/// True for GET, HEAD, OPTIONS, TRACE, PUT and DELETE.
-pub(crate) fn is_idempotent(method: &Method) -> bool {
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    )
-}
 
 /// A request's idempotency key, checked: 1 to 255 visible ASCII
 /// characters. It holds the request's own header value, which shares the
@@ -39,6 +32,11 @@ impl Key {
         // default is never taken. (`from_utf8` checks ASCII a word at a
         // time; `HeaderValue::to_str` a byte at a time, on every call.)
         std::str::from_utf8(self.0.as_bytes()).unwrap_or_default()
+    }
+
+    /// The key as the request's header value.
+    pub(crate) fn header_value(&self) -> &HeaderValue {
+        &self.0
     }
 }
 
@@ -98,32 +96,73 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     }
 }
 
-/// The default scope: a hash of the `Authorization` header, so that callers
-/// with different credentials never share keys (and credentials are not
-/// stored); `anonymous` without one.
-pub fn authorization_scope(parts: &Parts) -> String {
-    default_scope(parts).into_owned()
+/// The headers the default scope always reads: `Authorization`,
+/// `Proxy-Authorization` and `Cookie`.
+pub const CREDENTIAL_HEADERS: [HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::COOKIE,
+];
+
+/// The default scope of a request's key: a hash of every credential the
+/// request presents — `Authorization`, `Proxy-Authorization`, `Cookie` and
+/// `X-Api-Key` — so that callers with different credentials never share
+/// keys, and no credential is stored; `None` when the request presents none
+/// (see [`Anonymous`](super::Anonymous) for what such a request gets).
+///
+/// ```
+/// use http::Request;
+/// use resend_server::idempotency::credential_scope;
+///
+/// let scope = |req: Request<()>| credential_scope(&req.into_parts().0);
+/// let alice = scope(Request::post("/").header("cookie", "session=alice").body(()).unwrap());
+/// let bob = scope(Request::post("/").header("cookie", "session=bob").body(()).unwrap());
+/// assert_ne!(alice, bob);
+/// assert!(!alice.unwrap().contains("alice"));
+/// assert_eq!(scope(Request::post("/").body(()).unwrap()), None);
+/// ```
+pub fn credential_scope(parts: &Parts) -> Option<String> {
+    credentials(parts, &[super::layer::X_API_KEY]).map(Cow::into_owned)
 }
 
-/// [`authorization_scope`], as the layer uses it: `anonymous` without
-/// allocating.
-pub(crate) fn default_scope(parts: &Parts) -> Cow<'static, str> {
-    match parts.headers.get(http::header::AUTHORIZATION) {
-        Some(v) => {
-            let h = Sha256::digest(v.as_bytes());
-            let mut s = String::with_capacity(37);
-            s.push_str("auth:");
-            push_hex(&mut s, &h[..16]);
-            Cow::Owned(s)
-        }
-        None => Cow::Borrowed("anonymous"),
+/// The scope of a request under the layer's configuration, and whether the
+/// caller is anonymous (the default scope found no credential).
+pub(crate) fn scope(parts: &Parts, scope: &Scope) -> (Cow<'static, str>, bool) {
+    match scope {
+        Scope::Credentials { api_keys } => match credentials(parts, api_keys) {
+            Some(s) => (s, false),
+            None => (Cow::Borrowed("anonymous"), true),
+        },
+        Scope::Custom(f) => (Cow::Owned(f(parts)), false),
     }
+}
+
+/// A hash of the credential headers present (name and every value, in
+/// order); `None` when there is none.
+fn credentials(parts: &Parts, api_keys: &[HeaderName]) -> Option<Cow<'static, str>> {
+    let mut h: Option<Sha256> = None;
+    for name in CREDENTIAL_HEADERS.iter().chain(api_keys) {
+        for value in parts.headers.get_all(name) {
+            let h = h.get_or_insert_with(Sha256::new);
+            // Neither a header name nor a value holds a NUL: the encoding is
+            // unambiguous.
+            h.update(name.as_str().as_bytes());
+            h.update([0]);
+            h.update(value.as_bytes());
+            h.update([0]);
+        }
+    }
+    let digest = h?.finalize();
+    let mut s = String::with_capacity(37);
+    s.push_str("cred:");
+    push_hex(&mut s, &digest[..16]);
+    Some(Cow::Owned(s))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Request;
+    use http::{Method, Request};
 
     fn parts(req: Request<()>) -> Parts {
         req.into_parts().0
@@ -217,31 +256,77 @@ mod tests {
         );
     }
 
+    fn scoped(req: Request<()>) -> Option<String> {
+        credential_scope(&parts(req))
+    }
+
     #[test]
-    fn default_scope_hashes_the_credentials() {
-        let a = parts(
+    fn the_default_scope_hashes_every_credential() {
+        let with = |name: &str, value: &str| {
+            scoped(Request::post("/").header(name, value).body(()).unwrap())
+        };
+        let a = with("authorization", "Bearer a");
+        assert_ne!(a, with("authorization", "Bearer b"));
+        assert!(!a.as_deref().unwrap().contains("Bearer"));
+        let digest = {
+            let mut h = Sha256::new();
+            h.update(b"authorization\0Bearer a\0");
+            h.finalize()
+        };
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(a, Some(format!("cred:{hex}")));
+        // Each kind of credential scopes, and the same value under two
+        // headers is two scopes.
+        let all = [
+            with("authorization", "Basic YTpi"),
+            with("proxy-authorization", "Basic YTpi"),
+            with("cookie", "Basic YTpi"),
+            with("x-api-key", "Basic YTpi"),
+            with("cookie", "session=1"),
+            with("cookie", "session=2"),
+            with("x-api-key", "k1"),
+            with("x-api-key", "k2"),
+            scoped(Request::post("/").body(()).unwrap()),
+        ];
+        for (i, x) in all.iter().enumerate() {
+            for (j, y) in all.iter().enumerate() {
+                assert_eq!(i == j, x == y, "{i} {j}");
+            }
+        }
+        // No credential: anonymous; a header that is not a credential does
+        // not make one.
+        assert_eq!(all[8], None);
+        assert_eq!(with("x-tenant", "a"), None);
+        // Several credentials together are one scope of their own.
+        let both = scoped(
             Request::post("/")
                 .header("authorization", "Bearer a")
+                .header("cookie", "s=1")
                 .body(())
                 .unwrap(),
         );
-        let b = parts(
+        assert_ne!(both, a);
+        assert_ne!(both, with("cookie", "s=1"));
+    }
+
+    #[test]
+    fn the_layer_scope_reads_its_api_key_headers_and_says_anonymous() {
+        let custom = Scope::Credentials {
+            api_keys: std::sync::Arc::new([HeaderName::from_static("x-key")]),
+        };
+        let p = parts(Request::post("/").header("x-key", "k").body(()).unwrap());
+        let (s, anonymous) = scope(&p, &custom);
+        assert!(s.starts_with("cred:") && !anonymous);
+        // X-Api-Key is no longer read when the list is replaced.
+        let p = parts(
             Request::post("/")
-                .header("authorization", "Bearer b")
+                .header("x-api-key", "k")
                 .body(())
                 .unwrap(),
         );
-        assert_ne!(authorization_scope(&a), authorization_scope(&b));
-        assert!(!authorization_scope(&a).contains("Bearer"));
-        let digest = Sha256::digest(b"Bearer a");
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(authorization_scope(&a), format!("auth:{hex}"));
-        let anonymous = parts(Request::post("/").body(()).unwrap());
-        assert_eq!(authorization_scope(&anonymous), "anonymous");
-        assert!(matches!(
-            default_scope(&anonymous),
-            Cow::Borrowed("anonymous")
-        ));
-        assert_eq!(default_scope(&a), authorization_scope(&a));
+        assert_eq!(scope(&p, &custom), (Cow::Borrowed("anonymous"), true));
+        assert!(matches!(scope(&p, &custom).0, Cow::Borrowed(_)));
+        let f = Scope::Custom(std::sync::Arc::new(|_: &Parts| "tenant-1".to_owned()));
+        assert_eq!(scope(&p, &f), (Cow::Owned("tenant-1".to_owned()), false));
     }
 }

@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use hashbrown::hash_table::{Entry, HashTable};
 use tokio::time::Instant;
 
-use super::{Begin, Fingerprint, LeaseToken, RecordKey, Store, StoreError, StoredResponse, Ttl};
+use super::{
+    Begin, Claim, Fingerprint, LeaseState, LeaseToken, RecordKey, Store, StoreError,
+    StoredResponse, Ttl,
+};
 
 /// The default bound on the records a [`MemoryStore`] holds: 100 000.
 pub const DEFAULT_MAX_RECORDS: usize = 100_000;
@@ -27,10 +30,14 @@ const SHARDS: usize = 16;
 ///
 /// Records and leases expire on tokio's clock. Memory is bounded: at most
 /// [`max_records`](Self::max_records) records and
-/// [`max_bytes`](Self::max_bytes) bytes of stored responses; expired records
-/// are swept out when the store fills up. A store that is full of live
-/// records refuses new keys (the layer answers 503) rather than forget a
-/// finished operation and run it twice.
+/// [`max_bytes`](Self::max_bytes) bytes of stored responses. When the store
+/// fills up, expired records are swept out first; if that frees nothing, the
+/// finished records nearest their expiry (the oldest, as every record is
+/// kept as long) are evicted, an eighth of the bound at a time, with a
+/// warning, and counted ([`evicted`](Self::evicted)). A retry of an evicted
+/// key runs its work again, so size the bound for a record TTL's worth of
+/// keys. Only a store full of *live leases* (work in progress) refuses new
+/// keys (the layer answers 503).
 ///
 /// A record is one allocation of its exact size: 65 bytes, its scope and
 /// key, and its stored response; with its slot in the table, a UUID key
@@ -81,6 +88,8 @@ struct Shared {
     records: Padded<AtomicUsize>,
     /// Bytes of stored responses in all shards, kept like `records`.
     bytes: Padded<AtomicUsize>,
+    /// Finished records evicted to make room, in all.
+    evicted: Padded<std::sync::atomic::AtomicU64>,
 }
 
 /// What never changes after the store is made.
@@ -147,7 +156,8 @@ impl Slot {
 const UNTIL: std::ops::Range<usize> = 0..8;
 /// `LEASED` or `DONE`.
 const STATE: usize = 8;
-/// The lease's token (`u128`, little-endian); zeros once done.
+/// The lease's token (`u128`, little-endian), kept once done: a holder
+/// whose `complete` is repeated (its first answer was lost) finds its own.
 const TOKEN: std::ops::Range<usize> = 9..25;
 const FINGERPRINT: std::ops::Range<usize> = 25..57;
 /// The scope's length and the key's (`u32`, little-endian).
@@ -208,11 +218,10 @@ impl Record {
         Ok(Self(bytes.into_boxed_slice()))
     }
 
-    /// A finished record for `key`, holding `response` (or, with `slim`,
-    /// its status and headers only). Its fingerprint is set from the lease
-    /// it replaces, under the shard's lock.
+    /// A finished record for the claim (its key, fingerprint and token),
+    /// holding `response` (or, with `slim`, its status and headers only).
     fn done(
-        key: &RecordKey<'_>,
+        claim: &Claim<'_>,
         response: &StoredResponse,
         slim: bool,
         until: u64,
@@ -220,7 +229,8 @@ impl Record {
         let body: &[u8] = if slim { &[] } else { &response.body };
         let (headers, omitted) = (&response.headers, slim || response.body_omitted);
         let extra = super::encoded_len(headers, body);
-        let mut bytes = Self::start(key, DONE, 0, &Fingerprint([0; 32]), until, extra)?;
+        let token = claim.token.as_u128();
+        let mut bytes = Self::start(&claim.key, DONE, token, &claim.fingerprint, until, extra)?;
         super::encode_into(&mut bytes, response.status, headers, omitted, body);
         Ok(Self(bytes.into_boxed_slice()))
     }
@@ -263,7 +273,11 @@ impl Record {
     }
 
     fn is_leased_by(&self, token: &LeaseToken) -> bool {
-        self.is_lease() && self.0[TOKEN] == token.as_u128().to_le_bytes()
+        self.is_lease() && self.is_by(token)
+    }
+
+    fn is_by(&self, token: &LeaseToken) -> bool {
+        self.0[TOKEN] == token.as_u128().to_le_bytes()
     }
 
     /// A lease's record taken over by `token`, in place (a lease and a new
@@ -322,6 +336,7 @@ impl MemoryStore {
                 shards: std::array::from_fn(|_| Padded::default()),
                 records: Padded(AtomicUsize::new(0)),
                 bytes: Padded(AtomicUsize::new(0)),
+                evicted: Padded(std::sync::atomic::AtomicU64::new(0)),
             }),
             max_records: DEFAULT_MAX_RECORDS,
             max_bytes: DEFAULT_MAX_BYTES,
@@ -386,17 +401,12 @@ impl MemoryStore {
             .is_ok()
     }
 
-    fn begin_now(
-        &self,
-        key: &RecordKey<'_>,
-        fingerprint: Fingerprint,
-        token: &LeaseToken,
-        ttl: Ttl,
-    ) -> Result<Begin, StoreError> {
+    fn begin_now(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
+        let (key, fingerprint, token) = (&claim.key, claim.fingerprint, &claim.token);
         let now = self.now();
         let until = after(now, ttl.lease);
         let hash = self.hash(key);
-        let mut swept = false;
+        let mut tries = 0;
         loop {
             let mut guard = self.shard(hash);
             let shard = &mut *guard;
@@ -417,19 +427,10 @@ impl MemoryStore {
                     false
                 }
                 Entry::Vacant(e) => {
-                    // Full: expired records are swept to make room, once.
                     if self.shared.bytes.load(Relaxed) > self.max_bytes || !self.reserve_record() {
                         true
                     } else {
-                        match Record::lease(key, &fingerprint, token, until) {
-                            Ok(record) => {
-                                e.insert(Slot { hash, record });
-                            }
-                            Err(err) => {
-                                self.shared.records.fetch_sub(1, Relaxed);
-                                return Err(err);
-                            }
-                        }
+                        self.insert(e, hash, Record::lease(key, &fingerprint, token, until))?;
                         false
                     }
                 }
@@ -439,65 +440,195 @@ impl MemoryStore {
                 return Ok(Begin::Acquired);
             }
             drop(guard);
-            if swept {
-                return Err(StoreError::new("memory store is full of live records"));
+            // Full: expired records are swept to make room; if that freed
+            // nothing, the oldest finished ones are evicted.
+            match tries {
+                0 => self.sweep(now),
+                1 => self.evict(),
+                _ => return Err(StoreError::new("memory store is full of live leases")),
             }
-            self.sweep(now);
-            swept = true;
+            tries += 1;
         }
+    }
+
+    /// Puts `record` in a vacant slot whose record is already counted
+    /// (`reserve_record`); uncounts it if the record could not be made.
+    fn insert(
+        &self,
+        slot: hashbrown::hash_table::VacantEntry<'_, Slot>,
+        hash: u64,
+        record: Result<Record, StoreError>,
+    ) -> Result<(), StoreError> {
+        match record {
+            Ok(record) => {
+                slot.insert(Slot { hash, record });
+                Ok(())
+            }
+            Err(err) => {
+                self.shared.records.fetch_sub(1, Relaxed);
+                Err(err)
+            }
+        }
+    }
+
+    fn renew_now(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<LeaseState, StoreError> {
+        let key = &claim.key;
+        let until = after(self.now(), ttl.lease);
+        let hash = self.hash(key);
+        let mut guard = self.shard(hash);
+        let shard = &mut *guard;
+        match shard.table.entry(hash, |s| s.is(hash, key), |s| s.hash) {
+            Entry::Occupied(mut e) => {
+                let r = &mut e.get_mut().record;
+                if !r.is_leased_by(&claim.token) {
+                    return Ok(LeaseState::Lost);
+                }
+                r.set_until(until);
+            }
+            Entry::Vacant(e) => {
+                // The record is gone (swept after it expired unrenewed):
+                // the lease is written anew.
+                if !self.reserve_record() {
+                    return Err(StoreError::new("memory store is full"));
+                }
+                let record = Record::lease(key, &claim.fingerprint, &claim.token, until);
+                self.insert(e, hash, record)?;
+            }
+        }
+        shard.expires_at(until);
+        Ok(LeaseState::Held)
     }
 
     fn complete_now(
         &self,
-        key: &RecordKey<'_>,
-        token: &LeaseToken,
+        claim: &Claim<'_>,
         response: &StoredResponse,
         ttl: Ttl,
-    ) -> Result<(), StoreError> {
+    ) -> Result<LeaseState, StoreError> {
+        let key = &claim.key;
         let until = after(self.now(), ttl.record);
         let hash = self.hash(key);
-        // Made before the lock is taken; the lease's fingerprint is copied
-        // in under it.
-        let mut full = Record::done(key, response, false, until)?;
+        // Made before the lock is taken.
+        let mut full = Record::done(claim, response, false, until)?;
         let mut guard = self.shard(hash);
         let shard = &mut *guard;
-        let Some(Slot { record: r, .. }) = shard.table.find_mut(hash, |s| s.is(hash, key)) else {
-            return Ok(());
+        let fits = |this: &Self, record: &Record| {
+            this.shared
+                .bytes
+                .fetch_update(Relaxed, Relaxed, |b| {
+                    b.checked_add(record.size())
+                        .filter(|&total| total <= this.max_bytes)
+                })
+                .is_ok()
         };
-        if !r.is_leased_by(token) {
-            return Ok(());
+        match shard.table.entry(hash, |s| s.is(hash, key), |s| s.hash) {
+            Entry::Occupied(mut e) => {
+                let r = &mut e.get_mut().record;
+                if !r.is_lease() && r.is_by(&claim.token) {
+                    // Stored already: this is the holder's `complete` again.
+                    return Ok(LeaseState::Held);
+                }
+                if !r.is_leased_by(&claim.token) {
+                    return Ok(LeaseState::Lost);
+                }
+                if !fits(self, &full) {
+                    // Keep the operation's outcome, without its body, rather
+                    // than forget that it ran.
+                    full = Record::done(claim, response, true, until)?;
+                    self.shared.bytes.fetch_add(full.size(), Relaxed);
+                }
+                // The lease's record is freed here, while it is in the caches.
+                *r = full;
+            }
+            Entry::Vacant(e) => {
+                // The lease is gone (swept after it expired unrenewed): the
+                // finished record is written anew.
+                if !self.reserve_record() {
+                    return Err(StoreError::new("memory store is full"));
+                }
+                if !fits(self, &full) {
+                    full = Record::done(claim, response, true, until)?;
+                    self.shared.bytes.fetch_add(full.size(), Relaxed);
+                }
+                self.insert(e, hash, Ok(full))?;
+            }
         }
-        let fits = self
-            .shared
-            .bytes
-            .fetch_update(Relaxed, Relaxed, |b| {
-                b.checked_add(full.size())
-                    .filter(|&total| total <= self.max_bytes)
-            })
-            .is_ok();
-        if !fits {
-            // Keep the operation's outcome, without its body, rather than
-            // forget that it ran.
-            full = Record::done(key, response, true, until)?;
-            self.shared.bytes.fetch_add(full.size(), Relaxed);
-        }
-        full.0[FINGERPRINT].copy_from_slice(&r.0[FINGERPRINT]);
-        // The lease's record is freed here, while it is in the caches.
-        *r = full;
         shard.expires_at(until);
-        Ok(())
+        Ok(LeaseState::Held)
     }
 
-    fn release_now(&self, key: &RecordKey<'_>, token: &LeaseToken) {
+    fn release_now(&self, claim: &Claim<'_>) {
+        let key = &claim.key;
         let hash = self.hash(key);
         let mut shard = self.shard(hash);
         if let Ok(e) = shard.table.find_entry(hash, |s| s.is(hash, key)) {
-            if e.get().record.is_leased_by(token) {
+            if e.get().record.is_leased_by(&claim.token) {
                 // A lease holds no bytes.
                 e.remove();
                 self.shared.records.fetch_sub(1, Relaxed);
             }
         }
+    }
+
+    /// Finished records evicted to make room since the store was made.
+    pub fn evicted(&self) -> u64 {
+        self.shared.evicted.load(Relaxed)
+    }
+
+    /// Evicts the finished records nearest their expiry: an eighth of the
+    /// record bound (at least one), or, when the bytes bound is what is
+    /// full, enough to come back under seven eighths of it. Live leases are
+    /// never evicted. One pass over every shard to find the threshold, one
+    /// to remove: at an eighth of the bound a time, a few visits per record
+    /// evicted.
+    fn evict(&self) {
+        let mut untils: Vec<(u64, usize)> = Vec::new();
+        for shard in &self.shared.shards {
+            let shard = lock(shard);
+            untils.extend(
+                shard
+                    .table
+                    .iter()
+                    .filter(|s| !s.record.is_lease())
+                    .map(|s| (s.record.until(), s.record.size())),
+            );
+        }
+        if untils.is_empty() {
+            return;
+        }
+        untils.sort_unstable_by_key(|&(until, _)| until);
+        let by_count = (self.max_records / 8).max(1);
+        let over = self
+            .shared
+            .bytes
+            .load(Relaxed)
+            .saturating_sub(self.max_bytes / 8 * 7);
+        let (mut n, mut freed) = (0, 0);
+        while n < untils.len() && (n < by_count || freed < over) {
+            freed += untils[n].1;
+            n += 1;
+        }
+        let threshold = untils[n - 1].0;
+        let (mut freed, mut removed) = (0, 0);
+        for shard in &self.shared.shards {
+            let mut shard = lock(shard);
+            shard.table.retain(|Slot { record: r, .. }| {
+                let evict = !r.is_lease() && r.until() <= threshold;
+                if evict {
+                    freed += r.size();
+                    removed += 1;
+                }
+                !evict
+            });
+        }
+        self.shared.bytes.fetch_sub(freed, Relaxed);
+        self.shared.records.fetch_sub(removed, Relaxed);
+        self.shared.evicted.fetch_add(removed as u64, Relaxed);
+        tracing::warn!(
+            evicted = removed,
+            bytes = freed,
+            "idempotency memory store full: evicted its oldest finished records (a retry of their keys runs again)"
+        );
     }
 
     /// Drops the expired records of every shard, one shard at a time.
@@ -536,30 +667,31 @@ fn after(now: u64, ttl: std::time::Duration) -> u64 {
 impl Store for MemoryStore {
     fn begin(
         &self,
-        key: &RecordKey<'_>,
-        fingerprint: Fingerprint,
-        token: &LeaseToken,
+        claim: &Claim<'_>,
         ttl: Ttl,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        std::future::ready(self.begin_now(key, fingerprint, token, ttl))
+        std::future::ready(self.begin_now(claim, ttl))
+    }
+
+    fn renew(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
+        std::future::ready(self.renew_now(claim, ttl))
     }
 
     fn complete(
         &self,
-        key: &RecordKey<'_>,
-        token: &LeaseToken,
+        claim: &Claim<'_>,
         response: &StoredResponse,
         ttl: Ttl,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(self.complete_now(key, token, response, ttl))
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
+        std::future::ready(self.complete_now(claim, response, ttl))
     }
 
-    fn release(
-        &self,
-        key: &RecordKey<'_>,
-        token: &LeaseToken,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.release_now(key, token);
+    fn release(&self, claim: &Claim<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.release_now(claim);
         std::future::ready(Ok(()))
     }
 }
@@ -575,6 +707,17 @@ mod tests {
 
     fn key(k: &str) -> RecordKey<'_> {
         RecordKey { scope: "s", key: k }
+    }
+
+    /// The fingerprint the tests' requests have, unless they say otherwise.
+    const FP: Fingerprint = Fingerprint([0; 32]);
+
+    fn claim<'a>(key: RecordKey<'a>, fingerprint: Fingerprint, token: LeaseToken) -> Claim<'a> {
+        Claim {
+            key,
+            fingerprint,
+            token,
+        }
     }
 
     const TTL: Ttl = Ttl {
@@ -597,33 +740,47 @@ mod tests {
         let fp = Fingerprint([1; 32]);
         let (a, b) = (LeaseToken::random(), LeaseToken::random());
         assert_eq!(
-            s.begin(&key("k"), fp, &a, TTL).await.unwrap(),
+            s.begin(&claim(key("k"), fp, a), TTL).await.unwrap(),
             Begin::Acquired
         );
         assert!(matches!(
-            s.begin(&key("k"), fp, &b, TTL).await.unwrap(),
+            s.begin(&claim(key("k"), fp, b), TTL).await.unwrap(),
             Begin::InProgress { .. }
         ));
         tokio::time::advance(Duration::from_secs(10)).await;
         // a's lease expired: b takes over, and a can no longer complete.
         assert_eq!(
-            s.begin(&key("k"), fp, &b, TTL).await.unwrap(),
+            s.begin(&claim(key("k"), fp, b), TTL).await.unwrap(),
             Begin::Acquired
         );
-        s.complete(&key("k"), &a, &resp("a"), TTL).await.unwrap();
-        s.release(&key("k"), &a).await.unwrap();
+        assert_eq!(
+            s.complete(&claim(key("k"), fp, a), &resp("a"), TTL)
+                .await
+                .unwrap(),
+            LeaseState::Lost
+        );
+        assert_eq!(
+            s.renew(&claim(key("k"), fp, a), TTL).await.unwrap(),
+            LeaseState::Lost
+        );
+        s.release(&claim(key("k"), fp, a)).await.unwrap();
         assert!(matches!(
-            s.begin(&key("k"), fp, &a, TTL).await.unwrap(),
+            s.begin(&claim(key("k"), fp, a), TTL).await.unwrap(),
             Begin::InProgress { .. }
         ));
-        s.complete(&key("k"), &b, &resp("b"), TTL).await.unwrap();
-        match s.begin(&key("k"), fp, &a, TTL).await.unwrap() {
+        assert_eq!(
+            s.complete(&claim(key("k"), fp, b), &resp("b"), TTL)
+                .await
+                .unwrap(),
+            LeaseState::Held
+        );
+        match s.begin(&claim(key("k"), fp, a), TTL).await.unwrap() {
             Begin::Completed { response, .. } => assert_eq!(response.body, "b"),
             other => panic!("{other:?}"),
         }
         tokio::time::advance(Duration::from_secs(100)).await;
         assert_eq!(
-            s.begin(&key("k"), fp, &a, TTL).await.unwrap(),
+            s.begin(&claim(key("k"), fp, a), TTL).await.unwrap(),
             Begin::Acquired
         );
     }
@@ -643,7 +800,7 @@ mod tests {
         assert_eq!(lease.size(), 0);
         // Finished: the same, and the response as `encode` writes it.
         let r = resp("ok 21");
-        let done = Record::done(&k, &r, false, 9).unwrap();
+        let done = Record::done(&claim(k, fp, t), &r, false, 9).unwrap();
         assert_eq!(done.0.len(), 110 + r.encode().len());
         assert_eq!(done.size(), r.encode().len());
         assert!(done.is(&k) && lease.is(&k));
@@ -661,22 +818,28 @@ mod tests {
         let keys: Vec<String> = [1, 77, 78, 254].iter().map(|&n| "k".repeat(n)).collect();
         for k in &keys {
             assert_eq!(
-                s.begin(&key(k), fp, &t, TTL).await.unwrap(),
+                s.begin(&claim(key(k), fp, t), TTL).await.unwrap(),
                 Begin::Acquired
             );
             let moved = RecordKey {
                 scope: "sk",
                 key: &k[1..],
             };
-            assert_eq!(s.begin(&moved, fp, &t, TTL).await.unwrap(), Begin::Acquired);
+            assert_eq!(
+                s.begin(&claim(moved, fp, t), TTL).await.unwrap(),
+                Begin::Acquired
+            );
         }
         for (i, k) in keys.iter().enumerate() {
-            s.complete(&key(k), &t, &resp(["a", "b", "c", "d"][i]), TTL)
-                .await
-                .unwrap();
+            assert_eq!(
+                s.complete(&claim(key(k), FP, t), &resp(["a", "b", "c", "d"][i]), TTL)
+                    .await
+                    .unwrap(),
+                LeaseState::Held
+            );
         }
         for (i, k) in keys.iter().enumerate() {
-            match s.begin(&key(k), fp, &t, TTL).await.unwrap() {
+            match s.begin(&claim(key(k), fp, t), TTL).await.unwrap() {
                 Begin::Completed { response, .. } => {
                     assert_eq!(response.body, ["a", "b", "c", "d"][i]);
                 }
@@ -693,24 +856,29 @@ mod tests {
         let (a, b) = (Fingerprint([0xa; 32]), Fingerprint([0xb; 32]));
         let t = LeaseToken::random();
         assert_eq!(
-            s.begin(&key("k"), a, &t, TTL).await.unwrap(),
+            s.begin(&claim(key("k"), a, t), TTL).await.unwrap(),
             Begin::Acquired
         );
-        s.complete(&key("k"), &t, &resp("done"), TTL).await.unwrap();
+        assert_eq!(
+            s.complete(&claim(key("k"), a, t), &resp("done"), TTL)
+                .await
+                .unwrap(),
+            LeaseState::Held
+        );
         let stored = resp("done").encode().len();
         assert_eq!(s.shared.bytes.load(Relaxed), stored);
-        match s.begin(&key("k"), b, &t, TTL).await.unwrap() {
+        match s.begin(&claim(key("k"), b, t), TTL).await.unwrap() {
             Begin::Completed { fingerprint, .. } => assert_eq!(fingerprint, a),
             other => panic!("{other:?}"),
         }
         tokio::time::advance(TTL.record).await;
         assert_eq!(
-            s.begin(&key("k"), b, &t, TTL).await.unwrap(),
+            s.begin(&claim(key("k"), b, t), TTL).await.unwrap(),
             Begin::Acquired
         );
         assert_eq!(s.shared.bytes.load(Relaxed), 0);
         assert_eq!(s.len(), 1);
-        match s.begin(&key("k"), a, &t, TTL).await.unwrap() {
+        match s.begin(&claim(key("k"), a, t), TTL).await.unwrap() {
             Begin::InProgress { fingerprint } => assert_eq!(fingerprint, b),
             other => panic!("{other:?}"),
         }
@@ -723,15 +891,15 @@ mod tests {
         let t = LeaseToken::random();
         for k in ["a", "b"] {
             assert_eq!(
-                s.begin(&key(k), fp, &t, TTL).await.unwrap(),
+                s.begin(&claim(key(k), fp, t), TTL).await.unwrap(),
                 Begin::Acquired
             );
         }
-        assert!(s.begin(&key("c"), fp, &t, TTL).await.is_err());
+        assert!(s.begin(&claim(key("c"), fp, t), TTL).await.is_err());
         tokio::time::advance(TTL.lease).await;
         // Expired leases are swept to make room.
         assert_eq!(
-            s.begin(&key("c"), fp, &t, TTL).await.unwrap(),
+            s.begin(&claim(key("c"), fp, t), TTL).await.unwrap(),
             Begin::Acquired
         );
         assert_eq!(s.len(), 1);
@@ -739,8 +907,13 @@ mod tests {
             body: Bytes::from(vec![b'x'; 1000]),
             ..resp("")
         };
-        s.complete(&key("c"), &t, &big, TTL).await.unwrap();
-        match s.begin(&key("c"), fp, &t, TTL).await.unwrap() {
+        assert_eq!(
+            s.complete(&claim(key("c"), FP, t), &big, TTL)
+                .await
+                .unwrap(),
+            LeaseState::Held
+        );
+        match s.begin(&claim(key("c"), fp, t), TTL).await.unwrap() {
             Begin::Completed { response, .. } => {
                 assert!(response.body_omitted);
                 assert!(response.body.is_empty());
@@ -758,16 +931,159 @@ mod tests {
         };
         let (fp, t) = (Fingerprint([0; 32]), LeaseToken::random());
         assert_eq!(
-            s.begin(&key("a"), fp, &t, ttl).await.unwrap(),
+            s.begin(&claim(key("a"), fp, t), ttl).await.unwrap(),
             Begin::Acquired
         );
-        s.complete(&key("a"), &t, &resp("a"), ttl).await.unwrap();
-        assert!(s.begin(&key("b"), fp, &t, ttl).await.is_err());
-        tokio::time::advance(Duration::from_secs(1)).await;
+        // Full of a live lease: refused.
+        assert!(s.begin(&claim(key("b"), fp, t), ttl).await.is_err());
         assert_eq!(
-            s.begin(&key("b"), fp, &t, ttl).await.unwrap(),
+            s.complete(&claim(key("a"), FP, t), &resp("a"), ttl)
+                .await
+                .unwrap(),
+            LeaseState::Held
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // The finished record expired: swept, not evicted.
+        assert_eq!(
+            s.begin(&claim(key("b"), fp, t), ttl).await.unwrap(),
             Begin::Acquired
         );
+        assert_eq!((s.len(), s.evicted()), (1, 0));
+    }
+
+    /// At its bound the store evicts its oldest finished records, an eighth
+    /// of the bound at a time, and refuses new keys only when it is full of
+    /// live leases.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_full_store_evicts_its_oldest_finished_records_never_a_lease() {
+        let s = MemoryStore::new().max_records(16);
+        let t = LeaseToken::random();
+        // 12 finished records, a second apart, and 4 live leases.
+        for i in 0..12 {
+            let k = format!("done{i}");
+            assert_eq!(
+                s.begin(&claim(key(&k), FP, t), TTL).await.unwrap(),
+                Begin::Acquired
+            );
+            assert_eq!(
+                s.complete(&claim(key(&k), FP, t), &resp("ok"), TTL)
+                    .await
+                    .unwrap(),
+                LeaseState::Held
+            );
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        for i in 0..4 {
+            let k = format!("live{i}");
+            assert_eq!(
+                s.begin(&claim(key(&k), FP, t), TTL).await.unwrap(),
+                Begin::Acquired
+            );
+        }
+        assert_eq!(s.len(), 16);
+        // Full, nothing expired: the two oldest finished records go (16 / 8).
+        assert_eq!(
+            s.begin(&claim(key("new"), FP, t), TTL).await.unwrap(),
+            Begin::Acquired
+        );
+        assert_eq!((s.len(), s.evicted()), (15, 2));
+        for i in 2..12 {
+            let found = s.begin(&claim(key(&format!("done{i}")), FP, t), TTL).await;
+            assert!(matches!(found.unwrap(), Begin::Completed { .. }), "done{i}");
+        }
+        // The leases are all still there.
+        for i in 0..4 {
+            assert!(matches!(
+                s.begin(&claim(key(&format!("live{i}")), FP, t), TTL)
+                    .await
+                    .unwrap(),
+                Begin::InProgress { .. }
+            ));
+        }
+        // The oldest is gone: its key runs again.
+        assert_eq!(
+            s.begin(&claim(key("done0"), FP, t), TTL).await.unwrap(),
+            Begin::Acquired
+        );
+        assert_eq!(s.len(), 16);
+        // A store full of leases refuses new keys.
+        let leases = MemoryStore::new().max_records(3);
+        for k in ["a", "b", "c"] {
+            assert_eq!(
+                leases.begin(&claim(key(k), FP, t), TTL).await.unwrap(),
+                Begin::Acquired
+            );
+        }
+        let err = leases
+            .begin(&claim(key("d"), FP, t), TTL)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("live leases"), "{err}");
+        assert_eq!((leases.len(), leases.evicted()), (3, 0));
+    }
+
+    /// Renewals extend a lease; renewing or completing a key whose record
+    /// is gone writes it anew; another holder's key is lost to both.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn renewals_and_completions_of_a_lost_record() {
+        let s = MemoryStore::new();
+        let (mine, theirs) = (LeaseToken::random(), LeaseToken::random());
+        let c = claim(key("k"), FP, mine);
+        assert_eq!(s.begin(&c, TTL).await.unwrap(), Begin::Acquired);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(s.renew(&c, TTL).await.unwrap(), LeaseState::Held);
+        // Renewed at 9 s for 10 s: alive at 18 s, where the first lease
+        // would have ended at 10 s.
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert!(matches!(
+            s.begin(&claim(key("k"), FP, theirs), TTL).await.unwrap(),
+            Begin::InProgress { .. }
+        ));
+        // The record is lost (released here, as a restarted store would
+        // have lost it): a renewal writes the lease anew.
+        s.release(&c).await.unwrap();
+        assert_eq!(s.len(), 0);
+        assert_eq!(s.renew(&c, TTL).await.unwrap(), LeaseState::Held);
+        assert!(matches!(
+            s.begin(&claim(key("k"), FP, theirs), TTL).await.unwrap(),
+            Begin::InProgress { .. }
+        ));
+        // Lost again, then completed: the finished record is written anew,
+        // with the claim's fingerprint.
+        s.release(&c).await.unwrap();
+        assert_eq!(
+            s.complete(&c, &resp("r"), TTL).await.unwrap(),
+            LeaseState::Held
+        );
+        match s
+            .begin(&claim(key("k"), Fingerprint([9; 32]), theirs), TTL)
+            .await
+            .unwrap()
+        {
+            Begin::Completed {
+                fingerprint,
+                response,
+            } => {
+                assert_eq!((fingerprint, &response.body[..]), (FP, &b"r"[..]));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Finished: a renewal is lost; the holder's completion again is
+        // answered as done, and changes nothing; another's is lost.
+        assert_eq!(s.renew(&c, TTL).await.unwrap(), LeaseState::Lost);
+        assert_eq!(
+            s.complete(&c, &resp("x"), TTL).await.unwrap(),
+            LeaseState::Held
+        );
+        let other = claim(key("k"), FP, theirs);
+        assert_eq!(
+            s.complete(&other, &resp("y"), TTL).await.unwrap(),
+            LeaseState::Lost
+        );
+        match s.begin(&other, TTL).await.unwrap() {
+            Begin::Completed { response, .. } => assert_eq!(&response.body[..], b"r"),
+            other => panic!("{other:?}"),
+        }
         assert_eq!(s.len(), 1);
     }
 
@@ -778,42 +1094,47 @@ mod tests {
         let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
         for k in &keys {
             assert_eq!(
-                s.begin(&key(k), fp, &t, TTL).await.unwrap(),
+                s.begin(&claim(key(k), fp, t), TTL).await.unwrap(),
                 Begin::Acquired
             );
         }
         assert_eq!(s.len(), 40);
         for k in ["x", "y", "z"] {
-            assert!(s.begin(&key(k), fp, &t, TTL).await.is_err());
+            assert!(s.begin(&claim(key(k), fp, t), TTL).await.is_err());
         }
         // A released lease frees its slot.
-        s.release(&key("k0"), &t).await.unwrap();
+        s.release(&claim(key("k0"), FP, t)).await.unwrap();
         assert_eq!(s.len(), 39);
         assert_eq!(
-            s.begin(&key("x"), fp, &t, TTL).await.unwrap(),
+            s.begin(&claim(key("x"), fp, t), TTL).await.unwrap(),
             Begin::Acquired
         );
         // Completed records keep theirs; an expired lease taken over by the
         // same key does not take a second one.
         for k in &keys[1..20] {
-            s.complete(&key(k), &t, &resp("done"), TTL).await.unwrap();
+            assert_eq!(
+                s.complete(&claim(key(k), FP, t), &resp("done"), TTL)
+                    .await
+                    .unwrap(),
+                LeaseState::Held
+            );
         }
         tokio::time::advance(TTL.lease).await;
         assert_eq!(
-            s.begin(&key("k30"), fp, &t, TTL).await.unwrap(),
+            s.begin(&claim(key("k30"), fp, t), TTL).await.unwrap(),
             Begin::Acquired
         );
         assert_eq!(s.len(), 40);
         // Full: the sweep visits every shard and drops the 20 expired leases
         // (k20..k39 but k30, and x), keeping the 19 live records.
         assert_eq!(
-            s.begin(&key("y"), fp, &t, TTL).await.unwrap(),
+            s.begin(&claim(key("y"), fp, t), TTL).await.unwrap(),
             Begin::Acquired
         );
         assert_eq!(s.len(), 21);
         for k in &keys[1..20] {
             assert!(matches!(
-                s.begin(&key(k), fp, &t, TTL).await.unwrap(),
+                s.begin(&claim(key(k), fp, t), TTL).await.unwrap(),
                 Begin::Completed { .. }
             ));
         }

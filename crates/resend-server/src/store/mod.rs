@@ -309,41 +309,81 @@ impl std::error::Error for StoreError {
     }
 }
 
+/// What a request that holds (or tries to take) a lease presents to the
+/// store: the record's key, the request's fingerprint and the lease's token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim<'a> {
+    /// The record: the caller's scope and its key.
+    pub key: RecordKey<'a>,
+    /// The fingerprint of the request.
+    pub fingerprint: Fingerprint,
+    /// The lease's token: only its holder may renew, complete or release it.
+    pub token: LeaseToken,
+}
+
+/// What [`Store::renew`] and [`Store::complete`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum LeaseState {
+    /// The lease was the claim's, or the key had no record at all (the store
+    /// lost it, or it expired and nobody took it), and the write was made:
+    /// the lease renewed, or the response stored.
+    Held,
+    /// Another request took the key over (after the lease expired), or it
+    /// is finished: nothing was written.
+    Lost,
+}
+
 /// Keeps idempotency records: who holds the lease on a key, and the response
 /// once the work is done.
 ///
-/// Implementations must make [`begin`](Store::begin) atomic: of any number of
-/// concurrent calls for one key, at most one gets [`Begin::Acquired`] while
-/// the lease lives. A store is cloned into every request; clones share the
-/// records.
+/// The rules (who runs, what is replayed, when a lease ends) are the
+/// layer's; a store only keeps records, and must make each of these calls
+/// **atomic** for one key:
+///
+/// - [`begin`](Store::begin): of any number of concurrent calls, at most one
+///   gets [`Begin::Acquired`] while the lease lives;
+/// - [`renew`](Store::renew) and [`complete`](Store::complete): compare the
+///   token and write in one step, so a holder whose lease was taken over
+///   cannot disturb the new holder; where the key has no record at all, they
+///   write it anew (a store that lost its data while the work ran gets the
+///   lease or the response back, rather than let a retry run the work
+///   again);
+/// - [`release`](Store::release): compare the token and delete in one step.
+///
+/// A store is cloned into every request; clones share the records. The
+/// layer bounds every call by its store timeout and treats an error, or no
+/// answer in time, as "cannot be reached".
 pub trait Store: Clone + Send + Sync + 'static {
-    /// Takes the lease on `key` for `ttl.lease` with `token`, if no live
-    /// lease or unexpired record holds it; otherwise says what does.
+    /// Takes the lease on `claim.key` for `ttl.lease` with `claim.token`, if
+    /// no live lease or unexpired record holds it; otherwise says what does.
     fn begin(
         &self,
-        key: &RecordKey<'_>,
-        fingerprint: Fingerprint,
-        token: &LeaseToken,
+        claim: &Claim<'_>,
         ttl: Ttl,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
-    /// Stores the final response in place of the lease held with `token`,
-    /// kept for `ttl.record`. Does nothing if the lease is no longer `token`'s.
+    /// Extends the lease held with `claim.token` to `ttl.lease` from now (or
+    /// writes the lease anew where the key has no record).
+    fn renew(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send;
+
+    /// Stores the final response in place of the lease held with
+    /// `claim.token` (or where the key has no record), with the claim's
+    /// fingerprint, kept for `ttl.record`.
     fn complete(
         &self,
-        key: &RecordKey<'_>,
-        token: &LeaseToken,
+        claim: &Claim<'_>,
         response: &StoredResponse,
         ttl: Ttl,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send;
 
-    /// Drops the lease held with `token`, so the next request with the key
-    /// runs. Does nothing if the lease is no longer `token`'s.
-    fn release(
-        &self,
-        key: &RecordKey<'_>,
-        token: &LeaseToken,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Drops the lease held with `claim.token`, so the next request with the
+    /// key runs. Does nothing if the lease is no longer the claim's.
+    fn release(&self, claim: &Claim<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::{Begin, Fingerprint, LeaseToken, RecordKey, Store, StoreError, StoredResponse, Ttl};
+use super::{Begin, Claim, Fingerprint, LeaseState, Store, StoreError, StoredResponse, Ttl};
 
 /// The default table of a [`PostgresStore`]: `resend_idempotency`.
 pub const DEFAULT_TABLE: &str = "resend_idempotency";
@@ -63,6 +63,7 @@ struct Conn {
     client: Client,
     begin: Statement,
     select: Statement,
+    renew: Statement,
     complete: Statement,
     release: Statement,
 }
@@ -219,10 +220,27 @@ impl PostgresStore {
         ))
         .await
         .map_err(pg_error("cannot prepare statements"))?;
+        // A renewal or completion whose row is gone (purged after it
+        // expired unrenewed) writes it anew; one whose row is another
+        // holder's writes nothing and returns no row. A finished row keeps
+        // its token, so a holder's `complete` again (its first answer was
+        // lost) finds its own row.
+        let renew = prepare(format!(
+            "INSERT INTO {t} AS r (scope, key, fingerprint, token, done, expires_at, response)
+             VALUES ($1, $2, $3, $4, false, clock_timestamp() + $5::bigint * interval '1 millisecond', NULL)
+             ON CONFLICT (scope, key) DO UPDATE SET expires_at = EXCLUDED.expires_at
+               WHERE r.token = EXCLUDED.token AND NOT r.done
+             RETURNING 1"
+        ))
+        .await
+        .map_err(pg_error("cannot prepare statements"))?;
         let complete = prepare(format!(
-            "UPDATE {t} SET done = true, token = NULL, response = $4,
-                 expires_at = clock_timestamp() + $5::bigint * interval '1 millisecond'
-             WHERE scope = $1 AND key = $2 AND token = $3 AND NOT done"
+            "INSERT INTO {t} AS r (scope, key, fingerprint, token, done, expires_at, response)
+             VALUES ($1, $2, $3, $6, true, clock_timestamp() + $5::bigint * interval '1 millisecond', $4)
+             ON CONFLICT (scope, key) DO UPDATE
+               SET done = true, response = EXCLUDED.response, expires_at = EXCLUDED.expires_at
+               WHERE r.token = $6
+             RETURNING 1"
         ))
         .await
         .map_err(pg_error("cannot prepare statements"))?;
@@ -235,6 +253,7 @@ impl PostgresStore {
             client,
             begin,
             select,
+            renew,
             complete,
             release,
         });
@@ -247,86 +266,110 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
+fn held(row: Option<tokio_postgres::Row>) -> LeaseState {
+    if row.is_some() {
+        LeaseState::Held
+    } else {
+        LeaseState::Lost
+    }
+}
+
 impl Store for PostgresStore {
-    async fn begin(
-        &self,
-        key: &RecordKey<'_>,
-        fingerprint: Fingerprint,
-        token: &LeaseToken,
-        ttl: Ttl,
-    ) -> Result<Begin, StoreError> {
-        {
-            let conn = self.conn().await?;
-            let fp: &[u8] = &fingerprint.0;
-            let lease = millis(ttl.lease);
-            let token = token.to_string();
-            // A row released or expired between the INSERT and the SELECT
-            // is gone: try again (a few times at most).
-            for _ in 0..3 {
-                let inserted = conn
-                    .client
-                    .query_opt(&conn.begin, &[&key.scope, &key.key, &fp, &token, &lease])
-                    .await
-                    .map_err(pg_error("lease failed"))?;
-                if inserted.is_some() {
-                    return Ok(Begin::Acquired);
-                }
-                let row = conn
-                    .client
-                    .query_opt(&conn.select, &[&key.scope, &key.key])
-                    .await
-                    .map_err(pg_error("read failed"))?;
-                let Some(row) = row else { continue };
-                let bad = || StoreError::new("unreadable record in PostgreSQL");
-                let fp: Vec<u8> = row.try_get(0).map_err(|_| bad())?;
-                let fingerprint = Fingerprint(fp.try_into().map_err(|_| bad())?);
-                let done: bool = row.try_get(1).map_err(|_| bad())?;
-                if !done {
-                    return Ok(Begin::InProgress { fingerprint });
-                }
-                let bytes: Vec<u8> = row.try_get(2).map_err(|_| bad())?;
-                let response = StoredResponse::decode(&bytes).ok_or_else(bad)?;
-                return Ok(Begin::Completed {
-                    fingerprint,
-                    response,
-                });
+    async fn begin(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
+        let conn = self.conn().await?;
+        let key = &claim.key;
+        let fp: &[u8] = &claim.fingerprint.0;
+        let lease = millis(ttl.lease);
+        let token = claim.token.to_string();
+        // A row released or expired between the INSERT and the SELECT
+        // is gone: try again (a few times at most).
+        for _ in 0..3 {
+            let inserted = conn
+                .client
+                .query_opt(&conn.begin, &[&key.scope, &key.key, &fp, &token, &lease])
+                .await
+                .map_err(pg_error("lease failed"))?;
+            if inserted.is_some() {
+                return Ok(Begin::Acquired);
             }
-            Err(StoreError::new("PostgreSQL record kept vanishing"))
+            let row = conn
+                .client
+                .query_opt(&conn.select, &[&key.scope, &key.key])
+                .await
+                .map_err(pg_error("read failed"))?;
+            let Some(row) = row else { continue };
+            let bad = || StoreError::new("unreadable record in PostgreSQL");
+            let fp: Vec<u8> = row.try_get(0).map_err(|_| bad())?;
+            let fingerprint = Fingerprint(fp.try_into().map_err(|_| bad())?);
+            let done: bool = row.try_get(1).map_err(|_| bad())?;
+            if !done {
+                return Ok(Begin::InProgress { fingerprint });
+            }
+            let bytes: Vec<u8> = row.try_get(2).map_err(|_| bad())?;
+            let response = StoredResponse::decode(&bytes).ok_or_else(bad)?;
+            return Ok(Begin::Completed {
+                fingerprint,
+                response,
+            });
         }
+        Err(StoreError::new("PostgreSQL record kept vanishing"))
+    }
+
+    async fn renew(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<LeaseState, StoreError> {
+        let conn = self.conn().await?;
+        let (key, fp) = (&claim.key, &claim.fingerprint.0[..]);
+        let token = claim.token.to_string();
+        let row = conn
+            .client
+            .query_opt(
+                &conn.renew,
+                &[&key.scope, &key.key, &fp, &token, &millis(ttl.lease)],
+            )
+            .await
+            .map_err(pg_error("lease renewal failed"))?;
+        Ok(held(row))
     }
 
     fn complete(
         &self,
-        key: &RecordKey<'_>,
-        token: &LeaseToken,
+        claim: &Claim<'_>,
         response: &StoredResponse,
         ttl: Ttl,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
         let encoded = response.encode();
-        let token = token.to_string();
+        let token = claim.token.to_string();
+        let fingerprint = claim.fingerprint;
+        let key = claim.key;
         async move {
             let conn = self.conn().await?;
-            conn.client
-                .execute(
+            let fp: &[u8] = &fingerprint.0;
+            let row = conn
+                .client
+                .query_opt(
                     &conn.complete,
-                    &[&key.scope, &key.key, &token, &encoded, &millis(ttl.record)],
+                    &[
+                        &key.scope,
+                        &key.key,
+                        &fp,
+                        &encoded,
+                        &millis(ttl.record),
+                        &token,
+                    ],
                 )
                 .await
                 .map_err(pg_error("storing the response failed"))?;
-            Ok(())
+            Ok(held(row))
         }
     }
 
-    async fn release(&self, key: &RecordKey<'_>, token: &LeaseToken) -> Result<(), StoreError> {
-        {
-            let conn = self.conn().await?;
-            let token = token.to_string();
-            conn.client
-                .execute(&conn.release, &[&key.scope, &key.key, &token])
-                .await
-                .map_err(pg_error("release failed"))?;
-            Ok(())
-        }
+    async fn release(&self, claim: &Claim<'_>) -> Result<(), StoreError> {
+        let conn = self.conn().await?;
+        let token = claim.token.to_string();
+        conn.client
+            .execute(&conn.release, &[&claim.key.scope, &claim.key.key, &token])
+            .await
+            .map_err(pg_error("release failed"))?;
+        Ok(())
     }
 }
 

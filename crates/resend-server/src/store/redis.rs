@@ -9,15 +9,19 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 use tokio::sync::OnceCell;
 
-use super::{Begin, Fingerprint, LeaseToken, RecordKey, Store, StoreError, StoredResponse, Ttl};
+use super::{
+    Begin, Claim, Fingerprint, LeaseState, RecordKey, Store, StoreError, StoredResponse, Ttl,
+};
 
 /// The default key prefix of a [`RedisStore`]: `resend:idempotency:`.
 pub const DEFAULT_PREFIX: &str = "resend:idempotency:";
 
 // A record is one string value: `L` + fingerprint (32 bytes) + lease token
-// while the work runs, `D` + fingerprint + encoded response once it is done.
-// In Lua, strings count from 1: the kind is byte 1, the fingerprint bytes 2
-// to 33, the token or response from byte 34.
+// (32 hex digits) while the work runs, `D` + fingerprint + token + encoded
+// response once it is done (the token kept, so that a holder whose first
+// `complete` answer was lost finds its own record). In Lua, strings count
+// from 1: the kind is byte 1, the fingerprint bytes 2 to 33, the token
+// bytes 34 to 65, the response from byte 66.
 
 /// Takes the lease with `SET NX PX`, or returns what holds the key, in one
 /// step.
@@ -28,15 +32,40 @@ end
 return redis.call('GET', KEYS[1])
 ";
 
-/// Replaces the lease with the response (keeping the fingerprint), only if
-/// the lease is still ours.
-const COMPLETE: &str = r"
+/// Extends the lease, only if it is still ours; writes it anew (`ARGV[3]`)
+/// if the key has no record (Redis lost it, or it expired unclaimed).
+/// Returns 1 when the lease is ours, 0 when another request holds the key.
+const RENEW: &str = r"
 local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 1) == 'L' and string.sub(v, 34) == ARGV[1] then
-  redis.call('SET', KEYS[1], 'D' .. string.sub(v, 2, 33) .. ARGV[2], 'PX', ARGV[3])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+  return 1
+end
+if string.sub(v, 1, 1) == 'L' and string.sub(v, 34) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0
+";
+
+/// Replaces the lease with the response (keeping the fingerprint), only if
+/// the lease is still ours; writes the finished record anew (with the
+/// fingerprint `ARGV[4]`) if the key has no record. Returns 1 when stored
+/// (or stored already, by us), 0 when another request holds the key.
+const COMPLETE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], 'D' .. ARGV[4] .. ARGV[1] .. ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+local kind, token = string.sub(v, 1, 1), string.sub(v, 34, 65)
+if token ~= ARGV[1] then
+  return 0
+end
+if kind == 'L' then
+  redis.call('SET', KEYS[1], 'D' .. string.sub(v, 2, 33) .. ARGV[1] .. ARGV[2], 'PX', ARGV[3])
+end
+return 1
 ";
 
 /// Deletes the lease, only if it is still ours.
@@ -51,9 +80,12 @@ return 0
 /// Idempotency records in Redis (feature `redis`).
 ///
 /// The lease is taken with `SET NX PX` (expiring by itself if its holder
-/// dies), the response is stored with a TTL in its place, and the steps that
-/// must not interleave with another request's (take or read; compare the
-/// token and replace; compare and delete) are Lua scripts, atomic in Redis.
+/// dies, renewed by `PEXPIRE` while it lives), the response is stored with a
+/// TTL in its place, and the steps that must not interleave with another
+/// request's (take or read; compare the token and extend or replace; compare
+/// and delete) are Lua scripts, atomic in Redis. A record that Redis lost
+/// while its handler ran (a restart without persistence) is written anew by
+/// the holder's next renewal or by its response.
 /// The connection is made on first use and remade after a failure; while
 /// Redis cannot be reached, requests with a key get 503.
 ///
@@ -70,7 +102,7 @@ pub struct RedisStore {
     client: redis::Client,
     conn: Arc<OnceCell<ConnectionManager>>,
     prefix: Arc<str>,
-    scripts: Arc<[Script; 3]>,
+    scripts: Arc<[Script; 4]>,
     connect_timeout: Duration,
 }
 
@@ -98,6 +130,7 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.into(),
             scripts: Arc::new([
                 Script::new(BEGIN),
+                Script::new(RENEW),
                 Script::new(COMPLETE),
                 Script::new(RELEASE),
             ]),
@@ -172,22 +205,29 @@ fn parse(value: &[u8]) -> Result<Begin, StoreError> {
         b'L' => Ok(Begin::InProgress { fingerprint }),
         b'D' => Ok(Begin::Completed {
             fingerprint,
-            response: StoredResponse::decode(&value[33..]).ok_or_else(bad)?,
+            response: StoredResponse::decode(value.get(65..).ok_or_else(bad)?).ok_or_else(bad)?,
         }),
         _ => Err(bad()),
+    }
+}
+
+/// What a renewal or completion script answered.
+fn lease_state(v: i64) -> Result<LeaseState, StoreError> {
+    match v {
+        1 => Ok(LeaseState::Held),
+        0 => Ok(LeaseState::Lost),
+        _ => Err(StoreError::new("unexpected answer from Redis")),
     }
 }
 
 impl Store for RedisStore {
     fn begin(
         &self,
-        key: &RecordKey<'_>,
-        fingerprint: Fingerprint,
-        token: &LeaseToken,
+        claim: &Claim<'_>,
         ttl: Ttl,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let rkey = self.redis_key(key);
-        let lease = record(b'L', fingerprint, &token.to_hex());
+        let rkey = self.redis_key(&claim.key);
+        let lease = record(b'L', claim.fingerprint, &claim.token.to_hex());
         async move {
             let mut conn = self.conn().await?;
             // A record that expires between the SET and the GET reads as
@@ -211,40 +251,59 @@ impl Store for RedisStore {
         }
     }
 
+    fn renew(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
+        let rkey = self.redis_key(&claim.key);
+        let token = claim.token.to_hex();
+        let lease = record(b'L', claim.fingerprint, &token);
+        async move {
+            let mut conn = self.conn().await?;
+            let v: i64 = self.scripts[1]
+                .key(&rkey)
+                .arg(&token[..])
+                .arg(millis(ttl.lease))
+                .arg(lease)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(redis_error("Redis lease renewal failed"))?;
+            lease_state(v)
+        }
+    }
+
     fn complete(
         &self,
-        key: &RecordKey<'_>,
-        token: &LeaseToken,
+        claim: &Claim<'_>,
         response: &StoredResponse,
         ttl: Ttl,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let rkey = self.redis_key(key);
-        let token = token.to_hex();
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
+        let rkey = self.redis_key(&claim.key);
+        let token = claim.token.to_hex();
+        let fingerprint = claim.fingerprint;
         let response = response.encode();
         async move {
             let mut conn = self.conn().await?;
-            let _: i64 = self.scripts[1]
+            let v: i64 = self.scripts[2]
                 .key(&rkey)
                 .arg(&token[..])
                 .arg(response)
                 .arg(millis(ttl.record))
+                .arg(&fingerprint.0[..])
                 .invoke_async(&mut conn)
                 .await
                 .map_err(redis_error("Redis store of the response failed"))?;
-            Ok(())
+            lease_state(v)
         }
     }
 
-    fn release(
-        &self,
-        key: &RecordKey<'_>,
-        token: &LeaseToken,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let rkey = self.redis_key(key);
-        let token = token.to_hex();
+    fn release(&self, claim: &Claim<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let rkey = self.redis_key(&claim.key);
+        let token = claim.token.to_hex();
         async move {
             let mut conn = self.conn().await?;
-            let _: i64 = self.scripts[2]
+            let _: i64 = self.scripts[3]
                 .key(&rkey)
                 .arg(&token[..])
                 .invoke_async(&mut conn)

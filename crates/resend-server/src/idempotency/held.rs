@@ -1,0 +1,165 @@
+//! Final responses the store did not take when the work ended: held in
+//! memory, answered from here, and stored in the background until they land.
+//!
+//! A store that is down when a handler ends must not turn into a second run:
+//! the response is kept here, this process answers the key from it (replay
+//! or 422, exactly as the store would), and a task keeps storing it, with
+//! the lease still the holder's, until the store takes it. Only when it
+//! cannot within the configured time is it given up: one error event, and a
+//! count.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use super::layer::{Config, MAX_HELD};
+use super::rules::{self, OnStore};
+use super::service::with_timeout;
+use crate::store::{Begin, Claim, Fingerprint, RecordKey, Store, StoredResponse, Ttl};
+
+/// The held responses of one layer, by (scope, key).
+#[derive(Default)]
+pub(crate) struct Held {
+    /// How many are held: read first, so that a request finds nothing held
+    /// without taking the lock.
+    count: AtomicUsize,
+    map: Mutex<HashMap<(Box<str>, Box<str>), (Fingerprint, StoredResponse)>>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("count", &self.count.load(Relaxed))
+            .finish()
+    }
+}
+
+impl Held {
+    /// What this process holds for `key`, as the store would say it.
+    pub(crate) fn answer(&self, key: &RecordKey<'_>) -> Option<Begin> {
+        if self.count.load(Relaxed) == 0 {
+            return None;
+        }
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(&(Box::from(key.scope), Box::from(key.key)))
+            .map(|(fingerprint, response)| Begin::Completed {
+                fingerprint: *fingerprint,
+                response: response.clone(),
+            })
+    }
+
+    /// Holds `response` for `key`; false when too many are held already.
+    fn hold(
+        &self,
+        key: &RecordKey<'_>,
+        fingerprint: Fingerprint,
+        response: StoredResponse,
+    ) -> bool {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= MAX_HELD {
+            return false;
+        }
+        map.insert(
+            (Box::from(key.scope), Box::from(key.key)),
+            (fingerprint, response),
+        );
+        self.count.store(map.len(), Relaxed);
+        true
+    }
+
+    fn forget(&self, key: &RecordKey<'_>) -> usize {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        map.remove(&(Box::from(key.scope), Box::from(key.key)));
+        self.count.store(map.len(), Relaxed);
+        map.len()
+    }
+}
+
+/// Holds `response` (the store did not take it) and stores it in the
+/// background: again and again, each try bounded by the store timeout, with
+/// a backoff from 100 ms to 5 s, until the store takes it or
+/// `store_retry_for` has passed.
+pub(crate) fn store_later<St: Store>(
+    store: &St,
+    config: &Config,
+    claim: &Claim<'_>,
+    response: StoredResponse,
+    ttl: Ttl,
+) {
+    let held = &config.held;
+    if !held.hold(&claim.key, claim.fingerprint, response.clone()) {
+        config.stats.count_unstored();
+        tracing::error!(
+            key = claim.key.key,
+            "idempotency store unavailable and too many responses held: this response is given up, and a retry of its key may run the work again"
+        );
+        return;
+    }
+    config.stats.set_held(held.count.load(Relaxed));
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (store, config) = (store.clone(), config.clone());
+    let (scope, key): (Box<str>, Box<str>) = (claim.key.scope.into(), claim.key.key.into());
+    let (fingerprint, token) = (claim.fingerprint, claim.token);
+    runtime.spawn(async move {
+        let claim = Claim {
+            key: RecordKey {
+                scope: &scope,
+                key: &key,
+            },
+            fingerprint,
+            token,
+        };
+        let outcome = retry(&store, &config, &claim, &response, ttl).await;
+        let left = config.held.forget(&claim.key);
+        config.stats.set_held(left);
+        match outcome {
+            Some(OnStore::Stored) => {
+                config.stats.count_stored_late();
+                tracing::info!(key = &*key, "idempotent response stored late: the store answers for it again");
+            }
+            Some(OnStore::LeaseLost) => {
+                config.stats.count_lease_lost();
+                tracing::error!(key = &*key, "idempotency lease lost before the response could be stored: another run of this key may have happened");
+            }
+            Some(OnStore::Hold) | None => {
+                config.stats.count_unstored();
+                tracing::error!(
+                    key = &*key,
+                    period = ?config.store_retry_for,
+                    "idempotency store did not take a response in time: it is given up, and a retry of its key may run the work again"
+                );
+            }
+        }
+    });
+}
+
+async fn retry<St: Store>(
+    store: &St,
+    config: &Config,
+    claim: &Claim<'_>,
+    response: &StoredResponse,
+    ttl: Ttl,
+) -> Option<OnStore> {
+    let give_up = tokio::time::Instant::now() + config.store_retry_for;
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let at = tokio::time::Instant::now() + wait;
+        if at > give_up {
+            return None;
+        }
+        tokio::time::sleep_until(at).await;
+        let found = with_timeout(config.store_timeout, store.complete(claim, response, ttl)).await;
+        match rules::on_store(&found) {
+            OnStore::Hold => {
+                if let Err(e) = found {
+                    tracing::debug!(error = %e, "idempotency store still unavailable");
+                }
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            done => return Some(done),
+        }
+    }
+}

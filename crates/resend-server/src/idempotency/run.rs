@@ -1,0 +1,663 @@
+//! A keyed request, start to end, around the rules of [`rules`](super::rules):
+//! the body read and the key claimed; the handler run under renewals of its
+//! lease and the inbound deadline; its end kept.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use resend::deadline::TimeLedger;
+use resend::{BoxError, Deadline};
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use super::future::handler_started;
+use super::held;
+use super::layer::Config;
+use super::request::{self, Key, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
+use super::response::{json_error, retry_later};
+use super::rules::{self, Ended, OnBegin, OnEnd, OnRenew, OnStore};
+use super::service::{with_timeout, Shared};
+use super::NothingDone;
+use crate::body::{read_capped, MaybeBuffered};
+use crate::deadline::Attribution;
+use crate::store::{
+    Claim, Fingerprint, LeaseState, LeaseToken, RecordKey, Store, StoreError, StoredResponse, Ttl,
+};
+
+/// Where a keyed request stands with its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// It holds no lease (not yet, or no longer).
+    Idle,
+    /// It may hold one: `begin` is under way, or its answer was lost. A
+    /// drop releases it.
+    Claiming,
+    /// The handler has started: the lease is kept until the end is stored,
+    /// and never released on a drop (a holder that dies leaves it to
+    /// expire: the work may have been done).
+    Running,
+    /// Releasing it (nothing was done): a drop releases it again.
+    Releasing,
+}
+
+/// A keyed request's claim on its key, with what it needs to renew,
+/// complete or release it. A guard dropped while it may hold a lease it
+/// must give back releases it in the background (bounded by the store
+/// timeout).
+pub(crate) struct LeaseGuard<St: Store> {
+    shared: Arc<Shared<St>>,
+    scope: Cow<'static, str>,
+    key: Key,
+    token: LeaseToken,
+    fingerprint: Fingerprint,
+    /// The lease, sized from the deadline, and the record's life.
+    ttl: Ttl,
+    deadline: Option<Deadline>,
+    started_at: Instant,
+    /// A gRPC request: its deadline's end is said the gRPC way.
+    grpc: bool,
+    phase: Phase,
+}
+
+impl<St: Store> LeaseGuard<St> {
+    pub(crate) fn new(
+        shared: Arc<Shared<St>>,
+        scope: Cow<'static, str>,
+        key: Key,
+        deadline: Option<Deadline>,
+        grpc: bool,
+    ) -> Self {
+        let ttl = shared.config.lease_for(deadline.map(|d| d.remaining()));
+        Self {
+            shared,
+            scope,
+            key,
+            token: LeaseToken::random(),
+            fingerprint: Fingerprint([0; 32]),
+            ttl,
+            deadline,
+            started_at: Instant::now(),
+            grpc,
+            phase: Phase::Idle,
+        }
+    }
+
+    fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    fn claim(&self) -> Claim<'_> {
+        Claim {
+            key: RecordKey {
+                scope: &self.scope,
+                key: self.key.as_str(),
+            },
+            fingerprint: self.fingerprint,
+            token: self.token,
+        }
+    }
+
+    /// Renews the lease, bounded by the store timeout.
+    fn renew(&self) -> impl Future<Output = Result<LeaseState, StoreError>> + Send + '_ {
+        async move {
+            let claim = self.claim();
+            with_timeout(
+                self.config().store_timeout,
+                self.shared.store.renew(&claim, self.ttl),
+            )
+            .await
+        }
+    }
+
+    fn renewed(&self, found: &Result<LeaseState, StoreError>) {
+        match (rules::on_renew(found), found) {
+            (OnRenew::Renewed, _) => {}
+            (OnRenew::Lost, _) => {
+                self.config().stats.count_lease_lost();
+                tracing::error!(
+                    key = self.key.as_str(),
+                    "idempotency lease taken over while its handler still works: another run of this key may have happened"
+                );
+            }
+            (OnRenew::Retry, Err(e)) => {
+                tracing::warn!(error = %e, key = self.key.as_str(), "could not renew an idempotency lease; trying again");
+            }
+            (OnRenew::Retry, Ok(_)) => {}
+        }
+    }
+
+    /// Drops the lease, bounded by the store timeout. The phase stays
+    /// `Releasing` until the store has answered, so a drop mid-way releases
+    /// it again.
+    async fn release(&mut self) {
+        self.phase = Phase::Releasing;
+        let claim = self.claim();
+        let released = with_timeout(
+            self.config().store_timeout,
+            self.shared.store.release(&claim),
+        )
+        .await;
+        if let Err(e) = released {
+            tracing::warn!(error = %e, key = self.key.as_str(), "could not drop an idempotency lease; it will expire");
+        }
+        self.phase = Phase::Idle;
+    }
+}
+
+impl<St: Store> Drop for LeaseGuard<St> {
+    fn drop(&mut self) {
+        if !matches!(self.phase, Phase::Claiming | Phase::Releasing) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // The guard is going: its scope moves to the task; the `Arc` of the
+        // store and the key (a handle to shared bytes) are cloned.
+        let scope = std::mem::take(&mut self.scope);
+        let (shared, key, token, fingerprint) = (
+            Arc::clone(&self.shared),
+            self.key.clone(),
+            self.token,
+            self.fingerprint,
+        );
+        tracing::debug!(
+            key = key.as_str(),
+            "keyed request dropped before its handler ran: dropping its idempotency lease"
+        );
+        runtime.spawn(async move {
+            let claim = Claim {
+                key: RecordKey {
+                    scope: &scope,
+                    key: key.as_str(),
+                },
+                fingerprint,
+                token,
+            };
+            let timeout = shared.config.store_timeout;
+            if let Err(e) = with_timeout(timeout, shared.store.release(&claim)).await {
+                tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
+            }
+        });
+    }
+}
+
+/// A keyed request, start to end: the body read and the key claimed
+/// ([`claim`]), the handler run under its lease ([`Supervised`]), its end
+/// kept ([`settle`]). Its state is what is boxed per request, so it is kept
+/// small: a function returning an async block (an `async fn` would hold each
+/// parameter twice), the store, the scope and the key held once (in the
+/// guard), and the steps in futures of their own, each awaited once, so
+/// their states share room.
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn run<S, St, B, RB>(
+    mut inner: S,
+    mut guard: LeaseGuard<St>,
+    parts: http::request::Parts,
+    body: B,
+) -> impl Future<Output = Result<Response<MaybeBuffered<RB>>, S::Error>> + Send
+where
+    S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send,
+    St: Store,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError>,
+{
+    async move {
+        let bytes = match claim(&mut guard, &parts, body).await {
+            Claimed::Run(bytes) => bytes,
+            Claimed::Answer(response) => return Ok(response),
+        };
+        // From here on the work is the layer's: a caller that goes away
+        // does not cancel it (see `ResponseFuture`), and the lease is never
+        // given back on a drop.
+        guard.phase = Phase::Running;
+        handler_started();
+        let (scope, key) = (guard.scope.clone(), guard.key.header_value().clone());
+        let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
+        // The handler's outbound calls derive their keys from this one, and
+        // keep the inbound deadline, wherever the work goes on.
+        let handler =
+            resend::idempotency::derive_keys(scope, key, resend::deadline::carry(inner.call(req)));
+        let ledger = resend::deadline::current_ledger();
+        let ended = Supervised::new(&guard, handler).await;
+        settle(&mut guard, ended, ledger).await
+    }
+}
+
+/// What [`claim`] ends with: the lease taken (and the body read), or an
+/// answer of the layer's own.
+enum Claimed<RB> {
+    Run(Bytes),
+    Answer(Response<MaybeBuffered<RB>>),
+}
+
+/// Reads the request's body (up to the cap), and claims its key.
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
+fn claim<'a, St, B, RB>(
+    guard: &'a mut LeaseGuard<St>,
+    parts: &'a http::request::Parts,
+    body: B,
+) -> impl Future<Output = Claimed<RB>> + Send + 'a
+where
+    St: Store,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    async move {
+        let mut body = std::pin::pin!(body);
+        let bytes = match read_capped(&mut body, guard.config().request_cap).await {
+            Ok((bytes, true)) => bytes,
+            Ok((_, false)) => {
+                return Claimed::Answer(json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request_too_large",
+                    &format!(
+                        "a request with an idempotency key may have at most {} bytes of body",
+                        guard.config().request_cap
+                    ),
+                ))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "request body failed");
+                return Claimed::Answer(json_error(
+                    StatusCode::BAD_REQUEST,
+                    "request_body_failed",
+                    "the request body could not be read",
+                ));
+            }
+        };
+        guard.fingerprint = request::fingerprint(parts, &bytes);
+        // A response this process holds for a store that did not take it
+        // answers first; otherwise the store.
+        let found = match guard.config().held.answer(&guard.claim().key) {
+            Some(held) => Ok(held),
+            None => {
+                guard.phase = Phase::Claiming;
+                let claim = guard.claim();
+                with_timeout(
+                    guard.config().store_timeout,
+                    guard.shared.store.begin(&claim, guard.ttl),
+                )
+                .await
+            }
+        };
+        let answer = match rules::on_begin(found, guard.fingerprint) {
+            OnBegin::Run => return Claimed::Run(bytes),
+            // The store's answer was lost: it may have granted the lease,
+            // which the guard releases as it goes (`Claiming`).
+            OnBegin::Unavailable(e) => return Claimed::Answer(unavailable(&e)),
+            OnBegin::Replay(response) => {
+                tracing::debug!(key = guard.key.as_str(), "replaying a stored response");
+                replay(response)
+            }
+            OnBegin::InProgress => retry_later(
+                StatusCode::CONFLICT,
+                "idempotency_key_in_progress",
+                "a request with this idempotency key is in progress; retry later",
+                guard.config().retry_after,
+            ),
+            OnBegin::Mismatch => json_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "this idempotency key was used with another request (method, path or body differ)",
+            ),
+        };
+        guard.phase = Phase::Idle;
+        Claimed::Answer(answer)
+    }
+}
+
+fn unavailable<B>(e: &StoreError) -> Response<MaybeBuffered<B>> {
+    tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
+    retry_later(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "idempotency_store_unavailable",
+        "the idempotency store cannot be reached; nothing was done",
+        Duration::from_secs(1),
+    )
+}
+
+/// How a supervised future ended.
+pub(crate) enum Supervision<T> {
+    Done(T),
+    Panicked,
+    DeadlineCut,
+}
+
+pin_project_lite::pin_project! {
+    /// Runs `fut` (the handler, then the reading of its response's body)
+    /// under its lease: renews the lease every third of it, for as long as
+    /// `fut` runs, and cuts `fut` when the inbound deadline runs out. `fut`
+    /// is polled first, so an answer that is ready wins a tie with the
+    /// clock; the timer is armed only once `fut` has waited, so a handler
+    /// that answers at once costs none.
+    pub(crate) struct Supervised<'a, St: Store, F> {
+        #[pin]
+        fut: F,
+        guard: &'a LeaseGuard<St>,
+        renew_at: Option<Instant>,
+        timer: Option<Pin<Box<Sleep>>>,
+        renewing: Option<Pin<Box<dyn Future<Output = Result<LeaseState, StoreError>> + Send + 'a>>>,
+    }
+}
+
+impl<'a, St: Store, F: Future> Supervised<'a, St, F> {
+    pub(crate) fn new(guard: &'a LeaseGuard<St>, fut: F) -> Self {
+        Self {
+            fut,
+            guard,
+            renew_at: None,
+            timer: None,
+            renewing: None,
+        }
+    }
+}
+
+impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
+    type Output = Supervision<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        // A panic is caught here, so that it ends the operation like an
+        // error (its end is kept) rather than leave the lease to expire and
+        // the work to run again.
+        match catch_unwind(AssertUnwindSafe(|| this.fut.as_mut().poll(cx))) {
+            Ok(Poll::Ready(out)) => return Poll::Ready(Supervision::Done(out)),
+            Ok(Poll::Pending) => {}
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(panic = %what, key = this.guard.key.as_str(), "a keyed handler panicked: its end is kept as a 500");
+                return Poll::Ready(Supervision::Panicked);
+            }
+        }
+        let guard = *this.guard;
+        let every = guard.ttl.lease / 3;
+        loop {
+            if let Some(renewing) = this.renewing.as_mut() {
+                if let Poll::Ready(found) = renewing.as_mut().poll(cx) {
+                    *this.renewing = None;
+                    guard.renewed(&found);
+                }
+            }
+            let renew_at = *this.renew_at.get_or_insert_with(|| Instant::now() + every);
+            let deadline = guard.deadline.map(|d| d.instant());
+            let wake = deadline.map_or(renew_at, |d| d.min(renew_at));
+            let timer = this
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake)));
+            if timer.deadline() != wake {
+                timer.as_mut().reset(wake);
+            }
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if deadline.is_some_and(|d| d <= wake) {
+                return Poll::Ready(Supervision::DeadlineCut);
+            }
+            // A renewal is due: start it, unless the last one still runs.
+            *this.renew_at = Some(wake + every);
+            if this.renewing.is_none() {
+                *this.renewing = Some(Box::pin(guard.renew()));
+            }
+        }
+    }
+}
+
+/// The end of a keyed request: what the handler's end means for the key
+/// ([`rules::on_end`]), done: the lease released, or the final response
+/// stored (held and stored later if the store does not take it). The
+/// response is worked on where it lies, and taken apart only once nothing is
+/// awaited any more.
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
+fn settle<'a, St, RB, E>(
+    guard: &'a mut LeaseGuard<St>,
+    ended: Supervision<Result<Response<RB>, E>>,
+    ledger: Option<TimeLedger>,
+) -> impl Future<Output = Result<Response<MaybeBuffered<RB>>, E>> + Send + 'a
+where
+    St: Store,
+    RB: Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError>,
+    E: Send + 'a,
+{
+    async move {
+        let end = match &ended {
+            Supervision::Done(Ok(resp)) => Ended::Answered {
+                status: resp.status(),
+                nothing_done: resp.extensions().get::<NothingDone>().is_some(),
+            },
+            Supervision::Done(Err(_)) => Ended::Failed,
+            Supervision::Panicked => Ended::Panicked,
+            Supervision::DeadlineCut => Ended::DeadlineCut,
+        };
+        let mut result = match (rules::on_end(end), ended) {
+            (OnEnd::StoreResponse, Supervision::Done(result)) => result,
+            (OnEnd::Release, Supervision::Done(result)) => {
+                guard.release().await;
+                return result.map(|resp| resp.map(MaybeBuffered::inner));
+            }
+            (kept, ended) => {
+                let answer = keep(guard, kept, ledger).await;
+                // A handler's error still reaches its first caller as it is.
+                return match ended {
+                    Supervision::Done(Err(e)) => Err(e),
+                    _ => Ok(answer),
+                };
+            }
+        };
+        let Ok(resp) = &mut result else {
+            // (`on_end` stores a handler's response only when there is one.)
+            return result.map(|resp| resp.map(MaybeBuffered::inner));
+        };
+        let status = resp.status();
+        // Usually no header is left out of the record: then the response's
+        // own headers are lent to it while it is stored, and no copy is
+        // made.
+        let per_caller = &guard.config().per_caller;
+        let lent = !resp.headers().keys().any(|n| is_unstored(n, per_caller));
+        let headers = if lent {
+            std::mem::take(resp.headers_mut())
+        } else {
+            stored_headers(resp.headers(), per_caller)
+        };
+        let cap = guard.config().response_cap;
+        let read = Supervised::new(guard, read_capped(resp.body_mut(), cap)).await;
+        let end = match read {
+            Supervision::Done(Ok(read)) => Ok(read),
+            Supervision::Done(Err(e)) => {
+                tracing::warn!(error = %e, key = guard.key.as_str(), "a keyed response's body failed after its head");
+                Err(Ended::BodyFailed)
+            }
+            Supervision::Panicked => Err(Ended::Panicked),
+            Supervision::DeadlineCut => Err(Ended::DeadlineCut),
+        };
+        let (bytes, whole) = match end {
+            Ok(read) => read,
+            Err(end) => return Ok(keep(guard, rules::on_end(end), ledger).await),
+        };
+        // The body is lent to the record too (a clone of `Bytes` made from a
+        // `Vec` would allocate), and taken back below; a body past the cap
+        // is not stored, and what was read of it goes on first.
+        let (body, prefix) = if whole {
+            (bytes, Bytes::new())
+        } else {
+            (Bytes::new(), bytes)
+        };
+        let done = StoredResponse {
+            status,
+            headers,
+            body,
+            body_omitted: !whole,
+        };
+        let done = store(guard, done).await;
+        result.map(|resp| {
+            let (mut parts, body) = resp.into_parts();
+            if lent {
+                parts.headers = done.headers;
+            }
+            if whole {
+                return Response::from_parts(parts, MaybeBuffered::full(done.body));
+            }
+            Response::from_parts(parts, MaybeBuffered::chain(prefix, body))
+        })
+    }
+}
+
+/// Stores `done` for the key, and gives it back.
+async fn store<St: Store>(guard: &mut LeaseGuard<St>, done: StoredResponse) -> StoredResponse {
+    let claim = guard.claim();
+    let found = with_timeout(
+        guard.config().store_timeout,
+        guard.shared.store.complete(&claim, &done, guard.ttl),
+    )
+    .await;
+    match rules::on_store(&found) {
+        OnStore::Stored => {}
+        OnStore::LeaseLost => {
+            guard.config().stats.count_lease_lost();
+            tracing::error!(key = guard.key.as_str(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
+        }
+        OnStore::Hold => {
+            if let Err(e) = &found {
+                tracing::warn!(error = %e, key = guard.key.as_str(), "could not store an idempotent response: it is held, and stored in the background");
+            }
+            let claim = guard.claim();
+            held::store_later(
+                &guard.shared.store,
+                guard.config(),
+                &claim,
+                done.clone(),
+                guard.ttl,
+            );
+        }
+    }
+    guard.phase = Phase::Idle;
+    done
+}
+
+/// Keeps a response of the layer's own as the key's end (`kept`: a failure
+/// or the deadline's 504), and answers with it.
+async fn keep<St: Store, RB>(
+    guard: &mut LeaseGuard<St>,
+    kept: OnEnd,
+    ledger: Option<TimeLedger>,
+) -> Response<MaybeBuffered<RB>> {
+    let record = match kept {
+        OnEnd::StoreFailure(code) => failure(code),
+        OnEnd::StoreDeadline => deadline_cut(guard, ledger),
+        // (Not what `on_end` says of a failure; kept as the worst case.)
+        OnEnd::StoreResponse | OnEnd::Release => failure("handler_failed"),
+    };
+    answer(store(guard, record).await)
+}
+
+/// A 500 of the layer's own, kept as the operation's end: the handler
+/// started, so the work may have been done.
+fn failure(code: &'static str) -> StoredResponse {
+    let message = match code {
+        "response_lost" => "the operation ran, but its response was lost; it will not run again under this key",
+        "handler_panicked" => "the operation failed unexpectedly and may have run in part; it will not run again under this key",
+        _ => "the operation failed and may have run in part; it will not run again under this key",
+    };
+    let body = serde_json::json!({ "error": code, "message": message }).to_string();
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    StoredResponse {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        headers,
+        body: Bytes::from(body),
+        body_omitted: false,
+    }
+}
+
+/// The deadline's 504, kept as the operation's end: it says where the time
+/// went, as the inbound deadline layer's does.
+fn deadline_cut<St: Store>(guard: &LeaseGuard<St>, ledger: Option<TimeLedger>) -> StoredResponse {
+    let elapsed = guard.started_at.elapsed();
+    let budget = guard.deadline.map_or(elapsed, |d| {
+        d.instant().saturating_duration_since(guard.started_at)
+    });
+    let snapshot = ledger.map(|l| l.snapshot()).unwrap_or_default();
+    tracing::warn!(
+        key = guard.key.as_str(),
+        "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
+    );
+    Attribution::from_snapshot(snapshot, budget, elapsed).stored(guard.grpc)
+}
+
+/// The response of a record, as the first caller gets it.
+fn answer<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
+    let mut resp = Response::new(MaybeBuffered::full(stored.body));
+    *resp.status_mut() = stored.status;
+    *resp.headers_mut() = stored.headers;
+    resp
+}
+
+/// The response of a record, replayed.
+fn replay<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
+    let omitted = stored.body_omitted;
+    let mut resp = answer(stored);
+    resp.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    if omitted {
+        resp.headers_mut()
+            .insert(IDEMPOTENT_BODY_OMITTED, HeaderValue::from_static("true"));
+    }
+    resp
+}
+
+/// Left out of stored responses: hop-by-hop headers, `content-length`,
+/// `Set-Cookie` and the configured per-caller headers. (Standard names are
+/// matched on their text: a standard name's text is a table lookup, and no
+/// array of names is built and dropped on every call.)
+pub(crate) fn is_unstored(name: &HeaderName, per_caller: &[HeaderName]) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "content-length"
+            | "set-cookie"
+    ) || per_caller.contains(name)
+}
+
+/// The headers a response is stored with: a copy without the ones left
+/// out, made in one pass.
+pub(crate) fn stored_headers(headers: &HeaderMap, per_caller: &[HeaderName]) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if !is_unstored(name, per_caller) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
