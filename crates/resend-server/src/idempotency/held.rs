@@ -18,13 +18,17 @@ use super::rules::{self, OnStore};
 use super::service::with_timeout;
 use crate::store::{Begin, Claim, Fingerprint, RecordKey, Store, StoredResponse, Ttl};
 
+/// A held response's key (scope, key), and what is held: its request's
+/// fingerprint and the response.
+type Map = HashMap<(Box<str>, Box<str>), (Fingerprint, StoredResponse)>;
+
 /// The held responses of one layer, by (scope, key).
 #[derive(Default)]
 pub(crate) struct Held {
     /// How many are held: read first, so that a request finds nothing held
     /// without taking the lock.
     count: AtomicUsize,
-    map: Mutex<HashMap<(Box<str>, Box<str>), (Fingerprint, StoredResponse)>>,
+    map: Mutex<Map>,
 }
 
 impl std::fmt::Debug for Held {

@@ -106,15 +106,13 @@ impl<St: Store> LeaseGuard<St> {
     }
 
     /// Renews the lease, bounded by the store timeout.
-    fn renew(&self) -> impl Future<Output = Result<LeaseState, StoreError>> + Send + '_ {
-        async move {
-            let claim = self.claim();
-            with_timeout(
-                self.config().store_timeout,
-                self.shared.store.renew(&claim, self.ttl),
-            )
-            .await
-        }
+    async fn renew(&self) -> Result<LeaseState, StoreError> {
+        let claim = self.claim();
+        with_timeout(
+            self.config().store_timeout,
+            self.shared.store.renew(&claim, self.ttl),
+        )
+        .await
     }
 
     fn renewed(&self, found: &Result<LeaseState, StoreError>) {
@@ -660,4 +658,188 @@ pub(crate) fn stored_headers(headers: &HeaderMap, per_caller: &[HeaderName]) -> 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Begin;
+    use crate::{IdempotencyLayer, MemoryStore};
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
+    use tower::{Layer, ServiceExt};
+
+    /// A response with `content-length` and `extra` as headers, through the
+    /// layer (response cap `cap`), then replayed.
+    async fn first_and_replay(
+        cap: usize,
+        extra: Option<(&'static str, &'static str)>,
+    ) -> [Response<MaybeBuffered<Full<Bytes>>>; 2] {
+        let handler = tower::service_fn(move |_: Request<MaybeBuffered<Full<Bytes>>>| async move {
+            let mut resp = Response::new(Full::new(Bytes::from_static(b"hello")));
+            let h = resp.headers_mut();
+            h.insert("content-type", HeaderValue::from_static("text/plain"));
+            h.insert("content-length", HeaderValue::from_static("5"));
+            h.insert("x-a", HeaderValue::from_static("1"));
+            if let Some((n, v)) = extra {
+                h.insert(n, HeaderValue::from_static(v));
+            }
+            Ok::<_, std::convert::Infallible>(resp)
+        });
+        let svc = IdempotencyLayer::new(MemoryStore::new())
+            .response_cap(cap)
+            .layer(handler);
+        let req = || {
+            Request::post("/x")
+                .header("idempotency-key", "k")
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        };
+        let first = svc.clone().oneshot(req()).await.unwrap();
+        let again = svc.oneshot(req()).await.unwrap();
+        [first, again]
+    }
+
+    async fn body(resp: Response<MaybeBuffered<Full<Bytes>>>) -> Bytes {
+        resp.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    /// The handler's headers reach the first caller as it set them (its
+    /// `content-length` as the body's exact size, which hyper writes), and
+    /// the replay carries them without the hop-by-hop ones.
+    #[tokio::test]
+    async fn headers_reach_the_first_caller_and_the_replay() {
+        let [first, again] = first_and_replay(1024, None).await;
+        assert_eq!(first.headers()["content-type"], "text/plain");
+        assert_eq!(first.headers()["x-a"], "1");
+        assert_eq!(first.body().size_hint().exact(), Some(5));
+        assert!(first
+            .headers()
+            .get("content-length")
+            .is_none_or(|v| v == "5"));
+        assert_eq!(body(first).await, "hello");
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.headers()["x-a"], "1");
+        assert!(again.headers().get("content-length").is_none());
+        assert_eq!(body(again).await, "hello");
+
+        // Another hop-by-hop header: the first caller gets it, the replay
+        // does not.
+        let [first, again] = first_and_replay(1024, Some(("connection", "close"))).await;
+        assert_eq!(first.headers()["connection"], "close");
+        assert_eq!(first.headers()["content-length"], "5");
+        assert_eq!(body(first).await, "hello");
+        assert!(again.headers().get("connection").is_none());
+        assert_eq!(again.headers()["x-a"], "1");
+        assert_eq!(body(again).await, "hello");
+    }
+
+    /// A body past the cap goes on to the first caller whole, with the
+    /// length the handler gave it.
+    #[tokio::test]
+    async fn a_body_past_the_cap_keeps_its_length() {
+        let [first, again] = first_and_replay(3, None).await;
+        assert_eq!(first.headers()["content-length"], "5");
+        assert_eq!(first.headers()["x-a"], "1");
+        assert_eq!(body(first).await, "hello");
+        assert_eq!(again.headers()["idempotent-body-omitted"], "true");
+        assert_eq!(body(again).await, "");
+    }
+
+    /// A store that counts its clones.
+    #[derive(Debug)]
+    struct Counted(MemoryStore, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Self(self.0.clone(), self.1.clone())
+        }
+    }
+
+    impl Store for Counted {
+        fn begin(
+            &self,
+            claim: &Claim<'_>,
+            ttl: Ttl,
+        ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
+            self.0.begin(claim, ttl)
+        }
+
+        fn renew(
+            &self,
+            claim: &Claim<'_>,
+            ttl: Ttl,
+        ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
+            self.0.renew(claim, ttl)
+        }
+
+        fn complete(
+            &self,
+            claim: &Claim<'_>,
+            response: &StoredResponse,
+            ttl: Ttl,
+        ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
+            self.0.complete(claim, response, ttl)
+        }
+
+        fn release(
+            &self,
+            claim: &Claim<'_>,
+        ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+            self.0.release(claim)
+        }
+    }
+
+    /// Neither a clone of the service (axum makes one per request) nor a
+    /// keyed request clones the store: both share the layer's one `Arc`.
+    #[tokio::test]
+    async fn requests_and_service_clones_share_the_store() {
+        let clones = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let store = Counted(MemoryStore::new(), clones.clone());
+        let handler = tower::service_fn(|_: Request<MaybeBuffered<Full<Bytes>>>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        });
+        let svc = IdempotencyLayer::new(store).layer(handler);
+        let before = clones.load(std::sync::atomic::Ordering::Relaxed);
+        for i in 0..10 {
+            let req = Request::post("/x")
+                .header("idempotency-key", format!("k{i}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+        }
+        assert_eq!(clones.load(std::sync::atomic::Ordering::Relaxed), before);
+    }
+
+    #[test]
+    fn stored_headers_leave_out_hop_by_hop_and_per_caller_ones() {
+        let mut h = HeaderMap::new();
+        for (n, v) in [
+            ("connection", "keep-alive"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "close"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("trailer", "x-sum"),
+            ("upgrade", "h2c"),
+            ("content-length", "3"),
+            ("content-type", "text/plain"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("x-session", "s"),
+            ("x-custom", "yes"),
+        ] {
+            h.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let mut want = HeaderMap::new();
+        for (n, v) in [("content-type", "text/plain"), ("x-custom", "yes")] {
+            want.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        let per_caller = [HeaderName::from_static("x-session")];
+        assert_eq!(stored_headers(&h, &per_caller), want);
+        assert!(is_unstored(&HeaderName::from_static("set-cookie"), &[]));
+        assert!(!is_unstored(&HeaderName::from_static("x-session"), &[]));
+    }
 }
