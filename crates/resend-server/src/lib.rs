@@ -10,8 +10,9 @@
 //!   client stack the handler calls inherits it. When it runs out, the answer
 //!   is a 504 whose JSON body names where the time went: an upstream, the
 //!   handler's own work, or a budget spent before the handler ran.
-//! - [`IdempotencyLayer`]: a repeated `Idempotency-Key` gets the first result
-//!   instead of the work done twice, with the records in a [`Store`]:
+//! - [`IdempotencyLayer`]: a keyed operation's work runs once, whatever the
+//!   caller, the clock, the store or the process does; a repeated
+//!   `Idempotency-Key` gets the first result, with the records in a [`Store`]:
 //!   [`MemoryStore`], `RedisStore` (feature `redis`) or `PostgresStore`
 //!   (feature `postgres`).
 //! - [`ClientErrorResponse`] (feature `axum`): a resend client error as an axum
@@ -20,8 +21,9 @@
 //! # Layer order
 //!
 //! Outside in: [`InboundDeadlineLayer`], then [`IdempotencyLayer`], then the
-//! handler. A request cut by the deadline is cancelled, and its idempotency
-//! lease dropped, so the caller's retry runs.
+//! handler. A keyed handler cut by the deadline ends with the deadline's
+//! 504, which is kept as its operation's end (the work may have run in
+//! part); a keyed handler whose caller went away runs on to its end.
 //!
 //! ```
 //! use std::time::Duration;

@@ -14,7 +14,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::layer::{Config, MAX_HELD};
-use super::rules::{self, OnStore};
+use super::rules::{self, OnRenew, OnStore};
 use super::service::with_timeout;
 use crate::store::{Begin, Claim, Fingerprint, RecordKey, Store, StoredResponse, Ttl};
 
@@ -82,7 +82,8 @@ impl Held {
 
 /// Holds `response` (the store did not take it) and stores it in the
 /// background: again and again, each try bounded by the store timeout, with
-/// a backoff from 100 ms to 5 s, until the store takes it or
+/// a backoff from 100 ms to a third of the lease (5 s at most), renewing the
+/// lease at each try that fails, until the store takes it or
 /// `store_retry_for` has passed.
 pub(crate) fn store_later<St: Store>(
     store: &St,
@@ -148,7 +149,11 @@ async fn retry<St: Store>(
     ttl: Ttl,
 ) -> Option<OnStore> {
     let give_up = tokio::time::Instant::now() + config.store_retry_for;
-    let mut wait = Duration::from_millis(100);
+    // Never longer than a third of the lease between tries: the lease is
+    // renewed at each try that does not store, so that no other process
+    // takes the key over while this one holds its response.
+    let most = (ttl.lease / 3).min(Duration::from_secs(5));
+    let mut wait = Duration::from_millis(100).min(most);
     loop {
         let at = tokio::time::Instant::now() + wait;
         if at > give_up {
@@ -161,7 +166,11 @@ async fn retry<St: Store>(
                 if let Err(e) = found {
                     tracing::debug!(error = %e, "idempotency store still unavailable");
                 }
-                wait = (wait * 2).min(Duration::from_secs(5));
+                let renewed = with_timeout(config.store_timeout, store.renew(claim, ttl)).await;
+                if rules::on_renew(&renewed) == OnRenew::Lost {
+                    return Some(OnStore::LeaseLost);
+                }
+                wait = (wait * 2).min(most);
             }
             done => return Some(done),
         }
