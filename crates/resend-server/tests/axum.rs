@@ -91,3 +91,100 @@ async fn outcome_unknown_becomes_502_saying_verify() {
     assert_eq!(body["upstream"], "payments");
     assert!(body["message"].as_str().unwrap().contains("verify"));
 }
+
+/// A keyed handler whose upstream call ends "outcome unknown" answers 502,
+/// and that 502 is the operation's end: the retry replays it, and the
+/// upstream is not sent the POST again. One whose call was never sent (the
+/// connection refused) answers a 502 marked `NothingDone`: the lease is
+/// dropped, and the retry runs the handler again.
+#[tokio::test(flavor = "current_thread")]
+async fn client_errors_are_kept_unless_nothing_was_processed() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let sent = Arc::new(AtomicUsize::new(0));
+    let unknown = {
+        let sent = sent.clone();
+        ServiceBuilder::new()
+            .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("payments"))
+            .layer(RetryLayer::new().no_budget().seed(1))
+            .service(service_fn(
+                move |_: Request<resend::retry::ReplayBody<String>>| {
+                    let sent = sent.clone();
+                    async move {
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        let mut r = Response::new(String::new());
+                        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                        Ok::<_, Error>(r)
+                    }
+                },
+            ))
+    };
+    // Nothing listens on port 1 of loopback: every attempt is refused.
+    let refused = resend::stack()
+        .name("payments")
+        .backoff(
+            resend::retry::Backoff::new(Duration::from_millis(1), 2.0, Duration::from_millis(2))
+                .unwrap(),
+        )
+        .service(resend::hyper_client::<resend::retry::ReplayBody<String>>(
+            Duration::from_secs(1),
+        ));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/unknown",
+            post({
+                let runs = runs.clone();
+                move || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let req = Request::post("http://payments/charges")
+                        .body(String::new())
+                        .unwrap();
+                    unknown.oneshot(req).await.map_err(Error::from_box)?;
+                    Ok::<_, ClientErrorResponse>("charged")
+                }
+            }),
+        )
+        .route(
+            "/refused",
+            post({
+                let runs = runs.clone();
+                move || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let req = Request::post("http://127.0.0.1:1/charges")
+                        .body(String::new())
+                        .unwrap();
+                    refused.oneshot(req).await?;
+                    Ok::<_, ClientErrorResponse>("charged")
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(MemoryStore::new()));
+    let call = |path: &str| {
+        Request::post(path)
+            .header("idempotency-key", format!("k{path}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    // Outcome unknown: kept.
+    for replayed in [false, true] {
+        let resp = app.clone().oneshot(call("/unknown")).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(resp.headers().contains_key("idempotent-replayed"), replayed);
+        assert_eq!(json(resp).await["error"], "outcome_unknown");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        1,
+        "the upstream POST is not sent again"
+    );
+    // Never sent: not kept; the retry runs again.
+    for _ in 0..2 {
+        let resp = app.clone().oneshot(call("/refused")).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert!(!resp.headers().contains_key("idempotent-replayed"));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
