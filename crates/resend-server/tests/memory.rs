@@ -200,3 +200,78 @@ async fn outbound_keys_are_derived_from_the_inbound_key() {
     assert!(sent[4..].iter().all(|k| !sent[..4].contains(k)));
     assert!(sent.iter().all(|k| k.len() == 36));
 }
+
+/// A memory store whose `release` takes `delay` to answer.
+#[derive(Clone)]
+struct SlowRelease {
+    inner: MemoryStore,
+    delay: Duration,
+}
+
+impl Store for SlowRelease {
+    fn begin(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
+        self.inner.begin(claim, ttl)
+    }
+    fn renew(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
+        self.inner.renew(claim, ttl)
+    }
+    fn complete(
+        &self,
+        claim: &Claim<'_>,
+        response: &StoredResponse,
+        ttl: Ttl,
+    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
+        self.inner.complete(claim, response, ttl)
+    }
+    fn release(
+        &self,
+        claim: &Claim<'_>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        let (inner, delay) = (self.inner.clone(), self.delay);
+        let (scope, key) = (claim.key.scope.to_owned(), claim.key.key.to_owned());
+        let (fingerprint, token) = (claim.fingerprint, claim.token);
+        async move {
+            tokio::time::sleep(delay).await;
+            let claim = Claim {
+                key: RecordKey {
+                    scope: &scope,
+                    key: &key,
+                },
+                fingerprint,
+                token,
+            };
+            inner.release(&claim).await
+        }
+    }
+}
+
+/// A caller that goes away while the lease of a "nothing done" answer is
+/// being dropped does not leave the lease behind: the release finishes in
+/// the background, and the retry runs at once (not 409 until it expires).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_release_cut_mid_await_still_releases() {
+    let h = common::Handler::default();
+    let store = SlowRelease {
+        inner: MemoryStore::new(),
+        delay: Duration::from_millis(500),
+    };
+    let svc = IdempotencyLayer::new(store).layer(h.service());
+    let req = || common::with(common::post("rel", "a"), "x-nothing-done", "1");
+    // The handler answers at once; the release takes 500 ms; the caller
+    // gives up at 100 ms.
+    let cut = tokio::time::timeout(Duration::from_millis(100), svc.clone().oneshot(req())).await;
+    assert!(cut.is_err());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = svc.oneshot(common::post("rel", "a")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(h.runs(), 2);
+}
