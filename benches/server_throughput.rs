@@ -224,8 +224,13 @@ async fn main() {
     #[cfg(feature = "postgres")]
     if !memory_only {
         let url = std::env::var("RESEND_PG_URL")
-            .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".into());
-        let store = resend_server::PostgresStore::new(&url, "resend_idempotency_bench").unwrap();
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(16)
+            .connect_lazy(&url)
+            .unwrap();
+        let store =
+            resend_server::PostgresStore::with_table(pool, "resend_idempotency_bench").unwrap();
         match store.migrate().await {
             Ok(()) => targets.push((
                 "IdempotencyLayer + PostgresStore",

@@ -66,6 +66,8 @@ pub use body::MaybeBuffered;
 pub use deadline::{InboundDeadline, InboundDeadlineLayer};
 pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyStats, NothingDone};
 #[cfg(feature = "postgres")]
+pub use idempotency::{IdempotentTx, PostgresTransactional};
+#[cfg(feature = "postgres")]
 pub use store::PostgresStore;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;

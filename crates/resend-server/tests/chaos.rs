@@ -14,6 +14,10 @@
 //! loopback only.
 #![allow(clippy::print_stderr)]
 
+#[cfg(feature = "postgres")]
+#[path = "support/pg.rs"]
+mod pg;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -495,9 +499,10 @@ async fn redis_store_one_effect_per_key_under_chaos() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_one_effect_per_key_under_chaos() {
-    let url = std::env::var("RESEND_PG_URL")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".into());
-    let store = resend_server::PostgresStore::new(&url, "resend_idempotency_test").unwrap();
+    let url = pg::url();
+    let store =
+        resend_server::PostgresStore::with_table(pg::pool(&url, 16), "resend_idempotency_test")
+            .unwrap();
     match tokio::time::timeout(Duration::from_secs(5), store.migrate()).await {
         Ok(Ok(())) => run("postgres", store).await,
         Ok(Err(e)) if in_ci() => panic!("PostgreSQL at {url}: {e}, and CI is set"),

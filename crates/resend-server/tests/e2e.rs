@@ -8,6 +8,9 @@
 #![allow(clippy::print_stderr)]
 
 mod common;
+#[cfg(feature = "postgres")]
+#[path = "support/pg.rs"]
+mod pg;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -211,9 +214,10 @@ async fn redis_store_exactly_once_under_faults() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_exactly_once_under_faults() {
-    let url = std::env::var("RESEND_PG_URL")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".into());
-    let store = resend_server::PostgresStore::new(&url, "resend_idempotency_test").unwrap();
+    let url = pg::url();
+    let store =
+        resend_server::PostgresStore::with_table(pg::pool(&url, 16), "resend_idempotency_test")
+            .unwrap();
     match store.migrate().await {
         Ok(()) => run(store).await,
         Err(e) if common::in_ci() => panic!("PostgreSQL at {url}: {e}, and CI is set"),

@@ -1,12 +1,15 @@
 //! Every rule of the idempotency layer on the real PostgreSQL of this
-//! machine (`RESEND_PG_URL`, default `host=127.0.0.1 port=5432 user=postgres
-//! dbname=test`). The tests share one table and never meet: each uses its
+//! machine (`RESEND_PG_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test?sslmode=prefer`), through an
+//! sqlx pool that speaks TLS to it. The tests share one table and never meet: each uses its
 //! own keys. Without PostgreSQL: skipped with a warning, or failed when `CI`
 //! is set.
 #![cfg(feature = "postgres")]
 #![allow(clippy::print_stderr)]
 
 mod common;
+#[path = "support/pg.rs"]
+mod pg;
 
 use std::time::Duration;
 
@@ -16,8 +19,7 @@ use tokio::sync::OnceCell;
 const TABLE: &str = "resend_idempotency_test";
 
 fn url() -> String {
-    std::env::var("RESEND_PG_URL")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".into())
+    pg::url()
 }
 
 async fn store() -> Option<PostgresStore> {
@@ -25,7 +27,7 @@ async fn store() -> Option<PostgresStore> {
     let url = url();
     let ok = *MIGRATED
         .get_or_init(|| async {
-            let s = PostgresStore::new(&url, TABLE).unwrap();
+            let s = PostgresStore::with_table(pg::pool(&url, 4), TABLE).unwrap();
             match tokio::time::timeout(Duration::from_secs(5), s.migrate()).await {
                 Ok(Ok(())) => true,
                 Ok(Err(e)) if common::in_ci() => panic!("PostgreSQL at {url}: {e}, and CI is set"),
@@ -39,7 +41,7 @@ async fn store() -> Option<PostgresStore> {
             }
         })
         .await;
-    ok.then(|| PostgresStore::new(&url, TABLE).unwrap())
+    ok.then(|| PostgresStore::with_table(pg::pool(&url, 8), TABLE).unwrap())
 }
 
 store_rules!((flavor = "multi_thread", worker_threads = 2), store());
@@ -60,8 +62,7 @@ async fn records_expire_after_their_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_down_gives_503_and_runs_nothing() {
-    let down =
-        PostgresStore::new("host=127.0.0.1 port=1 user=postgres dbname=test", TABLE).unwrap();
+    let down = PostgresStore::with_table(pg::pool(&pg::with_port(&url(), 1), 2), TABLE).unwrap();
     common::store_down(down).await;
 }
 
@@ -87,4 +88,47 @@ async fn a_slow_handler_keeps_its_lease() {
         )
         .await;
     }
+}
+
+/// The store runs on the application's pool, TLS settings and all: with
+/// `sslmode=prefer`, the pool's connections to the local server are
+/// encrypted, and the store works over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_tls_settings_is_accepted() {
+    if store().await.is_none() {
+        return;
+    }
+    let url = url();
+    assert!(url.contains("sslmode=prefer"), "{url}");
+    let pool = pg::pool(&url, 2);
+    let tls: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        tls,
+        "the local server offers TLS, and sslmode=prefer takes it"
+    );
+    let store = PostgresStore::with_table(pool, TABLE).unwrap();
+    common::replay(store).await;
+}
+
+/// A migration that fails says why, in the database's words; a table name
+/// that is not an identifier is refused before any SQL is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_migration_carries_the_database_reason() {
+    if store().await.is_none() {
+        return;
+    }
+    let store = PostgresStore::with_table(pg::pool(&url(), 1), "no_such_schema.idem").unwrap();
+    let err = store.migrate().await.unwrap_err().to_string();
+    assert!(
+        err.contains("migration failed") && err.contains("no_such_schema"),
+        "{err}"
+    );
+    let bad = PostgresStore::with_table(pg::pool(&url(), 1), "x; drop table y").unwrap_err();
+    assert!(bad.to_string().contains("invalid table name"), "{bad}");
+    // The migration's SQL is the table and its purge index.
+    let sql = PostgresStore::new(pg::pool(&url(), 1)).migration_sql();
+    assert!(sql.contains("CREATE INDEX IF NOT EXISTS resend_idempotency_expires_at"));
 }

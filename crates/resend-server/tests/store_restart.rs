@@ -17,6 +17,10 @@
 //! lease expires); run it with `--ignored`.
 #![allow(clippy::print_stderr)]
 
+#[cfg(feature = "postgres")]
+#[path = "support/pg.rs"]
+mod pg;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -549,11 +553,8 @@ async fn postgres_unreachable_after_the_work_runs_no_key_twice() {
     const TABLE: &str = "resend_idempotency_test";
     let target: std::net::SocketAddr = "127.0.0.1:5432".parse().unwrap();
     let proxy = resend_testkit::FaultProxy::pass(target).await.unwrap();
-    let url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=test",
-        proxy.addr().port()
-    );
-    let store = resend_server::PostgresStore::new(&url, TABLE).unwrap();
+    let url = pg::with_port(&pg::url(), proxy.addr().port());
+    let store = resend_server::PostgresStore::with_table(pg::pool(&url, 8), TABLE).unwrap();
     match tokio::time::timeout(Duration::from_secs(5), store.migrate()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) if in_ci() => panic!("PostgreSQL at {target}: {e}, and CI is set"),
@@ -563,7 +564,7 @@ async fn postgres_unreachable_after_the_work_runs_no_key_twice() {
             return;
         }
     }
-    let other = resend_server::PostgresStore::new(&url, TABLE).unwrap();
+    let other = resend_server::PostgresStore::with_table(pg::pool(&url, 8), TABLE).unwrap();
     scenario("postgres", store, other, ProxyOutage(proxy)).await;
 }
 

@@ -6,10 +6,11 @@ use http::request::Parts;
 use http::HeaderName;
 use tower_layer::Layer;
 
+use super::backend::Backend;
 use super::held::Held;
 use super::service::Idempotency;
 use super::stats::IdempotencyStats;
-use crate::store::{Store, Ttl};
+use crate::store::Ttl;
 
 /// The default lease: 10 s, renewed every third of it while the handler
 /// runs. A holder that dies (the process crashed) is replaced after it.
@@ -160,7 +161,7 @@ pub struct IdempotencyLayer<St> {
     config: Config,
 }
 
-impl<St: Store> IdempotencyLayer<St> {
+impl<St: Backend> IdempotencyLayer<St> {
     /// A layer keeping its records in `store`, with the defaults: a
     /// [`DEFAULT_LEASE`] (10 s, renewed while the handler runs), records
     /// kept [`DEFAULT_RECORD_TTL`] (24 h), request and response bodies
@@ -341,7 +342,7 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 }
 
-impl<S, St: Store> Layer<S> for IdempotencyLayer<St> {
+impl<S, St: Backend> Layer<S> for IdempotencyLayer<St> {
     type Service = Idempotency<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {

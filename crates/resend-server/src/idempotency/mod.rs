@@ -95,6 +95,7 @@
 //! # let _ = layer;
 //! ```
 
+mod backend;
 mod future;
 mod held;
 mod layer;
@@ -104,7 +105,10 @@ mod rules;
 mod run;
 mod service;
 mod stats;
+#[cfg(feature = "postgres")]
+mod transactional;
 
+pub use backend::Backend;
 pub use future::ResponseFuture;
 pub use layer::{
     Anonymous, IdempotencyLayer, DEFAULT_LEASE, DEFAULT_RECORD_TTL, DEFAULT_REQUEST_CAP,
@@ -117,6 +121,8 @@ pub use request::{
 };
 pub use service::Idempotency;
 pub use stats::IdempotencyStats;
+#[cfg(feature = "postgres")]
+pub use transactional::{HandlerTransaction, IdempotentTx, NoTransaction, PostgresTransactional};
 
 /// A response extension by which a handler says that it did nothing: the
 /// layer then drops the lease instead of storing the response, so the

@@ -18,6 +18,7 @@ use resend::{BoxError, Deadline};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::backend::Keyed;
 use super::future::handler_started;
 use super::held;
 use super::layer::Config;
@@ -68,13 +69,13 @@ pub(crate) struct LeaseGuard<St: Store> {
 }
 
 impl<St: Store> LeaseGuard<St> {
-    pub(crate) fn new(
-        shared: Arc<Shared<St>>,
-        scope: Cow<'static, str>,
-        key: Key,
-        deadline: Option<Deadline>,
-        grpc: bool,
-    ) -> Self {
+    pub(crate) fn new(shared: Arc<Shared<St>>, keyed: Keyed) -> Self {
+        let Keyed {
+            scope,
+            key,
+            deadline,
+            grpc,
+        } = keyed;
         let ttl = shared.config.lease_for(deadline.map(|d| d.remaining()));
         Self {
             shared,
@@ -321,7 +322,7 @@ where
     }
 }
 
-fn unavailable<B>(e: &StoreError) -> Response<MaybeBuffered<B>> {
+pub(crate) fn unavailable<B>(e: &StoreError) -> Response<MaybeBuffered<B>> {
     tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
     retry_later(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -375,16 +376,11 @@ impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
         // A panic is caught here, so that it ends the operation like an
         // error (its end is kept) rather than leave the lease to expire and
         // the work to run again.
-        match catch_unwind(AssertUnwindSafe(|| this.fut.as_mut().poll(cx))) {
-            Ok(Poll::Ready(out)) => return Poll::Ready(Supervision::Done(out)),
-            Ok(Poll::Pending) => {}
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                tracing::error!(panic = %what, key = this.guard.key.as_str(), "a keyed handler panicked: its end is kept as a 500");
+        match poll_catching(this.fut.as_mut(), cx) {
+            Poll::Ready(Ok(out)) => return Poll::Ready(Supervision::Done(out)),
+            Poll::Pending => {}
+            Poll::Ready(Err(what)) => {
+                tracing::error!(panic = %what, key = this.guard.key.as_str(), "a keyed handler panicked");
                 return Poll::Ready(Supervision::Panicked);
             }
         }
@@ -573,7 +569,7 @@ async fn keep<St: Store, RB>(
 
 /// A 500 of the layer's own, kept as the operation's end: the handler
 /// started, so the work may have been done.
-fn failure(code: &'static str) -> StoredResponse {
+pub(crate) fn failure(code: &'static str) -> StoredResponse {
     let message = match code {
         "response_lost" => "the operation ran, but its response was lost; it will not run again under this key",
         "handler_panicked" => "the operation failed unexpectedly and may have run in part; it will not run again under this key",
@@ -596,20 +592,48 @@ fn failure(code: &'static str) -> StoredResponse {
 /// The deadline's 504, kept as the operation's end: it says where the time
 /// went, as the inbound deadline layer's does.
 fn deadline_cut<St: Store>(guard: &LeaseGuard<St>, ledger: Option<TimeLedger>) -> StoredResponse {
-    let elapsed = guard.started_at.elapsed();
-    let budget = guard.deadline.map_or(elapsed, |d| {
-        d.instant().saturating_duration_since(guard.started_at)
-    });
-    let snapshot = ledger.map(|l| l.snapshot()).unwrap_or_default();
     tracing::warn!(
         key = guard.key.as_str(),
         "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
     );
-    Attribution::from_snapshot(snapshot, budget, elapsed).stored(guard.grpc)
+    deadline_response(guard.started_at, guard.deadline, guard.grpc, ledger)
+}
+
+/// The 504 of a request that began at `started_at` and whose `deadline`
+/// ran out, saying where the time went (from `ledger`), as the inbound
+/// deadline layer's does; the gRPC way for a gRPC request.
+pub(crate) fn deadline_response(
+    started_at: Instant,
+    deadline: Option<Deadline>,
+    grpc: bool,
+    ledger: Option<TimeLedger>,
+) -> StoredResponse {
+    let elapsed = started_at.elapsed();
+    let budget = deadline.map_or(elapsed, |d| {
+        d.instant().saturating_duration_since(started_at)
+    });
+    let snapshot = ledger.map(|l| l.snapshot()).unwrap_or_default();
+    Attribution::from_snapshot(snapshot, budget, elapsed).stored(grpc)
+}
+
+/// Polls `fut`, catching a panic: `Err` with its message.
+pub(crate) fn poll_catching<F: Future>(
+    fut: Pin<&mut F>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<F::Output, String>> {
+    match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+        Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+        Ok(Poll::Pending) => Poll::Pending,
+        Err(panic) => Poll::Ready(Err(panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default())),
+    }
 }
 
 /// The response of a record, as the first caller gets it.
-fn answer<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
+pub(crate) fn answer<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
     let mut resp = Response::new(MaybeBuffered::full(stored.body));
     *resp.status_mut() = stored.status;
     *resp.headers_mut() = stored.headers;
@@ -617,7 +641,7 @@ fn answer<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
 }
 
 /// The response of a record, replayed.
-fn replay<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
+pub(crate) fn replay<B>(stored: StoredResponse) -> Response<MaybeBuffered<B>> {
     let omitted = stored.body_omitted;
     let mut resp = answer(stored);
     resp.headers_mut()

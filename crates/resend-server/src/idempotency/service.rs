@@ -7,15 +7,15 @@ use http_body::Body;
 use resend::{BoxError, Deadline};
 use tower_service::Service;
 
+use super::backend::{Backend, Keyed};
 use super::future::ResponseFuture;
 use super::layer::Config;
 use super::request;
 use super::response::json_error;
 use super::rules::{self, Admit, KeyHeader};
-use super::run::{run, LeaseGuard};
 use super::stats::IdempotencyStats;
 use crate::body::MaybeBuffered;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 use crate::IdempotencyLayer;
 
 /// Middleware that deduplicates requests by `Idempotency-Key`; see
@@ -38,7 +38,7 @@ pub(crate) struct Shared<St> {
     pub(crate) config: Config,
 }
 
-impl<S, St: Store> Idempotency<S, St> {
+impl<S, St: Backend> Idempotency<S, St> {
     /// Wraps `inner` with the defaults of [`IdempotencyLayer::new`].
     pub fn new(inner: S, store: St) -> Self {
         tower_layer::Layer::layer(&IdempotencyLayer::new(store), inner)
@@ -82,7 +82,7 @@ where
     S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    St: Store,
+    St: Backend,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
     RB: Body<Data = Bytes> + Send + Unpin + 'static,
@@ -122,6 +122,14 @@ where
                 tracing::debug!(code, "keyed request refused");
                 return ResponseFuture::ready(json_error(StatusCode::BAD_REQUEST, code, message));
             }
+            (Admit::Pass, ..) if St::TAKES_UNKEYED => {
+                let req = Request::from_parts(parts, MaybeBuffered::inner(body));
+                let deadline = deadline_of(&req);
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                let run = St::unkeyed(Arc::clone(&self.shared), deadline, inner, req);
+                return ResponseFuture::keyed(run);
+            }
             _ => {
                 let req = Request::from_parts(parts, MaybeBuffered::inner(body));
                 return ResponseFuture::passthrough(self.inner.call(req));
@@ -129,10 +137,7 @@ where
         };
         // The work is bounded by the inbound deadline: the request's own, or
         // the ambient scope's (read here, inside it).
-        let deadline = match (parts.extensions.get::<Deadline>(), Deadline::current()) {
-            (Some(a), Some(b)) => Some((*a).min(b)),
-            (a, b) => a.copied().or(b),
-        };
+        let deadline = deadline_in(&parts.extensions);
         // The readied service goes with the request; a clone stays.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -140,9 +145,33 @@ where
             .headers
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        let guard = LeaseGuard::new(Arc::clone(&self.shared), scope, key, deadline, grpc);
-        ResponseFuture::keyed(Box::pin(run(inner, guard, parts, body)))
+        let keyed = Keyed {
+            scope,
+            key,
+            deadline,
+            grpc,
+        };
+        ResponseFuture::keyed(St::keyed(
+            Arc::clone(&self.shared),
+            keyed,
+            inner,
+            parts,
+            body,
+        ))
     }
+}
+
+/// The inbound deadline of a request: its own, or the ambient scope's (read
+/// in `call`, inside it), whichever is earlier.
+fn deadline_in(extensions: &http::Extensions) -> Option<Deadline> {
+    match (extensions.get::<Deadline>(), Deadline::current()) {
+        (Some(a), Some(b)) => Some((*a).min(b)),
+        (a, b) => a.copied().or(b),
+    }
+}
+
+fn deadline_of<B>(req: &Request<B>) -> Option<Deadline> {
+    deadline_in(req.extensions())
 }
 
 /// `fut`, given up after `limit`. A store that answers on the first poll

@@ -10,7 +10,10 @@
 //! - `RedisStore` (feature `redis`): a lease by `SET NX PX`, the result with
 //!   a TTL, compare-and-set steps in Lua.
 //! - `PostgresStore` (feature `postgres`): one table with a primary key on
-//!   (scope, key); `INSERT ... ON CONFLICT` decides who runs.
+//!   (scope, key); `INSERT ... ON CONFLICT` decides who runs. On the
+//!   application's sqlx pool; its transactional mode,
+//!   `PostgresTransactional`, puts the record in the handler's own
+//!   transaction.
 //!
 //! A store that cannot answer returns a [`StoreError`]; the layer then fails
 //! closed: 503, and the handler does not run.
@@ -24,17 +27,14 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 mod memory;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub use self::redis::DEFAULT_PREFIX as REDIS_DEFAULT_PREFIX;
 #[cfg(feature = "redis")]
 mod redis;
 
 #[cfg(feature = "postgres")]
-pub use self::postgres::{
-    PostgresStore, DEFAULT_CONNECTIONS as POSTGRES_DEFAULT_CONNECTIONS,
-    DEFAULT_TABLE as POSTGRES_DEFAULT_TABLE,
-};
+pub use self::postgres::{PostgresStore, DEFAULT_TABLE as POSTGRES_DEFAULT_TABLE};
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
 pub use memory::{MemoryStore, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS};

@@ -1,0 +1,799 @@
+//! Transactional idempotency on PostgreSQL: the key is claimed inside the
+//! handler's own transaction, and the record commits with its work.
+
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use resend::{BoxError, Deadline};
+use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::{Postgres, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use super::backend::{sealed::Sealed, Backend, Keyed};
+use super::future::{handler_started, Slow};
+use super::request;
+use super::response::{json_error, retry_later};
+use super::rules::{self, Ended, OnBegin, OnEnd};
+use super::run::{answer, deadline_response, poll_catching, replay, stored_headers, unavailable};
+use super::service::{with_timeout, Shared};
+use super::NothingDone;
+use crate::body::{read_capped, MaybeBuffered};
+use crate::store::postgres::{found, migrate, migration_sql, millis, pg_error, Sql};
+use crate::store::{LeaseToken, StoreError, StoredResponse};
+
+/// Transactional idempotency on PostgreSQL (feature `postgres`): the
+/// strongest mode. The handler gets a transaction ([`IdempotentTx`]) in
+/// which its key is already claimed; its own writes and the stored response
+/// **commit together or not at all**, and the database's primary key on
+/// (scope, key) decides who runs, so it cannot race.
+///
+/// What it adds over a lease in a [`Store`](crate::Store): no window. With a
+/// lease, work committed by a process that dies before it stores the
+/// response exists without its record, and a retry runs it again. Here a
+/// crash, an error, a panic or the deadline rolls back both the work and the
+/// claim: the retry runs on a clean slate. And the key costs no commit of
+/// its own — only the handler's.
+///
+/// What it needs: **the handler's writes go through the given
+/// transaction** (`&mut *tx` is a [`PgConnection`]). Work done elsewhere
+/// (another pool, an outbound call) is not rolled back with it; outbound
+/// calls through a resend stack with
+/// [`idempotency_keys`](resend::StackBuilder::idempotency_keys) carry keys
+/// derived from the inbound one, so a re-run is deduplicated downstream.
+///
+/// For an unsafe request (POST, PATCH, …):
+/// - with a key: the transaction begins, and `INSERT ... ON CONFLICT`
+///   claims the key in it. A concurrent request with the same key waits on
+///   that row — until the first commits (then it replays), rolls back (then
+///   it runs), or its own inbound deadline (or, without one, the
+///   [store timeout](crate::IdempotencyLayer::store_timeout)) runs out (then
+///   409). A finished key replays, another fingerprint gets 422;
+/// - without a key: the handler gets a transaction too, committed by the
+///   same rule, with no record;
+/// - the end: a response is committed with its record (5xx included, as
+///   everywhere: the handler may have had effects outside the transaction),
+///   unless it is marked [`NothingDone`] or is a 429 (rolled back). A
+///   handler error, a panic, a body that fails, or the deadline: rolled
+///   back, and nothing is recorded. A commit whose outcome is unknown (the
+///   connection lost during it) answers 503: retrying with the same key is
+///   safe either way;
+/// - a caller that goes away does not cancel the handler: it runs to its
+///   end, and commits.
+///
+/// Safe methods pass straight through, with no transaction.
+///
+/// The lease settings of the layer do not apply (the open transaction holds
+/// the key); records live [`record_ttl`](crate::IdempotencyLayer::record_ttl).
+///
+/// ```no_run
+/// use axum::{routing::post, Router};
+/// use resend_server::{IdempotencyLayer, IdempotentTx, PostgresStore};
+///
+/// async fn create_order(mut tx: IdempotentTx, body: String) -> Result<String, String> {
+///     sqlx::query("INSERT INTO orders (body) VALUES ($1)")
+///         .bind(&body)
+///         .execute(&mut *tx)
+///         .await
+///         .map_err(|e| e.to_string())?;
+///     Ok("created".to_owned())
+/// }
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://app@db/app").await?;
+/// let backend = PostgresStore::new(pool).transactional();
+/// backend.migrate().await?;
+/// let app: Router = Router::new()
+///     .route("/orders", post(create_order))
+///     .layer(IdempotencyLayer::new(backend));
+/// # let _ = app;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresTransactional {
+    pool: PgPool,
+    sql: Arc<Sql>,
+    prepared: bool,
+}
+
+impl std::fmt::Debug for PostgresTransactional {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresTransactional")
+            .field("table", &self.sql.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresTransactional {
+    pub(crate) fn from_store(pool: PgPool, sql: Arc<Sql>, prepared: bool) -> Self {
+        Self {
+            pool,
+            sql,
+            prepared,
+        }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table's definition and its purge index, as SQL; see
+    /// [`PostgresStore::migration_sql`](crate::PostgresStore::migration_sql).
+    pub fn migration_sql(&self) -> String {
+        migration_sql(&self.sql.table)
+    }
+
+    /// Creates the table and its index if they do not exist; see
+    /// [`PostgresStore::migrate`](crate::PostgresStore::migrate).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrate(&self.pool, &self.sql.table).await
+    }
+
+    fn query<'q>(
+        &self,
+        sql: &'q str,
+    ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+        sqlx::query(sql).persistent(self.prepared)
+    }
+}
+
+impl Backend for PostgresTransactional {}
+
+/// The transaction of one request, lent to its handler and taken back when
+/// the handler ends.
+type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
+
+/// The transaction a handler does its work in, under
+/// [`PostgresTransactional`]: a request extension that the layer puts on
+/// every unsafe request it runs. Get its connection with
+/// [`IdempotentTx::of`] (or, in axum, take an [`IdempotentTx`] argument).
+#[derive(Clone)]
+pub struct HandlerTransaction(Slot);
+
+impl std::fmt::Debug for HandlerTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerTransaction").finish_non_exhaustive()
+    }
+}
+
+/// The handler's transaction, as a [`PgConnection`] to run statements on:
+/// `sqlx::query(..).execute(&mut *tx)`. The layer commits it (with the
+/// key's record) or rolls it back when the handler ends; the handler never
+/// does.
+///
+/// An axum extractor (feature `axum`): a handler's `mut tx: IdempotentTx`
+/// argument. Held across the handler's awaits, it is the handler's alone;
+/// drop it before the handler returns (as a handler argument is).
+pub struct IdempotentTx(
+    OwnedMappedMutexGuard<Option<Transaction<'static, Postgres>>, PgConnection>,
+);
+
+impl std::fmt::Debug for IdempotentTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotentTx").finish_non_exhaustive()
+    }
+}
+
+/// There is no transaction to lend: the request was not run by
+/// [`PostgresTransactional`] (a safe method, another route, another
+/// layer), or its handler has ended.
+#[derive(Debug)]
+pub struct NoTransaction;
+
+impl std::fmt::Display for NoTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no idempotent transaction: the request is not an unsafe one under IdempotencyLayer::new(PostgresStore::new(pool).transactional())")
+    }
+}
+
+impl std::error::Error for NoTransaction {}
+
+impl IdempotentTx {
+    /// The transaction of the request whose extensions these are.
+    pub async fn of(extensions: &http::Extensions) -> Result<Self, NoTransaction> {
+        let handle = extensions
+            .get::<HandlerTransaction>()
+            .ok_or(NoTransaction)?;
+        handle.lock().await
+    }
+}
+
+impl HandlerTransaction {
+    /// The transaction's connection, for as long as the guard lives.
+    pub async fn lock(&self) -> Result<IdempotentTx, NoTransaction> {
+        let guard = Arc::clone(&self.0).lock_owned().await;
+        OwnedMutexGuard::try_map(guard, |tx| tx.as_mut().map(|tx| &mut **tx))
+            .map(IdempotentTx)
+            .map_err(|_| NoTransaction)
+    }
+}
+
+impl Deref for IdempotentTx {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.0
+    }
+}
+
+impl DerefMut for IdempotentTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.0
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdempotentTx {
+    type Rejection = (StatusCode, &'static str);
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Self::of(&parts.extensions).await.map_err(|_| {
+            tracing::error!("{NoTransaction}");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "this route needs an idempotent transaction",
+            )
+        })
+    }
+}
+
+/// How long a keyed request waits on another holding its key: until its
+/// deadline, or one store timeout without one.
+fn wait_for(config: &super::layer::Config, deadline: Option<Deadline>) -> Duration {
+    deadline.map_or(config.store_timeout, |d| d.remaining())
+}
+
+// The sealed trait names crate-private types.
+#[allow(private_interfaces)]
+impl Sealed for PostgresTransactional {
+    const TAKES_UNKEYED: bool = true;
+
+    fn keyed<S, B, RB>(
+        shared: Arc<Shared<Self>>,
+        keyed: Keyed,
+        inner: S,
+        parts: http::request::Parts,
+        body: B,
+    ) -> Slow<RB, S::Error>
+    where
+        S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+        RB: Body<Data = Bytes> + Send + Unpin + 'static,
+        RB::Error: Into<BoxError>,
+    {
+        Box::pin(run_keyed(shared, keyed, inner, parts, body))
+    }
+
+    fn unkeyed<S, B, RB>(
+        shared: Arc<Shared<Self>>,
+        deadline: Option<Deadline>,
+        inner: S,
+        req: Request<MaybeBuffered<B>>,
+    ) -> Slow<RB, S::Error>
+    where
+        S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+        RB: Body<Data = Bytes> + Send + Unpin + 'static,
+        RB::Error: Into<BoxError>,
+    {
+        Box::pin(run_unkeyed(shared, deadline, inner, req))
+    }
+}
+
+/// What claiming the key found.
+enum Claimed<RB> {
+    Run(Transaction<'static, Postgres>),
+    Answer(Response<MaybeBuffered<RB>>),
+}
+
+/// Begins the transaction and claims the key in it: `INSERT ... ON
+/// CONFLICT` on the primary key, which waits on a concurrent holder's
+/// uncommitted row (bounded by `wait`).
+async fn claim<RB>(
+    backend: &PostgresTransactional,
+    config: &super::layer::Config,
+    scope: &str,
+    key: &str,
+    token: &str,
+    fingerprint: crate::store::Fingerprint,
+    wait: Duration,
+) -> Claimed<RB> {
+    let begun = with_timeout(config.store_timeout, async {
+        backend
+            .pool
+            .begin()
+            .await
+            .map_err(pg_error("cannot begin a transaction"))
+    })
+    .await;
+    let mut tx = match begun {
+        Ok(tx) => tx,
+        Err(e) => return Claimed::Answer(unavailable(&e)),
+    };
+    for _ in 0..3 {
+        let inserted = tokio::time::timeout(
+            wait,
+            backend
+                .query(&backend.sql.begin)
+                .bind(scope)
+                .bind(key)
+                .bind(&fingerprint.0[..])
+                .bind(token)
+                .bind(millis(config.ttl.record))
+                .fetch_optional(&mut *tx),
+        )
+        .await;
+        let found = match inserted {
+            // Another request holds the key and has not ended within our
+            // wait: 409. (The transaction, its statement cut, is dropped:
+            // sqlx rolls it back or closes the connection.)
+            Err(_) => {
+                return Claimed::Answer(retry_later(
+                    StatusCode::CONFLICT,
+                    "idempotency_key_in_progress",
+                    "a request with this idempotency key is in progress; retry later",
+                    config.retry_after,
+                ))
+            }
+            Ok(Err(e)) => return Claimed::Answer(unavailable(&pg_error("claim failed")(e))),
+            Ok(Ok(Some(_))) => return Claimed::Run(tx),
+            Ok(Ok(None)) => {
+                let row = backend
+                    .query(&backend.sql.select)
+                    .bind(scope)
+                    .bind(key)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(pg_error("read failed"));
+                match row.and_then(found) {
+                    Ok(None) => continue,
+                    Ok(Some(begin)) => Ok(begin),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        let answer = match rules::on_begin(found, fingerprint) {
+            OnBegin::Run => continue,
+            OnBegin::Unavailable(e) => unavailable(&e),
+            OnBegin::Replay(response) => replay(response),
+            OnBegin::InProgress => retry_later(
+                StatusCode::CONFLICT,
+                "idempotency_key_in_progress",
+                "a request with this idempotency key is in progress; retry later",
+                config.retry_after,
+            ),
+            OnBegin::Mismatch => json_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "this idempotency key was used with another request (method, path or body differ)",
+            ),
+        };
+        let _ = tx.rollback().await;
+        return Claimed::Answer(answer);
+    }
+    Claimed::Answer(unavailable(&StoreError::new(
+        "PostgreSQL record kept vanishing",
+    )))
+}
+
+async fn run_keyed<S, B, RB>(
+    shared: Arc<Shared<PostgresTransactional>>,
+    keyed: Keyed,
+    inner: S,
+    parts: http::request::Parts,
+    body: B,
+) -> Result<Response<MaybeBuffered<RB>>, S::Error>
+where
+    S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError>,
+{
+    let started_at = Instant::now();
+    let config = &shared.config;
+    let mut body = std::pin::pin!(body);
+    let bytes = match read_capped(&mut body, config.request_cap).await {
+        Ok((bytes, true)) => bytes,
+        Ok((_, false)) => {
+            return Ok(json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                &format!(
+                    "a request with an idempotency key may have at most {} bytes of body",
+                    config.request_cap
+                ),
+            ))
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "request body failed");
+            return Ok(json_error(
+                StatusCode::BAD_REQUEST,
+                "request_body_failed",
+                "the request body could not be read",
+            ));
+        }
+    };
+    let fingerprint = request::fingerprint(&parts, &bytes);
+    let wait = wait_for(config, keyed.deadline);
+    let key = keyed.key.as_str();
+    let token = LeaseToken::random().to_string();
+    let claimed = claim(
+        &shared.store,
+        config,
+        &keyed.scope,
+        key,
+        &token,
+        fingerprint,
+        wait,
+    );
+    let tx = match claimed.await {
+        Claimed::Run(tx) => tx,
+        Claimed::Answer(answer) => return Ok(answer),
+    };
+    let record = Record {
+        scope: &keyed.scope,
+        key,
+        token: &token,
+        fingerprint,
+    };
+    // The handler's outbound calls derive their keys from this one, and
+    // keep the inbound deadline, wherever the work goes on.
+    let (scope, key_value) = (keyed.scope.clone(), keyed.key.header_value().clone());
+    let handler = move |req| {
+        resend::idempotency::derive_keys(
+            scope,
+            key_value,
+            resend::deadline::carry(inner_call(inner, req)),
+        )
+    };
+    let run = Run {
+        backend: &shared.store,
+        config,
+        deadline: keyed.deadline,
+        grpc: keyed.grpc,
+        started_at,
+    };
+    run.handle(tx, Some(record), handler, parts, bytes).await
+}
+
+fn inner_call<S, R>(mut inner: S, req: R) -> S::Future
+where
+    S: Service<R>,
+{
+    inner.call(req)
+}
+
+async fn run_unkeyed<S, B, RB>(
+    shared: Arc<Shared<PostgresTransactional>>,
+    deadline: Option<Deadline>,
+    inner: S,
+    req: Request<MaybeBuffered<B>>,
+) -> Result<Response<MaybeBuffered<RB>>, S::Error>
+where
+    S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError>,
+{
+    let started_at = Instant::now();
+    let config = &shared.config;
+    let begun = with_timeout(config.store_timeout, async {
+        shared
+            .store
+            .pool
+            .begin()
+            .await
+            .map_err(pg_error("cannot begin a transaction"))
+    })
+    .await;
+    let tx = match begun {
+        Ok(tx) => tx,
+        Err(e) => return Ok(unavailable(&e)),
+    };
+    let run = Run {
+        backend: &shared.store,
+        config,
+        deadline,
+        grpc: false,
+        started_at,
+    };
+    let (parts, body) = req.into_parts();
+    run.handle_with_body(
+        tx,
+        None,
+        |req| resend::deadline::carry(inner_call(inner, req)),
+        parts,
+        body,
+    )
+    .await
+}
+
+/// The key's record, for a keyed request.
+struct Record<'a> {
+    scope: &'a str,
+    key: &'a str,
+    /// The token the claim was written with: the record's write checks it.
+    token: &'a str,
+    fingerprint: crate::store::Fingerprint,
+}
+
+/// What the end of a request under a transaction needs.
+struct Run<'a> {
+    backend: &'a PostgresTransactional,
+    config: &'a super::layer::Config,
+    deadline: Option<Deadline>,
+    grpc: bool,
+    started_at: Instant,
+}
+
+impl Run<'_> {
+    /// Runs the handler on a buffered body, in `tx`.
+    async fn handle<B, RB, E, F, Fut>(
+        &self,
+        tx: Transaction<'static, Postgres>,
+        record: Option<Record<'_>>,
+        handler: F,
+        parts: http::request::Parts,
+        bytes: Bytes,
+    ) -> Result<Response<MaybeBuffered<RB>>, E>
+    where
+        F: FnOnce(Request<MaybeBuffered<B>>) -> Fut,
+        Fut: Future<Output = Result<Response<RB>, E>> + Send,
+        RB: Body<Data = Bytes> + Send + Unpin + 'static,
+        RB::Error: Into<BoxError>,
+    {
+        self.handle_with_body(tx, record, handler, parts, MaybeBuffered::full(bytes))
+            .await
+    }
+
+    /// Runs the handler in `tx`, and commits or rolls back by the rules.
+    async fn handle_with_body<B, RB, E, F, Fut>(
+        &self,
+        tx: Transaction<'static, Postgres>,
+        record: Option<Record<'_>>,
+        handler: F,
+        mut parts: http::request::Parts,
+        body: MaybeBuffered<B>,
+    ) -> Result<Response<MaybeBuffered<RB>>, E>
+    where
+        F: FnOnce(Request<MaybeBuffered<B>>) -> Fut,
+        Fut: Future<Output = Result<Response<RB>, E>> + Send,
+        RB: Body<Data = Bytes> + Send + Unpin + 'static,
+        RB::Error: Into<BoxError>,
+    {
+        // From here on the work is the layer's: a caller that goes away does
+        // not cancel it.
+        handler_started();
+        let slot: Slot = Arc::new(Mutex::new(Some(tx)));
+        parts
+            .extensions
+            .insert(HandlerTransaction(Arc::clone(&slot)));
+        let ledger = resend::deadline::current_ledger();
+        let req = Request::from_parts(parts, body);
+        let ended = Cut::new(self.deadline, handler(req)).await;
+        // The transaction comes back: the handler has ended, and its guard
+        // with it (a guard it let escape is waited for, for a while).
+        let tx = match with_timeout(self.config.store_timeout, async {
+            Ok::<_, StoreError>(slot.lock().await.take())
+        })
+        .await
+        {
+            Ok(Some(tx)) => tx,
+            _ => {
+                tracing::error!("the handler's transaction is still in use after it ended: it is rolled back when let go");
+                return Ok(rolled_back("transaction_in_use"));
+            }
+        };
+        let end = match &ended {
+            Cutting::Done(Ok(resp)) => Ended::Answered {
+                status: resp.status(),
+                nothing_done: resp.extensions().get::<NothingDone>().is_some(),
+            },
+            Cutting::Done(Err(_)) => Ended::Failed,
+            Cutting::Panicked => Ended::Panicked,
+            Cutting::DeadlineCut => Ended::DeadlineCut,
+        };
+        let mut result = match (rules::on_end(end), ended) {
+            (OnEnd::StoreResponse, Cutting::Done(result)) => result,
+            (OnEnd::Release, Cutting::Done(result)) => {
+                // Nothing was done: nor is anything kept.
+                let _ = tx.rollback().await;
+                return result.map(|resp| resp.map(MaybeBuffered::inner));
+            }
+            (_, ended) => {
+                // Rolled back: the work is undone with the claim, so the
+                // caller may send it again (with the same key).
+                let _ = tx.rollback().await;
+                return match ended {
+                    Cutting::Done(Err(e)) => Err(e),
+                    Cutting::DeadlineCut => Ok(answer(deadline_response(
+                        self.started_at,
+                        self.deadline,
+                        self.grpc,
+                        ledger,
+                    ))),
+                    Cutting::Panicked => Ok(rolled_back("handler_panicked")),
+                    Cutting::Done(Ok(_)) => Ok(rolled_back("handler_failed")),
+                };
+            }
+        };
+        let Ok(resp) = &mut result else {
+            return result.map(|resp| resp.map(MaybeBuffered::inner));
+        };
+        let status = resp.status();
+        let headers = stored_headers(resp.headers(), &self.config.per_caller);
+        let read = Cut::new(
+            self.deadline,
+            read_capped(resp.body_mut(), self.config.response_cap),
+        )
+        .await;
+        let (bytes, whole) = match read {
+            Cutting::Done(Ok(read)) => read,
+            Cutting::Done(Err(e)) => {
+                tracing::warn!(error = %e, "a response's body failed after its head: its transaction is rolled back");
+                let _ = tx.rollback().await;
+                return Ok(rolled_back("response_lost"));
+            }
+            Cutting::Panicked => {
+                let _ = tx.rollback().await;
+                return Ok(rolled_back("handler_panicked"));
+            }
+            Cutting::DeadlineCut => {
+                let _ = tx.rollback().await;
+                return Ok(answer(deadline_response(
+                    self.started_at,
+                    self.deadline,
+                    self.grpc,
+                    ledger,
+                )));
+            }
+        };
+        let committed = self
+            .commit(tx, record.as_ref(), status, headers, &bytes, whole)
+            .await;
+        if let Err(e) = committed {
+            tracing::error!(error = %e, "the transaction of a keyed request may not have committed");
+            return Ok(retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "commit_outcome_unknown",
+                "the operation's transaction may or may not have committed; send it again with the same key: it is replayed if it did",
+                Duration::from_secs(1),
+            ));
+        }
+        result.map(|resp| {
+            let (parts, body) = resp.into_parts();
+            if whole {
+                Response::from_parts(parts, MaybeBuffered::full(bytes))
+            } else {
+                Response::from_parts(parts, MaybeBuffered::chain(bytes, body))
+            }
+        })
+    }
+
+    /// Writes the key's record (if any) in `tx`, and commits: the work and
+    /// its record together.
+    async fn commit(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        record: Option<&Record<'_>>,
+        status: StatusCode,
+        headers: http::HeaderMap,
+        bytes: &Bytes,
+        whole: bool,
+    ) -> Result<(), StoreError> {
+        if let Some(record) = record {
+            let done = StoredResponse {
+                status,
+                headers,
+                body: if whole { bytes.clone() } else { Bytes::new() },
+                body_omitted: !whole,
+            };
+            let written = self
+                .backend
+                .query(&self.backend.sql.complete)
+                .bind(record.scope)
+                .bind(record.key)
+                .bind(&record.fingerprint.0[..])
+                .bind(record.token)
+                .bind(millis(self.config.ttl.record))
+                .bind(done.encode())
+                .execute(&mut *tx)
+                .await
+                .map_err(pg_error("storing the response failed"));
+            if let Err(e) = written {
+                let _ = tx.rollback().await;
+                return Err(e);
+            }
+        }
+        tx.commit().await.map_err(pg_error("commit failed"))
+    }
+}
+
+/// A 500 of the layer's own for an operation rolled back: nothing of it
+/// was committed, so it may be sent again.
+fn rolled_back<B>(code: &'static str) -> Response<MaybeBuffered<B>> {
+    json_error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        code,
+        "the operation failed, and its transaction was rolled back: nothing of it was committed, so it may be sent again (with the same key)",
+    )
+}
+
+/// How a [`Cut`] future ended.
+enum Cutting<T> {
+    Done(T),
+    Panicked,
+    DeadlineCut,
+}
+
+pin_project_lite::pin_project! {
+    /// `fut`, cut when the deadline runs out, its panic caught. `fut` is
+    /// polled first, so an answer that is ready wins a tie with the clock;
+    /// the timer is armed only once `fut` has waited.
+    struct Cut<F> {
+        #[pin]
+        fut: F,
+        deadline: Option<Instant>,
+        timer: Option<Pin<Box<Sleep>>>,
+    }
+}
+
+impl<F> Cut<F> {
+    fn new(deadline: Option<Deadline>, fut: F) -> Self {
+        Self {
+            fut,
+            deadline: deadline.map(|d| d.instant()),
+            timer: None,
+        }
+    }
+}
+
+impl<F: Future> Future for Cut<F> {
+    type Output = Cutting<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match poll_catching(this.fut, cx) {
+            Poll::Ready(Ok(out)) => return Poll::Ready(Cutting::Done(out)),
+            Poll::Ready(Err(what)) => {
+                tracing::error!(panic = %what, "a handler panicked: its transaction is rolled back");
+                return Poll::Ready(Cutting::Panicked);
+            }
+            Poll::Pending => {}
+        }
+        let Some(deadline) = *this.deadline else {
+            return Poll::Pending;
+        };
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Cutting::DeadlineCut),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
