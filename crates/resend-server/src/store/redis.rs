@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, Script, ScriptInvocation, Value};
 use tokio::sync::OnceCell;
 
 use super::{
@@ -15,6 +16,9 @@ use super::{
 
 /// The default key prefix of a [`RedisStore`]: `resend:idempotency:`.
 pub const DEFAULT_PREFIX: &str = "resend:idempotency:";
+
+/// How long [`RedisStore::open`]'s store may take to connect, by default.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 // A record is one string value: `L` + fingerprint (32 bytes) + lease token
 // (32 hex digits) while the work runs, `D` + fingerprint + token + encoded
@@ -77,7 +81,7 @@ end
 return 0
 ";
 
-/// Idempotency records in Redis (feature `redis`).
+/// Idempotency records in Redis or Redis Cluster (feature `redis`).
 ///
 /// The lease is taken with `SET NX PX` (expiring by itself if its holder
 /// dies, renewed by `PEXPIRE` while it lives), the response is stored with a
@@ -85,9 +89,37 @@ return 0
 /// request's (take or read; compare the token and extend or replace; compare
 /// and delete) are Lua scripts, atomic in Redis. A record that Redis lost
 /// while its handler ran (a restart without persistence) is written anew by
-/// the holder's next renewal or by its response.
-/// The connection is made on first use and remade after a failure; while
-/// Redis cannot be reached, requests with a key get 503.
+/// the holder's next renewal or by its response. While Redis cannot be
+/// reached, requests with a key get 503.
+///
+/// # Connections
+///
+/// Three ways to reach Redis, the same records and scripts on each:
+///
+/// - [`RedisStore::new`]: on the application's own
+///   [`ConnectionManager`], with its settings (timeouts, retries, TLS,
+///   credentials), shared with the rest of the application;
+/// - [`RedisStore::cluster`]: on the application's Redis Cluster
+///   connection ([`ClusterConnection`]), which routes each call to the node
+///   that holds the record's slot and follows the cluster's redirections;
+/// - [`RedisStore::open`]: from a URL, a connection manager of the store's
+///   own, made on first use and remade after a failure
+///   ([`connect_timeout`](RedisStore::connect_timeout) bounds making it).
+///
+/// # Keys
+///
+/// A record is one Redis string, under the key
+/// `<prefix>{<scope length>:<scope>:<key>}`: the [prefix](RedisStore::prefix)
+/// (default [`DEFAULT_PREFIX`]), then, in braces, the length of the caller's
+/// scope in decimal bytes, the scope and the Idempotency-Key. The length
+/// comes first so that no (scope, key) pair can be written like another
+/// (`1:a:b:c` is scope `a` with key `b:c`, never scope `a:b`). The braces are
+/// a Redis Cluster *hash tag*: the cluster hashes only what is between them,
+/// so every key made for one record with the same tag lands in one slot, and
+/// each script touches exactly one key (`KEYS[1]`), as a cluster requires.
+/// Records of different keys spread over all slots; a prefix with a `{` of
+/// its own moves the tag, and a prefix with a whole `{..}` puts every
+/// record in that one slot (still correct, no longer spread).
 ///
 /// ```no_run
 /// use resend_server::{IdempotencyLayer, RedisStore};
@@ -99,19 +131,43 @@ return 0
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    client: redis::Client,
-    conn: Arc<OnceCell<ConnectionManager>>,
+    conn: Conn,
     prefix: Arc<str>,
-    scripts: Arc<[Script; 4]>,
-    connect_timeout: Duration,
+    scripts: Arc<Scripts>,
+}
+
+/// The four transitions, each a script on one key.
+struct Scripts {
+    begin: Script,
+    renew: Script,
+    complete: Script,
+    release: Script,
+}
+
+/// How a [`RedisStore`] reaches Redis.
+#[derive(Clone)]
+enum Conn {
+    /// From a URL: a connection manager made on first use.
+    Url {
+        client: redis::Client,
+        manager: Arc<OnceCell<ConnectionManager>>,
+        connect_timeout: Duration,
+    },
+    /// The application's connection manager.
+    Manager(ConnectionManager),
+    /// The application's Redis Cluster connection.
+    Cluster(ClusterConnection),
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("server", &self.client.get_connection_info().addr())
-            .field("prefix", &self.prefix)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("RedisStore");
+        match &self.conn {
+            Conn::Url { client, .. } => d.field("server", &client.get_connection_info().addr()),
+            Conn::Manager(_) => d.field("server", &"the application's connection manager"),
+            Conn::Cluster(_) => d.field("server", &"the application's cluster connection"),
+        };
+        d.field("prefix", &self.prefix).finish_non_exhaustive()
     }
 }
 
@@ -120,63 +176,143 @@ fn redis_error(what: &'static str) -> impl FnOnce(redis::RedisError) -> StoreErr
 }
 
 impl RedisStore {
-    /// A store on the Redis server at `url` (`redis://host:port/db`). Only
-    /// reads the URL: the connection is made on first use.
-    pub fn open(url: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(redis_error("invalid Redis URL"))?;
-        Ok(Self {
-            client,
-            conn: Arc::new(OnceCell::new()),
+    fn with_conn(conn: Conn) -> Self {
+        Self {
+            conn,
             prefix: DEFAULT_PREFIX.into(),
-            scripts: Arc::new([
-                Script::new(BEGIN),
-                Script::new(RENEW),
-                Script::new(COMPLETE),
-                Script::new(RELEASE),
-            ]),
-            connect_timeout: Duration::from_secs(1),
-        })
+            scripts: Arc::new(Scripts {
+                begin: Script::new(BEGIN),
+                renew: Script::new(RENEW),
+                complete: Script::new(COMPLETE),
+                release: Script::new(RELEASE),
+            }),
+        }
     }
 
-    /// Prefixes every key with `prefix`. Default [`DEFAULT_PREFIX`].
+    /// A store on the application's own connection manager: its settings
+    /// (timeouts, reconnection, TLS, credentials) are the application's.
+    /// The manager is shared, not owned: the store uses clones of it.
+    ///
+    /// ```no_run
+    /// use resend_server::{IdempotencyLayer, RedisStore};
+    ///
+    /// # async fn demo() -> Result<(), redis::RedisError> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let manager = client.get_connection_manager().await?;
+    /// let layer = IdempotencyLayer::new(RedisStore::new(manager.clone()));
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn new(manager: ConnectionManager) -> Self {
+        Self::with_conn(Conn::Manager(manager))
+    }
+
+    /// A store on the application's Redis Cluster connection: each call
+    /// goes to the node that holds the record's slot (see the type's docs
+    /// on keys), redirections and failovers handled by the connection.
+    ///
+    /// ```no_run
+    /// use redis::cluster::ClusterClient;
+    /// use resend_server::{IdempotencyLayer, RedisStore};
+    ///
+    /// # async fn demo() -> Result<(), redis::RedisError> {
+    /// let nodes = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
+    /// let conn = ClusterClient::new(nodes)?.get_async_connection().await?;
+    /// let layer = IdempotencyLayer::new(RedisStore::cluster(conn));
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn cluster(conn: ClusterConnection) -> Self {
+        Self::with_conn(Conn::Cluster(conn))
+    }
+
+    /// A store on the Redis server at `url` (`redis://host:port/db`), on a
+    /// connection manager of its own. Only reads the URL: the connection is
+    /// made on first use (within [`connect_timeout`](Self::connect_timeout)),
+    /// and remade after a failure.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(redis_error("invalid Redis URL"))?;
+        Ok(Self::with_conn(Conn::Url {
+            client,
+            manager: Arc::new(OnceCell::new()),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }))
+    }
+
+    /// Prefixes every key with `prefix`. Default [`DEFAULT_PREFIX`]. The
+    /// prefix stays outside the hash tag; keep `{` and `}` out of it (see
+    /// the type's docs on keys).
     #[must_use]
     pub fn prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
-    /// How long making a connection may take. Default 1 s.
+    /// How long making the store's own connection may take. Default 1 s.
+    ///
+    /// Only for a store made by [`open`](Self::open): one on the
+    /// application's connection ([`new`](Self::new),
+    /// [`cluster`](Self::cluster)) keeps that connection's settings, and
+    /// this does nothing to it.
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        if let Conn::Url {
+            connect_timeout, ..
+        } = &mut self.conn
+        {
+            *connect_timeout = timeout;
+        }
         self
     }
 
-    async fn conn(&self) -> Result<ConnectionManager, StoreError> {
-        let conn = self
-            .conn
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_number_of_retries(1);
-                self.client
-                    .get_connection_manager_with_config(config)
-                    .await
-                    .map_err(redis_error("cannot connect to Redis"))
-            })
-            .await?;
-        Ok(conn.clone())
+    /// Runs one script call on whichever connection the store has.
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        call: &ScriptInvocation<'_>,
+        what: &'static str,
+    ) -> Result<T, StoreError> {
+        let result = match &self.conn {
+            Conn::Url {
+                client,
+                manager,
+                connect_timeout,
+            } => {
+                let manager = manager
+                    .get_or_try_init(|| async {
+                        let config = ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(*connect_timeout))
+                            .set_number_of_retries(1);
+                        client
+                            .get_connection_manager_with_config(config)
+                            .await
+                            .map_err(redis_error("cannot connect to Redis"))
+                    })
+                    .await?;
+                call.invoke_async(&mut manager.clone()).await
+            }
+            Conn::Manager(manager) => call.invoke_async(&mut manager.clone()).await,
+            Conn::Cluster(conn) => call.invoke_async(&mut conn.clone()).await,
+        };
+        result.map_err(redis_error(what))
     }
 
+    /// The record's Redis key: `<prefix>{<scope length>:<scope>:<key>}`.
     fn redis_key(&self, key: &RecordKey<'_>) -> Vec<u8> {
-        let mut k = Vec::with_capacity(self.prefix.len() + key.scope.len() + key.key.len() + 12);
+        let len = key.scope.len().to_string();
+        let mut k =
+            Vec::with_capacity(self.prefix.len() + len.len() + key.scope.len() + key.key.len() + 4);
         k.extend_from_slice(self.prefix.as_bytes());
+        // The hash tag: all of the record's keys in one cluster slot.
+        k.push(b'{');
         // The scope's length first, so no scope and key can pass for another.
-        k.extend_from_slice(key.scope.len().to_string().as_bytes());
+        k.extend_from_slice(len.as_bytes());
         k.push(b':');
         k.extend_from_slice(key.scope.as_bytes());
         k.push(b':');
         k.extend_from_slice(key.key.as_bytes());
+        k.push(b'}');
         k
     }
 }
