@@ -9,6 +9,7 @@
 #![cfg(all(feature = "postgres", feature = "axum"))]
 #![allow(clippy::print_stderr, clippy::print_stdout)]
 
+mod common;
 #[path = "support/pg.rs"]
 mod pg;
 
@@ -474,4 +475,92 @@ async fn a_server_killed_after_its_effect_leaves_nothing() {
     tokio::time::timeout(Duration::from_secs(20), scenario)
         .await
         .expect("bounded");
+}
+
+// ---- the rules every backend keeps ----
+
+/// The transactional backend, on the test table; `None` (skip) without
+/// PostgreSQL.
+async fn backend() -> Option<resend_server::PostgresTransactional> {
+    let pool = pool().await?;
+    Some(
+        PostgresStore::with_table(pool, TABLE)
+            .unwrap()
+            .transactional(),
+    )
+}
+
+// The rules of the shared suite that hold as they are in transactional mode
+// (the handler here ignores its transaction: the layer commits the record
+// alone). Those it changes are tested above: while the first request runs,
+// a duplicate waits on its uncommitted row, so it cannot see a fingerprint
+// (409 rather than 422); a failed handler's work is rolled back, so its key
+// runs again.
+store_rules!(@each (flavor = "multi_thread", worker_threads = 2) backend();
+    key_syntax required_key replay fingerprint_mismatch
+    a_caller_that_goes_away_does_not_cancel_the_work callers_never_see_each_others_responses
+    safe_methods_pass_through body_caps fifty_at_once);
+
+/// A keyed handler rolled back and run again sends the same derived keys
+/// downstream: the work outside the transaction (an outbound call) is
+/// deduplicated by the upstream, as the rolled-back writes are undone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_run_sends_the_same_outbound_keys_again() {
+    use tower::Layer;
+    let Some(pool) = pool().await else { return };
+    let sent: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let upstream = {
+        let sent = sent.clone();
+        resend::IdempotencyKeyLayer::new()
+            .upstream("payments")
+            .layer(tower::service_fn(move |req: Request<()>| {
+                let sent = sent.clone();
+                async move {
+                    let key = req.headers()["idempotency-key"]
+                        .to_str()
+                        .unwrap()
+                        .to_owned();
+                    sent.lock().unwrap().push(key);
+                    Ok::<_, std::convert::Infallible>(())
+                }
+            }))
+    };
+    let handler = move |mut tx: IdempotentTx| {
+        let upstream = upstream.clone();
+        async move {
+            sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+            upstream
+                .oneshot(Request::post("http://payments/charges").body(()).unwrap())
+                .await
+                .unwrap();
+            // Nothing of ours is kept: the transaction rolls back.
+            let mut r = (StatusCode::SERVICE_UNAVAILABLE, "later").into_response();
+            r.extensions_mut().insert(NothingDone);
+            r
+        }
+    };
+    let backend = PostgresStore::with_table(pool, TABLE)
+        .unwrap()
+        .transactional();
+    let app = Router::new()
+        .route("/charges", post(handler))
+        .layer(IdempotencyLayer::new(backend));
+    let key = unique("k");
+    for _ in 0..2 {
+        let r = app
+            .clone()
+            .oneshot(req(Some(&key), "op=x", "a"))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let other = app
+        .oneshot(req(Some(&unique("k")), "op=x", "a"))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[0], sent[1], "the re-run sends the same key");
+    assert_ne!(sent[0], sent[2], "another operation, another key");
 }

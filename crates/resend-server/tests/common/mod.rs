@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
+use resend_server::idempotency::Backend;
 use resend_server::store::{
     Begin, Claim, Fingerprint, LeaseState, LeaseToken, RecordKey, StoreError, StoredResponse, Ttl,
 };
@@ -161,7 +162,7 @@ impl Handler {
     }
 }
 
-pub fn layer<St: Store>(store: St) -> IdempotencyLayer<St> {
+pub fn layer<St: Backend>(store: St) -> IdempotencyLayer<St> {
     IdempotencyLayer::new(store)
 }
 
@@ -217,7 +218,7 @@ pub async fn text(resp: Resp) -> String {
     .unwrap()
 }
 
-pub fn svc<St: Store>(
+pub fn svc<St: Backend>(
     h: &Handler,
     layer: IdempotencyLayer<St>,
 ) -> Idempotency<
@@ -236,7 +237,7 @@ pub fn svc<St: Store>(
 
 // ---- the rules ----
 
-pub async fn key_syntax<St: Store>(store: St) {
+pub async fn key_syntax<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store));
     let long = format!("{}{}", unique("k"), "x".repeat(255));
@@ -275,7 +276,7 @@ pub async fn key_syntax<St: Store>(store: St) {
     assert_eq!(h.runs(), 2);
 }
 
-pub async fn required_key<St: Store>(store: St) {
+pub async fn required_key<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(
         &h,
@@ -299,7 +300,7 @@ pub async fn required_key<St: Store>(store: St) {
     assert_eq!(h.runs(), 2);
 }
 
-pub async fn replay<St: Store>(store: St) {
+pub async fn replay<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store));
     let key = unique("replay");
@@ -373,7 +374,7 @@ pub async fn in_progress_conflict<St: Store>(store: St) {
     assert_eq!(h.runs(), 1);
 }
 
-pub async fn fingerprint_mismatch<St: Store>(store: St) {
+pub async fn fingerprint_mismatch<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store));
     let key = unique("fp");
@@ -511,7 +512,7 @@ pub async fn what_is_kept<St: Store>(store: St) {
 /// A caller that goes away (its connection dropped, its attempt timed out)
 /// does not cancel the work: the handler runs to its end, the retry gets
 /// 409 while it runs and the stored response after.
-pub async fn a_caller_that_goes_away_does_not_cancel_the_work<St: Store>(store: St) {
+pub async fn a_caller_that_goes_away_does_not_cancel_the_work<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store));
     let key = unique("gone");
@@ -569,7 +570,7 @@ pub async fn a_slow_handler_keeps_its_lease<St: Store>(
 /// API key, none): the second, sending the first's key and body, is never
 /// replayed the first's response; `Set-Cookie` is never replayed, even to
 /// its own caller.
-pub async fn callers_never_see_each_others_responses<St: Store>(store: St) {
+pub async fn callers_never_see_each_others_responses<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store.clone()));
     let callers: [(&str, &str); 8] = [
@@ -880,7 +881,7 @@ pub async fn fingerprint_of(req: &Request<Full<Bytes>>) -> Fingerprint {
     fp
 }
 
-pub async fn records_expire<St: Store>(store: St, ttl: Duration) {
+pub async fn records_expire<St: Backend>(store: St, ttl: Duration) {
     let h = Handler::default();
     let s = svc(&h, layer(store).record_ttl(ttl));
     let key = unique("expire");
@@ -899,7 +900,7 @@ pub async fn records_expire<St: Store>(store: St, ttl: Duration) {
     );
 }
 
-pub async fn safe_methods_pass_through<St: Store>(store: St) {
+pub async fn safe_methods_pass_through<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store));
     let key = unique("get");
@@ -923,7 +924,7 @@ pub async fn safe_methods_pass_through<St: Store>(store: St) {
     assert_eq!(h.runs(), 8);
 }
 
-pub async fn body_caps<St: Store>(store: St) {
+pub async fn body_caps<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store).request_cap(8).response_cap(10));
     let key = unique("big");
@@ -957,7 +958,7 @@ pub async fn body_caps<St: Store>(store: St) {
 
 /// 50 requests at once with one key: the handler runs once; every other
 /// caller gets 409 or the replay.
-pub async fn fifty_at_once<St: Store>(store: St) {
+pub async fn fifty_at_once<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store));
     let key = unique("fifty");
@@ -991,7 +992,7 @@ pub async fn fifty_at_once<St: Store>(store: St) {
 }
 
 /// A store that cannot be reached: 503, nothing runs.
-pub async fn store_down<St: Store>(store: St) {
+pub async fn store_down<St: Backend>(store: St) {
     let h = Handler::default();
     let s = svc(&h, layer(store).store_timeout(Duration::from_secs(2)));
     let r = call(&s, post(&unique("down"), "a")).await.unwrap();
