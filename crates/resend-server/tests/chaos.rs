@@ -10,13 +10,17 @@
 //! cuts connections while the handler runs. Every order must be charged
 //! exactly once, every 2xx must carry the first run's answer, clear errors
 //! must be rare, and the run must end in bounded time — on the memory store,
-//! on Redis and on PostgreSQL. Real clock (the stores are real servers),
-//! loopback only.
+//! on Redis, on a three-node Redis Cluster the test starts on loopback
+//! (`support/redis_cluster.rs`) and on PostgreSQL. Real clock (the stores
+//! are real servers), loopback only.
 #![allow(clippy::print_stderr)]
 
 #[cfg(feature = "postgres")]
 #[path = "support/pg.rs"]
 mod pg;
+#[cfg(feature = "redis")]
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -494,6 +498,30 @@ async fn redis_store_one_effect_per_key_under_chaos() {
         .unwrap()
         .prefix(format!("resend-test:{}:", unique("chaos")));
     run("redis", store).await;
+}
+
+/// The same run on a three-node Redis Cluster started by this binary: the
+/// records of the 1000 keys spread over the three nodes' slots.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_store_one_effect_per_key_under_chaos() {
+    let Some(cluster) = redis_cluster::cluster() else {
+        return;
+    };
+    let prefix = format!("resend-test:{}:", unique("chaos-cluster"));
+    let store = resend_server::RedisStore::cluster(cluster.connection().await).prefix(&*prefix);
+    run("redis-cluster", store).await;
+    let on_node: Vec<usize> = cluster
+        .ports()
+        .into_iter()
+        .map(|port| cluster.keys_on(port, &prefix).len())
+        .collect();
+    eprintln!("chaos[redis-cluster]: records by node {on_node:?}");
+    assert!(
+        on_node.iter().all(|&n| n > 0),
+        "records by node {on_node:?}"
+    );
+    assert_eq!(on_node.iter().sum::<usize>(), CALLS, "one record per key");
 }
 
 #[cfg(feature = "postgres")]

@@ -1,7 +1,10 @@
 //! Every rule of the idempotency layer on the real Redis of this machine
-//! (`RESEND_REDIS_URL`, default `redis://127.0.0.1:6379`). Each test uses
-//! its own key prefix. Without Redis: skipped with a warning, or failed
-//! when `CI` is set.
+//! (`RESEND_REDIS_URL`, default `redis://127.0.0.1:6379`), twice: on a store
+//! opened from the URL (its own connection manager), and, in
+//! `on_the_applications_manager`, on the application's own
+//! `ConnectionManager` (`RedisStore::new`). Each test uses its own key
+//! prefix. Without Redis: skipped with a warning, or failed when `CI` is
+//! set.
 #![cfg(feature = "redis")]
 #![allow(clippy::print_stderr)]
 
@@ -15,10 +18,11 @@ fn url() -> String {
     std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
-async fn store() -> Option<RedisStore> {
-    let url = url();
+/// Whether Redis answers at `url`: `false` with a warning, or a panic when
+/// `CI` is set.
+async fn reachable(url: &str) -> bool {
     let reachable = async {
-        let client = redis::Client::open(url.as_str()).ok()?;
+        let client = redis::Client::open(url).ok()?;
         let mut conn = client.get_multiplexed_async_connection().await.ok()?;
         redis::cmd("PING")
             .query_async::<String>(&mut conn)
@@ -26,21 +30,63 @@ async fn store() -> Option<RedisStore> {
             .ok()
     };
     match tokio::time::timeout(Duration::from_secs(3), reachable).await {
-        Ok(Some(_)) => {}
+        Ok(Some(_)) => true,
         _ if common::in_ci() => panic!("Redis at {url} is unreachable, and CI is set"),
         _ => {
             eprintln!("WARNING: Redis at {url} is unreachable: test SKIPPED");
-            return None;
+            false
         }
     }
-    Some(
-        RedisStore::open(&url)
-            .unwrap()
-            .prefix(format!("resend-test:{}:", common::unique("redis"))),
-    )
+}
+
+fn prefix() -> String {
+    format!("resend-test:{}:", common::unique("redis"))
+}
+
+/// A store opened from the URL, on a connection manager of its own.
+async fn store() -> Option<RedisStore> {
+    let url = url();
+    if !reachable(&url).await {
+        return None;
+    }
+    Some(RedisStore::open(&url).unwrap().prefix(prefix()))
+}
+
+/// A store on a connection manager the test (the application) made.
+async fn store_on_manager() -> Option<RedisStore> {
+    let url = url();
+    if !reachable(&url).await {
+        return None;
+    }
+    let manager = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    Some(RedisStore::new(manager).prefix(prefix()))
 }
 
 store_rules!((flavor = "multi_thread", worker_threads = 2), store());
+
+/// The same rules on the application's own `ConnectionManager`.
+mod on_the_applications_manager {
+    use std::time::Duration;
+
+    use super::{common, store_on_manager};
+    use crate::store_rules;
+
+    store_rules!(
+        (flavor = "multi_thread", worker_threads = 2),
+        store_on_manager()
+    );
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stale_lease_is_taken_over_after_it_expires() {
+        if let Some(s) = store_on_manager().await {
+            common::stale_lease_taken_over(s, Duration::from_millis(300)).await;
+        }
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_lease_is_taken_over_after_it_expires() {

@@ -8,7 +8,9 @@
 //! - [`MemoryStore`]: in this process, the embedded default; records expire,
 //!   and its memory is bounded.
 //! - `RedisStore` (feature `redis`): a lease by `SET NX PX`, the result with
-//!   a TTL, compare-and-set steps in Lua.
+//!   a TTL, compare-and-set steps in Lua; on the application's
+//!   `ConnectionManager`, on Redis Cluster (each record's key hash-tagged
+//!   into one slot), or from a URL.
 //! - `PostgresStore` (feature `postgres`): one table with a primary key on
 //!   (scope, key); `INSERT ... ON CONFLICT` decides who runs. On the
 //!   application's sqlx pool; its transactional mode,

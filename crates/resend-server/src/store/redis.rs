@@ -117,9 +117,14 @@ return 0
 /// a Redis Cluster *hash tag*: the cluster hashes only what is between them,
 /// so every key made for one record with the same tag lands in one slot, and
 /// each script touches exactly one key (`KEYS[1]`), as a cluster requires.
-/// Records of different keys spread over all slots; a prefix with a `{` of
-/// its own moves the tag, and a prefix with a whole `{..}` puts every
-/// record in that one slot (still correct, no longer spread).
+/// Records of different keys spread over all slots.
+///
+/// Redis takes the tag from the first `{` to the next `}`, so the
+/// characters around it only change how records spread, never whether a
+/// record stays whole: a `}` in the scope or the Idempotency-Key ends the
+/// tag early (records that agree up to it share a slot); a prefix with a `{`
+/// of its own moves the tag into the prefix, and one with a whole `{..}` puts
+/// every record in that one slot. Keep braces out of the prefix.
 ///
 /// ```no_run
 /// use resend_server::{IdempotencyLayer, RedisStore};
@@ -365,17 +370,12 @@ impl Store for RedisStore {
         let rkey = self.redis_key(&claim.key);
         let lease = record(b'L', claim.fingerprint, &claim.token.to_hex());
         async move {
-            let mut conn = self.conn().await?;
+            let mut call = self.scripts.begin.key(rkey);
+            call.arg(lease).arg(millis(ttl.lease));
             // A record that expires between the SET and the GET reads as
             // nil: try again (a few times at most).
             for _ in 0..3 {
-                let v: Value = self.scripts[0]
-                    .key(&rkey)
-                    .arg(&lease)
-                    .arg(millis(ttl.lease))
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(redis_error("Redis lease failed"))?;
+                let v: Value = self.invoke(&call, "Redis lease failed").await?;
                 match v {
                     Value::Int(1) => return Ok(Begin::Acquired),
                     Value::BulkString(bytes) => return parse(&bytes),
@@ -396,16 +396,9 @@ impl Store for RedisStore {
         let token = claim.token.to_hex();
         let lease = record(b'L', claim.fingerprint, &token);
         async move {
-            let mut conn = self.conn().await?;
-            let v: i64 = self.scripts[1]
-                .key(&rkey)
-                .arg(&token[..])
-                .arg(millis(ttl.lease))
-                .arg(lease)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(redis_error("Redis lease renewal failed"))?;
-            lease_state(v)
+            let mut call = self.scripts.renew.key(rkey);
+            call.arg(&token[..]).arg(millis(ttl.lease)).arg(lease);
+            lease_state(self.invoke(&call, "Redis lease renewal failed").await?)
         }
     }
 
@@ -420,17 +413,15 @@ impl Store for RedisStore {
         let fingerprint = claim.fingerprint;
         let response = response.encode();
         async move {
-            let mut conn = self.conn().await?;
-            let v: i64 = self.scripts[2]
-                .key(&rkey)
-                .arg(&token[..])
+            let mut call = self.scripts.complete.key(rkey);
+            call.arg(&token[..])
                 .arg(response)
                 .arg(millis(ttl.record))
-                .arg(&fingerprint.0[..])
-                .invoke_async(&mut conn)
-                .await
-                .map_err(redis_error("Redis store of the response failed"))?;
-            lease_state(v)
+                .arg(&fingerprint.0[..]);
+            lease_state(
+                self.invoke(&call, "Redis store of the response failed")
+                    .await?,
+            )
         }
     }
 
@@ -438,14 +429,34 @@ impl Store for RedisStore {
         let rkey = self.redis_key(&claim.key);
         let token = claim.token.to_hex();
         async move {
-            let mut conn = self.conn().await?;
-            let _: i64 = self.scripts[3]
-                .key(&rkey)
-                .arg(&token[..])
-                .invoke_async(&mut conn)
-                .await
-                .map_err(redis_error("Redis release failed"))?;
+            let mut call = self.scripts.release.key(rkey);
+            call.arg(&token[..]);
+            let _: i64 = self.invoke(&call, "Redis release failed").await?;
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(store: &RedisStore, scope: &str, key: &str) -> String {
+        String::from_utf8(store.redis_key(&RecordKey { scope, key })).unwrap()
+    }
+
+    #[test]
+    fn a_record_key_is_its_prefix_and_a_hash_tag() {
+        let store = RedisStore::open("redis://127.0.0.1:1").unwrap();
+        assert_eq!(
+            key_of(&store, "tenant", "order-1"),
+            "resend:idempotency:{6:tenant:order-1}"
+        );
+        let store = store.prefix("p:");
+        assert_eq!(key_of(&store, "", "k"), "p:{0::k}");
+        // The scope's length keeps pairs apart that would read alike.
+        assert_ne!(key_of(&store, "a", "b:c"), key_of(&store, "a:b", "c"));
+        assert_eq!(key_of(&store, "a", "b:c"), "p:{1:a:b:c}");
+        assert_eq!(key_of(&store, "a:b", "c"), "p:{3:a:b:c}");
     }
 }
