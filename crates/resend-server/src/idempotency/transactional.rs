@@ -459,7 +459,6 @@ where
         scope: &keyed.scope,
         key,
         token: &token,
-        fingerprint,
     };
     // The handler's outbound calls derive their keys from this one, and
     // keep the inbound deadline, wherever the work goes on.
@@ -542,7 +541,6 @@ struct Record<'a> {
     key: &'a str,
     /// The token the claim was written with: the record's write checks it.
     token: &'a str,
-    fingerprint: crate::store::Fingerprint,
 }
 
 /// What the end of a request under a transaction needs.
@@ -718,16 +716,18 @@ impl Run<'_> {
             };
             let written = self
                 .backend
-                .query(&self.backend.sql.complete)
+                .query(&self.backend.sql.record)
                 .bind(record.scope)
                 .bind(record.key)
-                .bind(&record.fingerprint.0[..])
                 .bind(record.token)
-                .bind(millis(self.config.ttl.record))
                 .bind(done.encode())
                 .execute(&mut *tx)
                 .await
-                .map_err(pg_error("storing the response failed"));
+                .map_err(pg_error("storing the response failed"))
+                .and_then(|done| match done.rows_affected() {
+                    1 => Ok(()),
+                    _ => Err(StoreError::new("the claimed row is gone")),
+                });
             if let Err(e) = written {
                 let _ = tx.rollback().await;
                 return Err(e);

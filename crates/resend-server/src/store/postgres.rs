@@ -59,6 +59,11 @@ pub(crate) struct Sql {
     renew: String,
     pub(crate) complete: String,
     release: String,
+    /// The transactional mode's record: the claimed row, made final in
+    /// the same transaction. Its indexed columns (the key, `expires_at`,
+    /// set at the claim) do not change, so PostgreSQL can update it in
+    /// place (a HOT update, no new index entries).
+    pub(crate) record: String,
 }
 
 impl Sql {
@@ -100,6 +105,10 @@ impl Sql {
             ),
             release: format!(
                 "DELETE FROM {t} WHERE scope = $1 AND key = $2 AND token = $3 AND NOT done"
+            ),
+            record: format!(
+                "UPDATE {t} SET done = true, response = $4
+                 WHERE scope = $1 AND key = $2 AND token = $3"
             ),
         }
     }
@@ -146,6 +155,9 @@ fn index_name(table: &str) -> (String, String) {
 
 /// The table's definition and its purge index, for `table`: two
 /// statements, each `IF NOT EXISTS`, so it can run any number of times.
+/// Pages are left a fifth empty (`fillfactor`), so that a lease made final
+/// (in either mode) is rewritten in place, a HOT update without new index
+/// entries.
 pub(crate) fn migration_sql(table: &str) -> String {
     let (index, _) = index_name(table);
     format!(
@@ -158,7 +170,7 @@ pub(crate) fn migration_sql(table: &str) -> String {
     expires_at timestamptz NOT NULL,
     response bytea,
     PRIMARY KEY (scope, key)
-);
+) WITH (fillfactor = 80);
 CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
 "
     )
