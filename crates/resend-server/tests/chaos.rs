@@ -538,3 +538,202 @@ async fn postgres_store_one_effect_per_key_under_chaos() {
         other => eprintln!("WARNING: PostgreSQL at {url} is unusable ({other:?}): test SKIPPED"),
     }
 }
+
+/// The transactional mode under the same chaos: the handler charges the
+/// order by a row written in the transaction the layer lends it (with the
+/// run's id), then works while holding it; the record commits with the row.
+/// A run rolled back leaves no row, so "charged once" is counted in the
+/// database: exactly one committed row per order, and every 2xx carries the
+/// id of that row's run.
+#[cfg(all(feature = "postgres", feature = "axum"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_transactional_one_effect_per_key_under_chaos() {
+    use resend_server::IdempotentTx;
+
+    const EFFECTS: &str = "resend_chaos_tx_effects";
+    let url = pg::url();
+    let pool = pg::pool(&url, 40);
+    let backend = resend_server::PostgresStore::with_table(pool.clone(), "resend_idempotency_test")
+        .unwrap()
+        .transactional();
+    let ready = async {
+        backend.migrate().await?;
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {EFFECTS} (run text PRIMARY KEY, test text NOT NULL, ord text NOT NULL)"
+        ))
+        .execute(&pool)
+        .await
+        .map_err(|e| StoreError::with_source("effects table", e))
+    };
+    match tokio::time::timeout(Duration::from_secs(5), ready).await {
+        Ok(Ok(_)) => {}
+        other if in_ci() => panic!("PostgreSQL at {url}: {other:?}, and CI is set"),
+        other => {
+            eprintln!("WARNING: PostgreSQL at {url} is unusable ({other:?}): test SKIPPED");
+            return;
+        }
+    }
+    let started = Instant::now();
+    let test = unique("tx");
+    let working = Arc::new(AtomicUsize::new(0));
+    let charge = {
+        let (test, working) = (test.clone(), working.clone());
+        move |mut tx: IdempotentTx, body: Bytes| {
+            let (test, working) = (test.clone(), working.clone());
+            async move {
+                let _working = Working::new(&working);
+                let order = String::from_utf8_lossy(&body).into_owned();
+                let run = uuid::Uuid::new_v4().simple().to_string();
+                let charged = sqlx::query(&format!(
+                    "INSERT INTO {EFFECTS} (run, test, ord) VALUES ($1, $2, $3)"
+                ))
+                .bind(&run)
+                .bind(&test)
+                .bind(&order)
+                .execute(&mut *tx)
+                .await;
+                if let Err(e) = charged {
+                    return Err((http::StatusCode::SERVICE_UNAVAILABLE, e.to_string()));
+                }
+                tokio::time::sleep(work_for(&order)).await;
+                Ok(format!("charged {order} run {run}"))
+            }
+        }
+    };
+    let layer = IdempotencyLayer::new(backend)
+        .scope_with({
+            let scope = unique("chaos");
+            move |_| scope.clone()
+        })
+        .retry_after(Duration::from_secs(1))
+        .store_timeout(Duration::from_secs(2));
+    let stats = layer.stats();
+    let app = Router::new().route("/charges", post(charge)).layer(layer);
+    let server = serve(app).await;
+    let plan = Arc::new(Plan::default());
+    let proxy = FaultProxy::start(server, {
+        let plan = plan.clone();
+        move |index| plan.fault(index)
+    })
+    .await
+    .unwrap();
+    let addr = proxy.addr();
+    let client = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(25)).upstream("payments"))
+        .layer(IdempotencyKeyLayer::new())
+        .layer(
+            RetryLayer::new()
+                .no_budget()
+                .seed(7)
+                .max_attempts(12)
+                .backoff(
+                    Backoff::new(Duration::from_millis(5), 2.0, Duration::from_millis(100))
+                        .unwrap(),
+                ),
+        )
+        .layer(AttemptTimeoutLayer::new(ATTEMPT_TIMEOUT))
+        .service(resend::hyper_client::<ReplayBody<Full<Bytes>>>(
+            Duration::from_secs(1),
+        ));
+    let limit = Arc::new(Semaphore::new(CONCURRENCY));
+    let calls = async {
+        let mut tasks = Vec::with_capacity(CALLS);
+        for i in 0..CALLS {
+            let (client, limit) = (client.clone(), limit.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = limit.acquire_owned().await.unwrap();
+                let req = Request::post(format!("http://{addr}/charges"))
+                    .body(Full::new(Bytes::from(format!("order-{i}"))))
+                    .unwrap();
+                match client.oneshot(req).await {
+                    Ok(resp) if resp.status().is_success() => {
+                        let replayed = resp.headers().contains_key("idempotent-replayed");
+                        match resp.into_body().collect().await {
+                            Ok(body) => Outcome::Success {
+                                body: body.to_bytes(),
+                                replayed,
+                                attempts: 0,
+                            },
+                            Err(e) => Outcome::Error(Error::from_box(e)),
+                        }
+                    }
+                    Ok(resp) => Outcome::Status(resp.status()),
+                    Err(e) => Outcome::Error(Error::from_box(e)),
+                }
+            }));
+        }
+        let mut outcomes = Vec::with_capacity(CALLS);
+        for t in tasks {
+            outcomes.push(t.await.unwrap());
+        }
+        while working.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        outcomes
+    };
+    let outcomes = tokio::time::timeout(RUN_BOUND, calls)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "postgres-tx: {CALLS} calls did not end within {RUN_BOUND:?}; {}",
+                plan.summary()
+            )
+        });
+    let elapsed = started.elapsed();
+    // What committed: one row per order, at most.
+    let rows: Vec<(String, String)> =
+        sqlx::query_as(&format!("SELECT ord, run FROM {EFFECTS} WHERE test = $1"))
+            .bind(&test)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let mut committed: HashMap<String, Vec<String>> = HashMap::new();
+    for (ord, run) in rows {
+        committed.entry(ord).or_default().push(run);
+    }
+    let twice: Vec<_> = committed.iter().filter(|(_, r)| r.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "postgres-tx: orders committed twice: {twice:?}"
+    );
+    let (mut ok, mut replays, mut failed) = (0, 0, Vec::new());
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let order = format!("order-{i}");
+        match outcome {
+            Outcome::Success { body, replayed, .. } => {
+                ok += 1;
+                replays += usize::from(*replayed);
+                let runs = committed.get(&order).map(Vec::as_slice).unwrap_or(&[]);
+                assert_eq!(
+                    runs.len(),
+                    1,
+                    "postgres-tx: {order} ended 2xx, so it committed once"
+                );
+                assert_eq!(
+                    body,
+                    &format!("charged {order} run {}", runs[0]),
+                    "postgres-tx: {order}: a 2xx carries the committed run's answer"
+                );
+            }
+            Outcome::Status(s) => failed.push((order, s.to_string())),
+            Outcome::Error(e) => failed.push((order, e.to_string())),
+        }
+    }
+    eprintln!(
+        "chaos[postgres-tx]: {CALLS} calls in {elapsed:.1?}: {} orders committed, 0 twice; {ok} 2xx ({replays} replays); \
+         {} without a 2xx {:?}; {} faults ({}); {stats:?}",
+        committed.len(),
+        failed.len(),
+        failed.first(),
+        plan.faults(),
+        plan.summary(),
+    );
+    assert!(
+        failed.len() <= CALLS / 100,
+        "postgres-tx: too many calls ended without a 2xx: {failed:?}"
+    );
+    assert!(
+        plan.faults() > 0,
+        "postgres-tx: the proxy injected no fault"
+    );
+}
