@@ -188,13 +188,27 @@ async fn the_record_commits_with_the_work() {
     let other = app(&pool).oneshot(req(Some(&key), &q, "b")).await.unwrap();
     assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(effects(&pool, &op).await, 1);
-    // The record is in the table, done, with the response.
-    let done: bool = sqlx::query_scalar(&format!("SELECT done FROM {TABLE} WHERE key = $1"))
-        .bind(&key)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    // The record is in the table, done, with the response — written by the
+    // very transaction that wrote the effect (the same xmin): no commit of
+    // its own.
+    let (done, record_xid): (bool, String) = sqlx::query_as(&format!(
+        "SELECT done, xmin::text FROM {TABLE} WHERE key = $1"
+    ))
+    .bind(&key)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert!(done);
+    let effect_xid: String =
+        sqlx::query_scalar("SELECT xmin::text FROM resend_tx_effects WHERE op = $1")
+            .bind(&op)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        record_xid, effect_xid,
+        "the record and the work share one transaction"
+    );
 }
 
 /// What is kept: a final response commits with its work (5xx included);
