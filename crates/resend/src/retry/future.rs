@@ -14,14 +14,14 @@ use tower_service::Service;
 use super::head::Head;
 use super::layer::{Shared, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use super::policy::Decision;
-use super::{Attempt, Attempts, ReplayBody, Stop};
+use super::{Attempt, Attempts, ReplayBody, RetryBudget, Stop, Token};
 use crate::classify::{Class, Classification, Classify};
 use crate::deadline::{context, Deadline};
 use crate::error::{BoxError, Error, ErrorKind, Phase};
 
 pin_project! {
     /// Response future of [`Retry`](super::Retry).
-    pub struct ResponseFuture<F, S, B, C> {
+    pub struct ResponseFuture<F: Future, S, B, C> {
         #[pin]
         state: State<F>,
         // `None`: an outer retry layer is in charge; the call passes through.
@@ -34,14 +34,33 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F: Future> {
         Calling { #[pin] future: F },
         // Boxed: a wait is the rare path, and an inline `Sleep` would make
         // every call's future larger than its attempt needs.
         Waiting { sleep: Pin<Box<Sleep>> },
+        // No budget token: waiting for one (given back by a retry that
+        // succeeded, or the floor's refill) until `until`, holding the last
+        // attempt's result to return if none comes.
+        Throttled { throttle: Box<Throttle<F::Output>> },
         Readying,
         Done,
     }
+}
+
+/// A retry waiting for a budget token.
+struct Throttle<R> {
+    /// The last attempt's answer, to return if no token comes: a response
+    /// (in `ok`) or an error.
+    ok: Option<R>,
+    error: Option<BoxError>,
+    /// When the wait gives up: the longest budget wait, or the deadline less
+    /// a useful attempt.
+    stop_at: Instant,
+    /// The earliest the retry may go out (its backoff).
+    not_before: Instant,
+    returned: Pin<Box<tokio::sync::futures::OwnedNotified>>,
+    recheck: Pin<Box<Sleep>>,
 }
 
 /// Everything a call needs to try again.
@@ -60,6 +79,12 @@ pub(crate) struct Retrying<S, B, C> {
     start: Instant,
     attempt_start: Instant,
     waited: Duration,
+    /// When the last attempt ended (its wait is counted from then).
+    decided_at: Instant,
+    /// The next attempt holds a budget token: one it gives back if it
+    /// succeeds (and, if the floor paid for it, pauses the floor if it
+    /// fails).
+    token: Option<Token>,
     history: Attempts,
     rng: Option<fastrand::Rng>,
     span: tracing::Span,
@@ -100,6 +125,8 @@ impl<S, B, C> Retrying<S, B, C> {
             start: now,
             attempt_start: now,
             waited: Duration::ZERO,
+            decided_at: now,
+            token: None,
             history: Attempts::new(),
             rng: None,
             span,
@@ -165,7 +192,7 @@ impl<S, B, C> Retrying<S, B, C> {
     }
 }
 
-impl<F, S, B, C> ResponseFuture<F, S, B, C> {
+impl<F: Future, S, B, C> ResponseFuture<F, S, B, C> {
     pub(crate) fn passthrough(future: F) -> Self {
         Self {
             state: State::Calling { future },
@@ -237,11 +264,20 @@ where
                             policy.decide(&c, replay_safe, made, r.rng(), remaining)
                         }
                     };
+                    // A retry that succeeded gives its budget token back:
+                    // as the upstream recovers, tokens return as fast as
+                    // it answers.
+                    if let (Some(token), Some(budget)) = (r.token.take(), &r.shared.budget) {
+                        match c.class() {
+                            Class::Success => budget.give_back(),
+                            // A probe of a failing upstream failed.
+                            _ if token == Token::Floor => budget.floor_failed(),
+                            _ => budget.failed(),
+                        }
+                    }
                     let decision = match decision {
                         Decision::Retry { wait } => {
-                            let budget_ok = r.shared.budget.as_ref().is_none_or(|b| b.withdraw());
                             match r.body.as_ref().map(ReplayBody::try_clone) {
-                                _ if !budget_ok => Decision::Stop(Stop::Budget),
                                 Some(Some(body)) => {
                                     r.next_body = Some(body);
                                     Decision::Retry { wait }
@@ -250,6 +286,19 @@ where
                             }
                         }
                         stop => stop,
+                    };
+                    // A request that was not sent costs the upstream
+                    // nothing: its retry spends no token (gRPC's
+                    // transparent retries); it is still bounded by the
+                    // attempts and the backoff.
+                    let token = match decision {
+                        Decision::Retry { .. } if c.class() != Class::NotSent => {
+                            match &r.shared.budget {
+                                Some(budget) => Some(budget.withdraw()),
+                                None => None,
+                            }
+                        }
+                        _ => None,
                     };
                     tracing::debug!(
                         attempt = made,
@@ -266,15 +315,58 @@ where
                         time_left_ms = r.deadline.map(|d| d.remaining_at(now).as_millis() as u64),
                         "attempt"
                     );
-                    match decision {
-                        Decision::Retry { wait } => {
+                    r.decided_at = now;
+                    match (decision, token) {
+                        (Decision::Retry { wait }, Some(None)) => {
+                            // No token: wait for one (within the deadline
+                            // and the longest budget wait), holding the
+                            // result to return if none comes.
+                            let policy = &r.shared.policy;
+                            let mut stop_at = now + policy.max_budget_wait;
+                            if let Some(d) = r.deadline {
+                                let latest = d.instant().checked_sub(policy.min_attempt);
+                                stop_at = stop_at.min(latest.unwrap_or(now));
+                            }
+                            let not_before = now + wait;
+                            let budget = r.shared.budget.clone();
+                            let Some(budget) = budget.filter(|_| stop_at > not_before) else {
+                                // No time to wait for one: out of budget now.
+                                this.state.set(State::Done);
+                                let elapsed = now.saturating_duration_since(r.start).max(took);
+                                return Poll::Ready(r.finish(elapsed, result, Stop::Budget));
+                            };
+                            let returned = Box::pin(budget.returned());
+                            let recheck = Box::pin(tokio::time::sleep_until(recheck_at(
+                                &budget, now, stop_at,
+                            )));
+                            tracing::debug!(
+                                attempt = made,
+                                "retry budget empty: waiting for a token"
+                            );
+                            let (ok, error) = match result {
+                                Ok(resp) => (Some(Ok(resp)), None),
+                                Err(e) => (None, Some(e)),
+                            };
+                            this.state.set(State::Throttled {
+                                throttle: Box::new(Throttle {
+                                    ok,
+                                    error,
+                                    stop_at,
+                                    not_before,
+                                    returned,
+                                    recheck,
+                                }),
+                            });
+                        }
+                        (Decision::Retry { wait }, token) => {
                             drop(result);
+                            r.token = token.flatten();
                             r.waited = wait;
                             this.state.set(State::Waiting {
                                 sleep: Box::pin(tokio::time::sleep(wait)),
                             });
                         }
-                        Decision::Stop(stop) => {
+                        (Decision::Stop(stop), _) => {
                             this.state.set(State::Done);
                             // The first attempt began with the call.
                             let elapsed = if r.attempt_start == r.start {
@@ -284,6 +376,53 @@ where
                             };
                             return Poll::Ready(r.finish(elapsed, result, stop));
                         }
+                    }
+                }
+                StateProj::Throttled { throttle } => {
+                    let now = Instant::now();
+                    let budget = r.shared.budget.as_ref();
+                    if let Some(token) = budget.and_then(RetryBudget::withdraw) {
+                        // A token: the retry goes out once its backoff is
+                        // over (at once, usually). The tokens of an empty
+                        // budget come one at a time, evenly spaced, so the
+                        // calls they release come back paced, not in step.
+                        r.token = Some(token);
+                        let at = throttle.not_before.max(now);
+                        r.waited = at.saturating_duration_since(r.decided_at);
+                        this.state.set(State::Waiting {
+                            sleep: Box::pin(tokio::time::sleep_until(at)),
+                        });
+                        continue;
+                    }
+                    if now >= throttle.stop_at {
+                        // No token came in time: the last answer, out of
+                        // budget.
+                        let result = match (throttle.ok.take(), throttle.error.take()) {
+                            (Some(ok), _) => ok.map_err(Into::into),
+                            (None, Some(e)) => Err(e),
+                            (None, None) => Err("retry budget wait without an answer".into()),
+                        };
+                        this.state.set(State::Done);
+                        let elapsed = now.saturating_duration_since(r.start);
+                        return Poll::Ready(r.finish(elapsed, result, Stop::Budget));
+                    }
+                    let mut woke = false;
+                    if throttle.returned.as_mut().poll(cx).is_ready() {
+                        if let Some(b) = budget {
+                            throttle.returned = Box::pin(b.returned());
+                        }
+                        woke = true;
+                    }
+                    if throttle.recheck.as_mut().poll(cx).is_ready() {
+                        if let Some(b) = budget {
+                            let at = recheck_at(b, now, throttle.stop_at);
+                            throttle.recheck.as_mut().reset(at);
+                        }
+                        woke = true;
+                    }
+                    if !woke {
+                        context::report(Phase::Waiting);
+                        return Poll::Pending;
                     }
                 }
                 StateProj::Waiting { sleep } => {
@@ -334,6 +473,14 @@ where
     }
 }
 
+/// When a retry waiting for a budget token looks again without being woken:
+/// at the floor's next refill, or when its wait ends.
+fn recheck_at(budget: &RetryBudget, now: Instant, stop_at: Instant) -> Instant {
+    budget
+        .next_refill()
+        .map_or(stop_at, |d| (now + d).min(stop_at))
+}
+
 /// Tells the upstream how many attempts came before this one: on gRPC
 /// requests as `grpc-previous-rpc-attempts`, on others under the configured
 /// header, if any.
@@ -350,7 +497,7 @@ fn announce<B>(req: &mut Request<B>, previous: u32, http: Option<&HeaderName>) {
         .insert(name.clone(), HeaderValue::from(previous));
 }
 
-impl<F, S, B, C> std::fmt::Debug for ResponseFuture<F, S, B, C> {
+impl<F: Future, S, B, C> std::fmt::Debug for ResponseFuture<F, S, B, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("ResponseFuture");
         if let Some(r) = &self.retrying {

@@ -28,9 +28,10 @@ pub(crate) struct Head {
 /// The request's extensions, for later attempts.
 #[derive(Debug)]
 enum Own {
-    /// Only resend's own entries were there: rebuilt for a retry, so the
+    /// Only resend's own entries were there (the deadline, and whether
+    /// attempts are marked for read-ahead): rebuilt for a retry, so the
     /// success path clones no map.
-    Rebuild(Option<Deadline>),
+    Rebuild(Option<Deadline>, bool),
     /// The caller's extensions too: a clone of them all.
     Cloned(Extensions),
 }
@@ -40,9 +41,10 @@ impl Head {
     /// [`RetryInCharge`] marker, and `deadline`, the `Deadline` among their
     /// extensions, if any); the first attempt takes `parts` itself.
     pub(super) fn keep(parts: &Parts, deadline: Option<Deadline>) -> Self {
-        let ours = 1 + usize::from(deadline.is_some());
+        let read_ahead = parts.extensions.get::<super::ReadAhead>().is_some();
+        let ours = 1 + usize::from(deadline.is_some()) + usize::from(read_ahead);
         let extensions = if parts.extensions.len() == ours {
-            Own::Rebuild(deadline)
+            Own::Rebuild(deadline, read_ahead)
         } else {
             Own::Cloned(parts.extensions.clone())
         };
@@ -68,11 +70,14 @@ impl Head {
         *req.version_mut() = self.version;
         *req.headers_mut() = self.headers.clone();
         match &self.extensions {
-            Own::Rebuild(deadline) => {
+            Own::Rebuild(deadline, read_ahead) => {
                 let ext = req.extensions_mut();
                 ext.insert(RetryInCharge);
                 if let Some(d) = deadline {
                     ext.insert(*d);
+                }
+                if *read_ahead {
+                    ext.insert(super::ReadAhead);
                 }
             }
             Own::Cloned(ext) => *req.extensions_mut() = ext.clone(),

@@ -27,8 +27,14 @@ pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
 ///
 /// Defaults: 3 attempts in all, [`Backoff::DEFAULT`] (100 ms base, doubling,
 /// 5 s cap, full jitter), an overload floor of 1 s, server waits honoured up to
-/// 30 s, 50 ms as the least useful attempt, 64 KiB of body kept for replays,
-/// and the [default budget](RetryBudget::default).
+/// 30 s and spread over half as much again, 50 ms as the least useful
+/// attempt, 64 KiB of body kept for replays, and the [default
+/// budget](RetryBudget::default) with up to 5 s of waiting for a token.
+///
+/// Attempts of replay-safe requests are marked so that a
+/// [`ReadAheadLayer`](super::ReadAheadLayer) below reads their small
+/// response bodies before returning them: a break inside one is then a
+/// failed attempt, retried.
 ///
 /// ```
 /// use std::time::Duration;
@@ -168,6 +174,32 @@ impl<C> RetryLayer<C> {
     #[must_use]
     pub fn replay_cap(mut self, bytes: usize) -> Self {
         self.policy.replay_cap = bytes;
+        self
+    }
+
+    /// How far a server-requested wait (`Retry-After`, gRPC pushback) and
+    /// the overload floor are spread: a client told to wait `w` comes back
+    /// at a random time in `[w, w * (1 + spread)]` (plus the backoff's
+    /// jitter), never earlier than asked, so that clients told the same
+    /// thing do not come back in step. Default 0.5; values outside 0 to 10
+    /// are clamped to it.
+    #[must_use]
+    pub fn wait_spread(mut self, spread: f64) -> Self {
+        self.policy.wait_spread = if spread.is_nan() {
+            0.0
+        } else {
+            spread.clamp(0.0, 10.0)
+        };
+        self
+    }
+
+    /// The longest a retry waits for a token of the [budget](Self::budget)
+    /// when it finds none (and the call's deadline allows). A call whose
+    /// time cannot fit ends [`BudgetExhausted`](crate::ErrorKind::BudgetExhausted).
+    /// Default 5 s; zero fails at once.
+    #[must_use]
+    pub fn max_budget_wait(mut self, max: Duration) -> Self {
+        self.policy.max_budget_wait = max;
         self
     }
 

@@ -65,17 +65,25 @@ mod future;
 mod head;
 mod layer;
 mod policy;
+mod read_ahead;
 mod retry_after;
 mod service;
 
 pub use attempts::{Attempt, Attempts, Stop};
 pub use backoff::{Backoff, InvalidBackoff};
 pub use body::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
+pub(crate) use budget::Token;
 pub use budget::{InvalidBudget, RetryBudget};
 pub use future::ResponseFuture;
 pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS};
 pub use policy::{
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT, DEFAULT_OVERLOAD_FLOOR,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BUDGET_WAIT, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT,
+    DEFAULT_OVERLOAD_FLOOR, DEFAULT_WAIT_SPREAD,
+};
+pub(crate) use read_ahead::ReadAhead;
+pub use read_ahead::{
+    ReadAheadBody, ReadAheadLayer, ReadAheadService, ResponseFuture as ReadAheadFuture,
+    DEFAULT_READ_AHEAD,
 };
 pub use retry_after::{parse_grpc_pushback, parse_retry_after, InvalidRetryAfter, Pushback};
 pub use service::Retry;

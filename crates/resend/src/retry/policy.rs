@@ -12,6 +12,11 @@ pub(crate) struct Policy {
     pub(crate) max_server_wait: Duration,
     pub(crate) min_attempt: Duration,
     pub(crate) replay_cap: usize,
+    /// A server-requested wait (or the overload floor) is spread over
+    /// `[wait, wait * (1 + spread)]`.
+    pub(crate) wait_spread: f64,
+    /// The longest a retry waits for a budget token.
+    pub(crate) max_budget_wait: Duration,
 }
 
 /// Default attempts in all, first included.
@@ -22,6 +27,11 @@ pub const DEFAULT_OVERLOAD_FLOOR: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_SERVER_WAIT: Duration = Duration::from_secs(30);
 /// Default least time an attempt must have for a retry to be worth it.
 pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(50);
+/// Default spread of a server-requested wait (and of the overload floor):
+/// clients told to wait `w` come back over `[w, 1.5 w]`.
+pub const DEFAULT_WAIT_SPREAD: f64 = 0.5;
+/// Default longest wait for a retry budget token: 5 s.
+pub const DEFAULT_MAX_BUDGET_WAIT: Duration = Duration::from_secs(5);
 
 impl Default for Policy {
     fn default() -> Self {
@@ -32,6 +42,8 @@ impl Default for Policy {
             max_server_wait: DEFAULT_MAX_SERVER_WAIT,
             min_attempt: DEFAULT_MIN_ATTEMPT,
             replay_cap: super::DEFAULT_REPLAY_CAP,
+            wait_spread: DEFAULT_WAIT_SPREAD,
+            max_budget_wait: DEFAULT_MAX_BUDGET_WAIT,
         }
     }
 }
@@ -78,24 +90,35 @@ impl Policy {
             return Decision::Stop(Stop::MaxAttempts);
         }
         // 3. How long to wait: full jitter; after an overloaded answer, the
-        // server's wait (or the floor) plus the jittered backoff, so that
-        // clients told the same Retry-After do not come back in step. A
-        // server wait on another class (gRPC's pushback on any retryable
-        // status) is honoured the same way.
+        // server's wait (or the floor), spread over half as much again and
+        // never shorter, plus the jittered backoff, so that clients told the
+        // same thing do not come back in step. A server wait on another
+        // class (gRPC's pushback on any retryable status) is honoured the
+        // same way.
         let server_wait = c.retry_after();
         if server_wait.is_some_and(|w| w > self.max_server_wait) {
             return Decision::Stop(Stop::ServerSaidNo);
         }
         let jitter = self.backoff.wait(made.saturating_sub(1), rng);
-        let wait = match c.class() {
-            Class::Overloaded => server_wait.unwrap_or(self.overload_floor) + jitter,
-            _ => server_wait.unwrap_or_default() + jitter,
+        let asked = match c.class() {
+            Class::Overloaded => server_wait.or(Some(self.overload_floor)),
+            _ => server_wait,
         };
+        let spread = asked.map_or(Duration::ZERO, |w| w.mul_f64(self.wait_spread * rng.f64()));
+        let at_least = asked.unwrap_or_default();
+        let mut wait = at_least.saturating_add(spread).saturating_add(jitter);
         // 4. Time left: the wait and a useful attempt must fit; a server
-        // wait past the deadline means give up now, not sleep.
+        // wait past the deadline means give up now, not sleep. What the
+        // server asked must fit; the spread and the jitter shrink to fit.
         if let Some(left) = remaining {
-            if server_wait.is_some_and(|w| w >= left) || wait + self.min_attempt > left {
+            if server_wait.is_some_and(|w| w >= left) || at_least + self.min_attempt > left {
                 return Decision::Stop(Stop::Deadline);
+            }
+            if wait + self.min_attempt > left {
+                if asked.is_none() {
+                    return Decision::Stop(Stop::Deadline);
+                }
+                wait = left - self.min_attempt;
             }
         }
         Decision::Retry { wait }
@@ -175,14 +198,18 @@ mod tests {
         // Full jitter under the ceiling.
         assert!(wait(cls(Class::Unknown), 1) <= Duration::from_millis(100));
         assert!(wait(cls(Class::Unknown), 2) <= Duration::from_millis(200));
-        // Overloaded without Retry-After: at least the floor.
+        // Overloaded without Retry-After: at least the floor, spread over
+        // half as much again, plus the backoff's jitter.
         let w = wait(cls(Class::Overloaded), 1);
-        assert!(w >= S && w <= S + Duration::from_millis(100), "{w:?}");
+        assert!(
+            w >= S && w <= S * 3 / 2 + Duration::from_millis(100),
+            "{w:?}"
+        );
         // With Retry-After: at least what the server asked.
         let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(3 * S)));
         let w = wait(ra, 1);
         assert!(
-            w >= 3 * S && w <= 3 * S + Duration::from_millis(100),
+            w >= 3 * S && w <= 3 * S * 3 / 2 + Duration::from_millis(100),
             "{w:?}"
         );
         // A server asking for more than we honour: stop.
@@ -196,7 +223,7 @@ mod tests {
         let pushed = cls(Class::Unknown).with_pushback(Some(Pushback::After(2 * S)));
         let w = wait(pushed, 1);
         assert!(
-            w >= 2 * S && w <= 2 * S + Duration::from_millis(100),
+            w >= 2 * S && w <= 3 * S + Duration::from_millis(100),
             "{w:?}"
         );
         let no = cls(Class::Overloaded).with_pushback(Some(Pushback::DoNotRetry));
@@ -204,6 +231,40 @@ mod tests {
             decide(no, true, 1, None),
             Decision::Stop(Stop::ServerSaidNo)
         );
+    }
+
+    /// Clients told the same wait come back spread over half as much
+    /// again: never earlier than asked, and not in step.
+    #[test]
+    fn server_waits_are_spread_never_shortened() {
+        let p = policy();
+        let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(S)));
+        let mut rng = fastrand::Rng::with_seed(3);
+        let waits: Vec<Duration> = (0..1000)
+            .map(|_| match p.decide(&ra, true, 1, &mut rng, None) {
+                Decision::Retry { wait } => wait,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(waits.iter().all(|w| *w >= S));
+        // 50 ms windows over [1 s, 1.6 s]: the busiest holds at most twice
+        // its share.
+        let mut windows = [0usize; 12];
+        for w in &waits {
+            windows[((w.as_millis() - 1000) / 50).min(11) as usize] += 1;
+        }
+        let busiest = *windows.iter().max().unwrap();
+        assert!(busiest <= 2 * 1000 / 11, "{windows:?}");
+        // Under a deadline, what was asked must fit; the spread shrinks.
+        match p.decide(&ra, true, 1, &mut rng, Some(S + Duration::from_millis(100))) {
+            Decision::Retry { wait } => {
+                assert!(
+                    wait >= S && wait <= S + Duration::from_millis(50),
+                    "{wait:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -59,8 +59,9 @@ impl std::error::Error for InvalidRetryAfter {}
 /// (IMF-fixdate, and the obsolete RFC 850 and asctime forms via httpdate).
 /// A date in the past means zero wait.
 ///
-/// Spaces and tabs around the value are trimmed; delta-seconds may have at
-/// most 10 digits (more is rejected as too large, never wrapped). A date is
+/// Spaces and tabs around the value are trimmed; delta-seconds of more than
+/// 10 digits read as [`Duration::MAX`] (a wait longer than any retry will
+/// honour, never wrapped). A date is
 /// measured from `now`, to the nanosecond; HTTP-dates have whole seconds.
 /// Empty, negative, fractional, non-ASCII or otherwise malformed values are
 /// an [`InvalidRetryAfter`] that says why; no input panics.
@@ -97,11 +98,10 @@ fn parse_delta_seconds(digits: &[u8]) -> Result<Duration, InvalidRetryAfter> {
             "delta-seconds must be ASCII digits only",
         ));
     }
-    parse_digits(digits)
-        .map(Duration::from_secs)
-        .ok_or(InvalidRetryAfter::new(
-            "delta-seconds is too large (more than 10 digits)",
-        ))
+    // More than 10 digits is a wait of centuries: read as the longest wait
+    // there is, never wrapped, so that it stops a retry as surely as a
+    // 10-digit one does.
+    Ok(parse_digits(digits).map_or(Duration::MAX, Duration::from_secs))
 }
 
 fn parse_date(value: &[u8], now: SystemTime) -> Result<Duration, InvalidRetryAfter> {
@@ -303,6 +303,21 @@ mod tests {
     }
 
     #[test]
+    fn more_than_ten_digits_is_the_longest_wait_not_an_error() {
+        for v in [
+            &b"10000000000"[..],
+            b"00000000001",
+            b"99999999999999999999999999",
+        ] {
+            assert_eq!(parse_retry_after(v, now()), Ok(Duration::MAX), "{v:?}");
+        }
+        assert_eq!(
+            parse_retry_after(b"9999999999", now()),
+            Ok(Duration::from_secs(9_999_999_999))
+        );
+    }
+
+    #[test]
     fn rejects_garbage_with_a_reason() {
         let cases: &[(&[u8], &str)] = &[
             (b"", "value is empty"),
@@ -315,18 +330,6 @@ mod tests {
             (b"0x10", "delta-seconds must be ASCII digits only"),
             (b"12abc", "delta-seconds must be ASCII digits only"),
             (b"1\xff", "delta-seconds must be ASCII digits only"),
-            (
-                b"10000000000",
-                "delta-seconds is too large (more than 10 digits)",
-            ),
-            (
-                b"00000000001",
-                "delta-seconds is too large (more than 10 digits)",
-            ),
-            (
-                b"99999999999999999999999999",
-                "delta-seconds is too large (more than 10 digits)",
-            ),
             (
                 b"\xff\xfe",
                 "value is not ASCII (nor valid as an HTTP-date)",
@@ -456,8 +459,8 @@ mod tests {
         }
 
         #[test]
-        fn overlong_digits_are_rejected(digits in "[0-9]{11,30}") {
-            prop_assert!(parse_retry_after(digits.as_bytes(), now()).is_err());
+        fn overlong_digits_are_the_longest_wait(digits in "[0-9]{11,30}") {
+            prop_assert_eq!(parse_retry_after(digits.as_bytes(), now()), Ok(Duration::MAX));
             prop_assert_eq!(parse_grpc_pushback(digits.as_bytes()), Pushback::DoNotRetry);
         }
 

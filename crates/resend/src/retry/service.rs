@@ -112,6 +112,11 @@ where
         }
         let (mut parts, body) = req.into_parts();
         parts.extensions.insert(RetryInCharge);
+        if replay_safe && allowed {
+            // A read-ahead layer below may read small response bodies
+            // before they are returned, so a break inside one is retried.
+            parts.extensions.insert(super::ReadAhead);
+        }
         let body = ReplayBody::new(body, shared.policy.replay_cap);
         // A fresh body always clones; if it ever did not, it is sent as it is
         // and simply not replayed.
