@@ -180,6 +180,14 @@ pub mod variants {
     pub fn stack() -> impl Variant {
         resend::stack().name("bench").service(Instant200)
     }
+
+    /// [`stack`] with the circuit breaker on, with its defaults.
+    pub fn stack_breaker() -> impl Variant {
+        resend::stack()
+            .name("bench")
+            .circuit_breaker()
+            .service(Instant200)
+    }
 }
 
 /// Sends `concurrency * per_task` GETs to `uri` through clones of `svc`

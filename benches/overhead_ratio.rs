@@ -52,13 +52,15 @@ fn main() {
         let retry = variants::tower_retry();
         let retry_ext = variants::tower_retry_ext();
         let stack = variants::stack();
-        const NAMES: [&str; 6] = [
+        let breaker = variants::stack_breaker();
+        const NAMES: [&str; 7] = [
             "tower Timeout",
             "tower Timeout + Deadline extension",
             "resend Deadline + AttemptTimeout",
             "tower Timeout + Retry + Timeout",
             "the same + Deadline and history extensions",
             "resend::stack()",
+            "resend::stack().circuit_breaker()",
         ];
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
         // Warm-up round, not counted.
@@ -72,7 +74,8 @@ fn main() {
                     2 => per_call(&ours).await,
                     3 => per_call(&retry).await,
                     4 => per_call(&retry_ext).await,
-                    _ => per_call(&stack).await,
+                    5 => per_call(&stack).await,
+                    _ => per_call(&breaker).await,
                 };
             }
             if k > 0 {
@@ -103,6 +106,14 @@ fn main() {
         println!(
             "resend::stack() / tower retry + timeouts + extensions: {:.2}",
             ratio(5, 4)
+        );
+        println!(
+            "stack().circuit_breaker() / stack()                  : {:.3}",
+            ratio(6, 5)
+        );
+        println!(
+            "stack().circuit_breaker() - stack()                  : {:+.1} ns",
+            median(times[6].iter().zip(&times[5]).map(|(x, y)| x - y).collect())
         );
     });
 }

@@ -4,6 +4,7 @@
 //! Every test asserts what the server saw (arrivals, their keys, bodies and
 //! times) and what the client got (status, `Attempts`, error kind), per
 //! DESIGN sections 3, 4 and 8.
+#![allow(clippy::print_stderr)]
 
 mod common;
 
@@ -472,6 +473,68 @@ async fn not_sent_retries_spend_no_budget_token() {
         assert_ne!(err.kind(), ErrorKind::BudgetExhausted, "{err}");
         assert_eq!(err.attempts(), 4, "{err}");
     }
+}
+
+/// A GET whose 200 head arrives and whose small body then breaks (the
+/// connection drops) is an attempt that failed: its body is read before the
+/// response is returned, so the retry layer retries it, and the caller
+/// gets the whole body of the second attempt.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_get_whose_small_body_breaks_is_retried_and_succeeds() {
+    let flaky = server(
+        Script::new()
+            .then(Reply::ok().reset_mid_body(Bytes::from_static(b"0123456789")))
+            .otherwise(Reply::ok().body("the whole body")),
+    )
+    .await;
+    let client = stack().service(transport());
+    let resp = within(client.oneshot(get(flaky.uri("/items/1"))))
+        .await
+        .expect("the retry answers");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let history = attempts(&resp).clone();
+    assert_eq!(history.len(), 2, "{history}");
+    assert_eq!(
+        history.iter().next().map(|a| a.class()),
+        Some(Class::Unknown)
+    );
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("the body of the second attempt is whole")
+        .to_bytes();
+    assert_eq!(body, "the whole body");
+    assert_eq!(flaky.arrival_count(), 2);
+
+    // Off (read_ahead(0)): the break reaches the caller while it reads.
+    let off =
+        server(Script::new().then(Reply::ok().reset_mid_body(Bytes::from_static(b"0123456789"))))
+            .await;
+    let client = stack().read_ahead(0).service(transport());
+    let resp = within(client.oneshot(get(off.uri("/items/1"))))
+        .await
+        .expect("the head arrives");
+    assert!(http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .is_err());
+    assert_eq!(off.arrival_count(), 1);
+}
+
+/// A POST without a key is not replay-safe: its body is not read ahead,
+/// and a break in it is never a reason to send it again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_post_whose_body_breaks_is_not_resent() {
+    let server =
+        server(Script::new().then(Reply::ok().reset_mid_body(Bytes::from_static(b"0123456789"))))
+            .await;
+    let client = stack().service(transport());
+    let resp = within(client.oneshot(post(server.uri("/charges"))))
+        .await
+        .expect("the head arrives");
+    assert!(http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .is_err());
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 1);
 }
 
 // 9. Bodies: replayed byte for byte under the cap, never over it.

@@ -501,7 +501,10 @@ async fn a_pushback_of_1500_ms_makes_the_next_attempt_wait_1_5_s() {
     let gap = arrivals[1].at - arrivals[0].at;
     assert!(gap >= 1500 * MS, "{gap:?}");
     // Spread over half as much again, never earlier, and the first jitter.
-    assert!(gap <= 2250 * MS + 100 * MS, "at most the spread and the first jitter on top: {gap:?}");
+    assert!(
+        gap <= 2250 * MS + 100 * MS,
+        "at most the spread and the first jitter on top: {gap:?}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -5,6 +5,7 @@ use std::time::Duration;
 use tower::layer::util::Stack;
 use tower::ServiceBuilder;
 
+use crate::breaker::CircuitBreakerLayer;
 use crate::deadline::{DeadlineHeaderLayer, DeadlineLayer};
 use crate::idempotency::IdempotencyKeyLayer;
 use crate::retry::RetryLayer;
@@ -27,6 +28,7 @@ mod sealed {
 ///     .deadline(Duration::from_secs(10))
 ///     .idempotency_key()
 ///     .retry(resend::RetryLayer::new())
+///     .circuit_breaker(resend::CircuitBreakerLayer::new().upstream("shipping"))
 ///     .deadline_header()
 ///     .attempt_timeout(Duration::from_secs(5));
 /// # let _ = layers;
@@ -40,6 +42,14 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed<L> + Sized {
 
     /// A [`RetryLayer`]: see [`retry`](crate::retry).
     fn retry<C>(self, layer: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>>;
+
+    /// A [`CircuitBreakerLayer`]: see [`breaker`](crate::breaker). Place it
+    /// inside the retry layer and outside the attempt timeout, so that it
+    /// counts every attempt, timeouts included.
+    fn circuit_breaker<K>(
+        self,
+        layer: CircuitBreakerLayer<K>,
+    ) -> ServiceBuilder<Stack<CircuitBreakerLayer<K>, L>>;
 
     /// A [`DeadlineHeaderLayer`] with the defaults: see
     /// [`deadline`](crate::deadline).
@@ -62,6 +72,13 @@ impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
     }
 
     fn retry<C>(self, layer: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>> {
+        self.layer(layer)
+    }
+
+    fn circuit_breaker<K>(
+        self,
+        layer: CircuitBreakerLayer<K>,
+    ) -> ServiceBuilder<Stack<CircuitBreakerLayer<K>, L>> {
         self.layer(layer)
     }
 

@@ -11,6 +11,7 @@ use crate::Name;
 use std::fmt;
 use std::time::Duration;
 
+use crate::breaker::state::{Refusal, Why};
 use crate::classify::Class;
 use crate::retry::Attempts;
 
@@ -48,6 +49,11 @@ pub enum ErrorKind {
     /// A retry was needed but the request body was too large to keep a copy
     /// of, so it cannot be sent again.
     BodyNotReplayable,
+    /// The upstream's [circuit breaker](crate::breaker) is open: it looked
+    /// unwell, so the call failed at once. Nothing was sent (safe to fall
+    /// back, or to send elsewhere); [`Error::retry_advice`] says to come back
+    /// after the time it stays open ([`Error::limit`]).
+    CircuitOpen,
 }
 
 impl ErrorKind {
@@ -61,6 +67,7 @@ impl ErrorKind {
             Self::RetriesExhausted => "retries exhausted",
             Self::BudgetExhausted => "retry budget exhausted",
             Self::BodyNotReplayable => "body not replayable",
+            Self::CircuitOpen => "circuit open",
         }
     }
 }
@@ -130,6 +137,8 @@ struct Inner {
     attempts: u32,
     elapsed: Option<Duration>,
     history: Option<Attempts>,
+    /// For [`ErrorKind::CircuitOpen`]: why and for how long.
+    circuit: Option<Refusal>,
     source: Option<BoxError>,
 }
 
@@ -152,13 +161,14 @@ impl Error {
         Self {
             inner: Box::new(Inner {
                 kind,
-                not_sent: kind == ErrorKind::ConnectTimeout,
+                not_sent: matches!(kind, ErrorKind::ConnectTimeout | ErrorKind::CircuitOpen),
                 phase: None,
                 limit: None,
                 upstream: None,
                 attempts: 0,
                 elapsed: None,
                 history: None,
+                circuit: None,
                 source: None,
             }),
         }
@@ -184,6 +194,19 @@ impl Error {
         let mut e = Self::new(ErrorKind::ConnectTimeout);
         e.inner.limit = Some(limit);
         e.inner.elapsed = Some(limit);
+        e
+    }
+
+    /// A circuit breaker refused the call: nothing was sent. The time it
+    /// stays open is the [`limit`](Self::limit).
+    pub(crate) fn circuit_open(refusal: Refusal, upstream: Option<&Name>) -> Self {
+        let mut e = Self::new(ErrorKind::CircuitOpen);
+        e.inner.limit = Some(match refusal {
+            Refusal::Open { left, .. } => left,
+            Refusal::Probing { wait, .. } => wait,
+        });
+        e.inner.upstream = upstream.cloned();
+        e.inner.circuit = Some(refusal);
         e
     }
 
@@ -229,6 +252,9 @@ impl Error {
         self.inner.attempts = history.len();
         if !history.any_sent() {
             self.inner.not_sent = true;
+        } else if self.inner.kind == ErrorKind::CircuitOpen {
+            // The last attempt was refused, but an earlier one went out.
+            self.inner.not_sent = false;
         }
         self.inner.history = Some(history);
         self
@@ -277,6 +303,7 @@ impl Error {
         let mut not_sent = false;
         let mut limit = None;
         let mut upstream = None;
+        let mut circuit = None;
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
         while let Some(e) = next {
             if let Some(ours) = e.downcast_ref::<Self>() {
@@ -284,6 +311,7 @@ impl Error {
                 not_sent = ours.inner.not_sent;
                 limit = ours.inner.limit;
                 upstream.clone_from(&ours.inner.upstream);
+                circuit = ours.inner.circuit;
                 break;
             }
             if is_hyper_connect_error(e) {
@@ -295,6 +323,7 @@ impl Error {
         e.inner.not_sent = not_sent || e.inner.not_sent;
         e.inner.limit = limit;
         e.inner.upstream = upstream;
+        e.inner.circuit = circuit;
         e.inner.source = Some(error);
         e
     }
@@ -359,7 +388,9 @@ impl Error {
         self.inner.phase
     }
 
-    /// The limit that fired, for attempt and connect timeouts.
+    /// The limit that fired, for attempt and connect timeouts; for
+    /// [`ErrorKind::CircuitOpen`], how long the circuit stays open (for a
+    /// half-open circuit whose probes are all out, a break's length).
     pub fn limit(&self) -> Option<Duration> {
         self.inner.limit
     }
@@ -406,6 +437,9 @@ impl Error {
         const LATER: Duration = Duration::from_secs(1);
         match self.inner.kind {
             ErrorKind::OutcomeUnknown => RetryAdvice::VerifyFirst,
+            // Not sent, but sending again before the circuit closes fails
+            // the same way.
+            ErrorKind::CircuitOpen => RetryAdvice::After(self.inner.limit.unwrap_or(LATER)),
             _ if self.inner.not_sent => RetryAdvice::After(Duration::ZERO),
             ErrorKind::BodyNotReplayable => RetryAdvice::VerifyFirst,
             _ => {
@@ -462,6 +496,9 @@ impl fmt::Debug for Error {
         if let Some(h) = &i.history {
             d.field("history", h);
         }
+        if let Some(c) = &i.circuit {
+            d.field("circuit", c);
+        }
         if let Some(s) = &i.source {
             d.field("source", s);
         }
@@ -504,6 +541,13 @@ impl fmt::Display for Error {
             ErrorKind::BodyNotReplayable => f.write_str(
                 "a retry was needed but the request body was too large to keep, so it was not resent",
             )?,
+            ErrorKind::CircuitOpen => {
+                write_circuit(f, i.circuit)?;
+                if i.attempts > 1 {
+                    write!(f, " ({} attempts)", i.attempts)?;
+                }
+                return Ok(());
+            }
         }
         if let Some(l) = i.limit {
             write!(f, " after {l:?}")?;
@@ -519,6 +563,45 @@ impl fmt::Display for Error {
             }
         }
         Ok(())
+    }
+}
+
+/// "circuit open for another 3.2s after 57% of 140 calls failed".
+fn write_circuit(f: &mut fmt::Formatter<'_>, circuit: Option<Refusal>) -> fmt::Result {
+    struct Wait(Duration);
+    impl fmt::Display for Wait {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            if self.0 >= Duration::from_secs(1) {
+                write!(f, "{:.1}s", self.0.as_secs_f64())
+            } else {
+                // Rounded up: never less than is left.
+                write!(f, "{}ms", self.0.as_micros().div_ceil(1000))
+            }
+        }
+    }
+    match circuit {
+        Some(Refusal::Open {
+            left,
+            why: Why::Ratio { failures, calls },
+        }) => write!(
+            f,
+            "circuit open for another {} after {}% of {calls} calls failed",
+            Wait(left),
+            crate::breaker::state::percent(failures, calls),
+        ),
+        Some(Refusal::Open {
+            left,
+            why: Why::Probe,
+        }) => write!(
+            f,
+            "circuit open for another {} after a probe failed",
+            Wait(left)
+        ),
+        Some(Refusal::Probing { probes, .. }) => write!(
+            f,
+            "circuit half-open and its {probes} probe(s) still out: not sent"
+        ),
+        None => f.write_str("circuit open: not sent"),
     }
 }
 
@@ -644,6 +727,49 @@ mod tests {
         }
         let h = history(&[(Class::Unknown, 500)]);
         assert!(!Error::retry(ErrorKind::OutcomeUnknown, h, None).nothing_processed());
+    }
+
+    #[test]
+    fn a_circuit_open_call_is_not_sent_unless_an_earlier_attempt_was() {
+        use crate::breaker::state::{Refusal, Why};
+        use crate::retry::{Attempt, Stop};
+
+        let open = || {
+            Error::circuit_open(
+                Refusal::Open {
+                    left: Duration::from_secs(2),
+                    why: Why::Probe,
+                },
+                None,
+            )
+        };
+        let history = |classes: &[Class]| {
+            let mut a = Attempts::new();
+            for &class in classes {
+                a.push(Attempt::new(
+                    class,
+                    None,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    None,
+                ));
+            }
+            a.finish(Duration::from_secs(1), Stop::Final);
+            a
+        };
+        let e = open().with_history(history(&[Class::NotSent]));
+        assert!(e.is_not_sent());
+        assert_eq!(e.retry_advice(), RetryAdvice::After(Duration::from_secs(2)));
+        // The first attempt timed out in flight: the call may have reached it.
+        let e = open().with_history(history(&[Class::Unknown, Class::NotSent]));
+        assert_eq!(e.kind(), ErrorKind::CircuitOpen);
+        assert!(!e.is_not_sent());
+        assert!(!e.nothing_processed());
+        assert_eq!(e.retry_advice(), RetryAdvice::After(Duration::from_secs(2)));
+        assert_eq!(
+            e.to_string(),
+            "circuit open for another 2.0s after a probe failed (2 attempts)"
+        );
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //! - [`AttemptTimeoutLayer`]: each attempt waits `min(per attempt, time left)`.
 //! - [`DeadlineHeaderLayer`]: the time left goes on the wire, as
 //!   `grpc-timeout` or an HTTP header in milliseconds.
+//! - [`CircuitBreakerLayer`] (opt-in): while an upstream looks unwell
+//!   (too many of its attempts fail or time out), calls fail at once with
+//!   [`ErrorKind::CircuitOpen`], not sent, until probes find it well again.
 //! - [`ConnectTimeoutLayer`](connect::ConnectTimeoutLayer): a connect timeout
 //!   apart from the attempt timeout; [`hyper_client`] builds a hyper-util
 //!   client with it.
@@ -53,7 +56,8 @@
 //! # Layer order
 //!
 //! Outside in: [`DeadlineLayer`] (fixes the budget), then the retrying layer,
-//! then [`DeadlineHeaderLayer`] (writes what is left on each attempt), then
+//! then, when used, [`CircuitBreakerLayer`] (sees every attempt), then
+//! [`DeadlineHeaderLayer`] (writes what is left on each attempt), then
 //! [`AttemptTimeoutLayer`], then the transport with its connect timeout.
 //!
 //! # Time
@@ -73,6 +77,7 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod breaker;
 mod builder;
 pub mod classify;
 pub mod connect;
@@ -88,6 +93,7 @@ pub mod timeout;
 #[cfg(feature = "tonic")]
 pub mod tonic;
 
+pub use breaker::CircuitBreakerLayer;
 pub use builder::ServiceBuilderExt;
 #[cfg(feature = "hyper-client")]
 pub use connect::{hyper_client, HyperClient};

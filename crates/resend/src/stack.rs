@@ -12,13 +12,16 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::breaker::{BreakerSlot, CircuitBreakerLayer, NoBreaker, Slot};
 use crate::classify::HttpClassifier;
 use crate::deadline::{
     DeadlineBody, DeadlineHeader, DeadlineHeaderLayer, DeadlineLayer, DeadlineService,
 };
 use crate::error::{BoxError, Error};
 use crate::idempotency::{IdempotencyKeyLayer, SetIdempotencyKey};
-use crate::retry::{Backoff, Retry, RetryBudget, RetryLayer};
+use crate::retry::{
+    Backoff, ReadAheadLayer, ReadAheadService, Retry, RetryBudget, RetryLayer, DEFAULT_READ_AHEAD,
+};
 
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 
@@ -64,14 +67,20 @@ pub fn stack() -> StackBuilder {
 
 /// Builds a [`Stack`]; see [`stack`]. Every setting's default is stated on
 /// its method.
+///
+/// `C` classifies attempts for the retry layer; `B` is the circuit
+/// breaker's place: [`NoBreaker`], or a [`CircuitBreakerLayer`] once
+/// [`circuit_breaker`](Self::circuit_breaker) put one there.
 #[derive(Clone, Debug)]
-pub struct StackBuilder<C = HttpClassifier> {
+pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
     name: Option<Name>,
     total: Duration,
     attempt_timeout: Duration,
     retry: RetryLayer<C>,
     keys: IdempotencyKeyLayer,
     header: DeadlineHeaderLayer,
+    breaker: B,
+    read_ahead: ReadAheadLayer,
 }
 
 impl StackBuilder {
@@ -84,6 +93,8 @@ impl StackBuilder {
             retry: RetryLayer::new(),
             keys: IdempotencyKeyLayer::disabled(),
             header: DeadlineHeaderLayer::new(),
+            breaker: NoBreaker,
+            read_ahead: ReadAheadLayer::new(DEFAULT_READ_AHEAD),
         }
     }
 }
@@ -94,9 +105,10 @@ impl Default for StackBuilder {
     }
 }
 
-impl<C> StackBuilder<C> {
+impl<C, B> StackBuilder<C, B> {
     /// Names the upstream: it shows up in errors, tracing and 504 bodies,
-    /// and counts this upstream's [derived](crate::idempotency::derive_keys)
+    /// names the circuit breaker (unless its layer was named), and counts
+    /// this upstream's [derived](crate::idempotency::derive_keys)
     /// Idempotency-Keys. Default: unnamed.
     #[must_use]
     pub fn name(mut self, name: impl Into<Name>) -> Self {
@@ -160,7 +172,7 @@ impl<C> StackBuilder<C> {
     /// Configures the retry layer further (overload floor, server waits,
     /// replay cap…).
     #[must_use]
-    pub fn retry<C2>(self, f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>) -> StackBuilder<C2> {
+    pub fn retry<C2>(self, f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>) -> StackBuilder<C2, B> {
         StackBuilder {
             name: self.name,
             total: self.total,
@@ -168,6 +180,53 @@ impl<C> StackBuilder<C> {
             retry: f(self.retry),
             keys: self.keys,
             header: self.header,
+            breaker: self.breaker,
+            read_ahead: self.read_ahead,
+        }
+    }
+
+    /// Adds a circuit breaker with the defaults (see [`CircuitBreakerLayer`]:
+    /// open when 10 % of at least 100 attempts in 30 s say the upstream is
+    /// unwell, for 5 s, then 3 probes). It sits inside the retry layer and
+    /// outside the attempt timeout, so it counts every attempt, timeouts
+    /// included, and is shared by every clone of the stack. While it is
+    /// open, calls fail at once with
+    /// [`ErrorKind::CircuitOpen`](crate::ErrorKind::CircuitOpen), not sent.
+    /// The stack is then a `Stack<S, C, CircuitBreakerLayer>`. Default: no
+    /// breaker, and no layer in its place.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let shipping = resend::stack()
+    ///     .name("shipping")
+    ///     .attempt_timeout(Duration::from_secs(2))
+    ///     .circuit_breaker();
+    /// # let _ = shipping;
+    /// ```
+    #[must_use]
+    pub fn circuit_breaker(self) -> StackBuilder<C, CircuitBreakerLayer> {
+        self.circuit_breaker_with(CircuitBreakerLayer::new())
+    }
+
+    /// Adds the circuit breaker `layer`, configured (ratio, throughput,
+    /// window, break, probes, what counts, its classifier); see
+    /// [`circuit_breaker`](Self::circuit_breaker). An unnamed layer takes
+    /// the stack's [`name`](Self::name). Default: no breaker.
+    #[must_use]
+    pub fn circuit_breaker_with<K>(
+        self,
+        layer: CircuitBreakerLayer<K>,
+    ) -> StackBuilder<C, CircuitBreakerLayer<K>> {
+        StackBuilder {
+            name: self.name,
+            total: self.total,
+            attempt_timeout: self.attempt_timeout,
+            retry: self.retry,
+            keys: self.keys,
+            header: self.header,
+            breaker: layer,
+            read_ahead: self.read_ahead,
         }
     }
 
@@ -185,6 +244,19 @@ impl<C> StackBuilder<C> {
         self
     }
 
+    /// Reads the response bodies of replay-safe attempts up to `bytes` (by
+    /// their known length) before returning them, so that a connection that
+    /// breaks inside one is a failed attempt, retried; bodies longer, or of
+    /// no known length (streams, chunked, gRPC), reach the caller as they
+    /// come, and a break in them is the caller's error (see
+    /// [`ReadAheadLayer`]). Default [`DEFAULT_READ_AHEAD`] (64 KiB); 0 turns
+    /// it off.
+    #[must_use]
+    pub fn read_ahead(mut self, bytes: usize) -> Self {
+        self.read_ahead = ReadAheadLayer::new(bytes);
+        self
+    }
+
     /// Also writes the time left, in milliseconds, as `name` on HTTP requests
     /// (gRPC requests always carry `grpc-timeout`). Default: none.
     #[must_use]
@@ -195,14 +267,21 @@ impl<C> StackBuilder<C> {
 
     /// Wraps `transport` (a hyper-util client, a reqwest adapter, a tonic
     /// channel) in the stack.
-    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C> {
+    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B>
+    where
+        B: BreakerSlot,
+    {
         let total = match &self.name {
             Some(n) => DeadlineLayer::new(self.total).upstream(n.clone()),
             None => DeadlineLayer::new(self.total),
         };
-        let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(transport);
+        // Small bodies read ahead under the attempt timeout (which then
+        // covers them too) and the breaker (which counts their breaks).
+        let inner = self.read_ahead.layer(transport);
+        let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
         let inner = self.header.layer(inner);
-        let inner = self.retry.into_service(inner);
+        // The breaker (if any) inside the retry layer, so it sees every attempt.
+        let inner = self.breaker.wrap(inner, self.name.as_ref(), self.retry);
         let inner = self.keys.layer(inner);
         Stack {
             inner: total.layer(inner),
@@ -210,17 +289,30 @@ impl<C> StackBuilder<C> {
     }
 }
 
-type Inner<S, C> = DeadlineService<SetIdempotencyKey<Retry<DeadlineHeader<AttemptTimeout<S>>, C>>>;
+type Inner<S, C, B> = DeadlineService<
+    SetIdempotencyKey<
+        Retry<<B as Slot>::Service<DeadlineHeader<AttemptTimeout<ReadAheadService<S>>>>, C>,
+    >,
+>;
 
 /// The composed stack, outside in: [`DeadlineLayer`],
-/// [`IdempotencyKeyLayer`], [`RetryLayer`], [`DeadlineHeaderLayer`],
-/// [`AttemptTimeoutLayer`], then the transport. Its error is always a
+/// [`IdempotencyKeyLayer`], [`RetryLayer`], the [`CircuitBreakerLayer`] if
+/// one was added (`B`; none by default, and then no layer at all),
+/// [`DeadlineHeaderLayer`], [`AttemptTimeoutLayer`], the
+/// [`ReadAheadLayer`], then the transport. Its error is always a
 /// [`resend::Error`](Error).
-pub struct Stack<S, C = HttpClassifier> {
-    inner: Inner<S, C>,
+pub struct Stack<S, C = HttpClassifier, B = NoBreaker>
+where
+    B: BreakerSlot,
+{
+    inner: Inner<S, C, B>,
 }
 
-impl<S: Clone, C> Clone for Stack<S, C> {
+impl<S, C, B> Clone for Stack<S, C, B>
+where
+    B: BreakerSlot,
+    Inner<S, C, B>: Clone,
+{
     #[inline]
     fn clone(&self) -> Self {
         Self {
@@ -229,19 +321,25 @@ impl<S: Clone, C> Clone for Stack<S, C> {
     }
 }
 
-impl<S: std::fmt::Debug, C: std::fmt::Debug> std::fmt::Debug for Stack<S, C> {
+impl<S, C, B> std::fmt::Debug for Stack<S, C, B>
+where
+    B: BreakerSlot,
+    Inner<S, C, B>: std::fmt::Debug,
+{
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stack").field("inner", &self.inner).finish()
     }
 }
 
-impl<S, C, ReqB, ResB> Service<Request<ReqB>> for Stack<S, C>
+impl<S, C, B, ReqB, ResB> Service<Request<ReqB>> for Stack<S, C, B>
 where
-    Inner<S, C>: Service<Request<ReqB>, Response = Response<DeadlineBody<ResB>>, Error = BoxError>,
+    B: BreakerSlot,
+    Inner<S, C, B>:
+        Service<Request<ReqB>, Response = Response<DeadlineBody<ResB>>, Error = BoxError>,
 {
     type Response = Response<DeadlineBody<ResB>>;
     type Error = Error;
-    type Future = StackFuture<<Inner<S, C> as Service<Request<ReqB>>>::Future>;
+    type Future = StackFuture<<Inner<S, C, B> as Service<Request<ReqB>>>::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.inner.poll_ready(cx).map_err(Error::from_box)
@@ -293,7 +391,10 @@ mod tests {
         let resp = derive_keys("s", HeaderValue::from_static("k"), stack.oneshot(req))
             .await
             .unwrap();
-        HeaderValue::from_str(resp.body().get_ref()).unwrap()
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap();
+        HeaderValue::from_bytes(&body.to_bytes()).unwrap()
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

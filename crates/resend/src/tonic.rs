@@ -136,7 +136,7 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<Code> {
 /// | [`ErrorKind`] | code |
 /// |---|---|
 /// | `DeadlineExceeded`, `AttemptTimeout` | DEADLINE_EXCEEDED |
-/// | `ConnectTimeout`, anything [not sent](Error::is_not_sent) | UNAVAILABLE |
+/// | `ConnectTimeout`, `CircuitOpen`, anything [not sent](Error::is_not_sent) | UNAVAILABLE |
 /// | `RetriesExhausted`, `BudgetExhausted` | UNAVAILABLE |
 /// | `OutcomeUnknown`, `BodyNotReplayable`, `Transport` after sending | UNKNOWN |
 ///
@@ -167,9 +167,10 @@ pub fn into_status(err: Error) -> ::tonic::Status {
     let code = match err.kind() {
         ErrorKind::DeadlineExceeded | ErrorKind::AttemptTimeout => Code::DeadlineExceeded,
         _ if err.is_not_sent() => Code::Unavailable,
-        ErrorKind::ConnectTimeout | ErrorKind::RetriesExhausted | ErrorKind::BudgetExhausted => {
-            Code::Unavailable
-        }
+        ErrorKind::ConnectTimeout
+        | ErrorKind::RetriesExhausted
+        | ErrorKind::BudgetExhausted
+        | ErrorKind::CircuitOpen => Code::Unavailable,
         ErrorKind::OutcomeUnknown | ErrorKind::BodyNotReplayable | ErrorKind::Transport => {
             Code::Unknown
         }

@@ -82,6 +82,8 @@ pub enum Stop {
     OutcomeUnknown,
     /// The request body was too large to keep a copy of.
     NotReplayable,
+    /// A circuit breaker refused the attempt: the upstream is unwell.
+    CircuitOpen,
 }
 
 impl fmt::Display for Stop {
@@ -95,6 +97,7 @@ impl fmt::Display for Stop {
             Self::ServerSaidNo => "server asked not to retry (soon)",
             Self::OutcomeUnknown => "outcome unknown, not safe to resend",
             Self::NotReplayable => "body too large to resend",
+            Self::CircuitOpen => "circuit open",
         })
     }
 }

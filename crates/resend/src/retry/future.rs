@@ -256,6 +256,12 @@ where
                         // A final answer (the decision table's first row)
                         // needs neither the time left nor a random draw.
                         Class::Success | Class::Rejected => Decision::Stop(Stop::Final),
+                        // A circuit breaker below refused the attempt: the
+                        // upstream is known to be unwell, and trying again
+                        // now would be refused too. The error says when.
+                        Class::NotSent if is_circuit_open(&result) => {
+                            Decision::Stop(Stop::CircuitOpen)
+                        }
                         _ if !r.allowed => Decision::Stop(Stop::Disabled),
                         _ => {
                             let remaining = r.deadline.map(|d| d.remaining_at(now));
@@ -293,10 +299,7 @@ where
                     // attempts and the backoff.
                     let token = match decision {
                         Decision::Retry { .. } if c.class() != Class::NotSent => {
-                            match &r.shared.budget {
-                                Some(budget) => Some(budget.withdraw()),
-                                None => None,
-                            }
+                            r.shared.budget.as_ref().map(RetryBudget::withdraw)
                         }
                         _ => None,
                     };
@@ -471,6 +474,20 @@ where
             }
         }
     }
+}
+
+/// True when `result` is a circuit breaker's refusal, anywhere in the
+/// error's chain.
+fn is_circuit_open<R>(result: &Result<R, BoxError>) -> bool {
+    result.as_ref().err().is_some_and(|e| {
+        std::iter::successors(Some(&**e as &(dyn std::error::Error + 'static)), |e| {
+            e.source()
+        })
+        .any(|e| {
+            e.downcast_ref::<Error>()
+                .is_some_and(|e| e.kind() == ErrorKind::CircuitOpen)
+        })
+    })
 }
 
 /// When a retry waiting for a budget token looks again without being woken:

@@ -1,0 +1,71 @@
+//! The circuit breaker's place in the composed stack: empty unless asked
+//! for, so that a stack without a breaker pays nothing for it.
+
+use super::{CircuitBreaker, CircuitBreakerLayer};
+use crate::retry::{Retry, RetryLayer};
+use crate::Name;
+
+/// What the circuit breaker's place in a [`Stack`](crate::Stack) holds:
+/// [`NoBreaker`] (the default) or a [`CircuitBreakerLayer`], put there by
+/// [`StackBuilder::circuit_breaker`](crate::StackBuilder::circuit_breaker).
+///
+/// Sealed: nothing else can be put there.
+pub trait BreakerSlot: sealed::Slot {}
+
+/// No circuit breaker: the default of a [`stack`](crate::stack()), which
+/// then has no layer in its place at all.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoBreaker;
+
+pub(crate) mod sealed {
+    use crate::retry::{Retry, RetryLayer};
+
+    /// How the place wraps the services under it.
+    pub trait Slot {
+        /// What it makes of the service `S` under it.
+        type Service<S>;
+
+        /// Wraps `inner`, naming the breaker `name` unless it has a name,
+        /// and puts `retry` around it.
+        fn wrap<S: Clone, C>(
+            self,
+            inner: S,
+            name: Option<&crate::Name>,
+            retry: RetryLayer<C>,
+        ) -> Retry<Self::Service<S>, C>;
+    }
+}
+
+impl sealed::Slot for NoBreaker {
+    type Service<S> = S;
+
+    fn wrap<S: Clone, C>(
+        self,
+        inner: S,
+        _name: Option<&Name>,
+        retry: RetryLayer<C>,
+    ) -> Retry<S, C> {
+        retry.into_service(inner)
+    }
+}
+
+impl BreakerSlot for NoBreaker {}
+
+impl<K> sealed::Slot for CircuitBreakerLayer<K> {
+    type Service<S> = CircuitBreaker<S, K>;
+
+    fn wrap<S: Clone, C>(
+        self,
+        inner: S,
+        name: Option<&Name>,
+        retry: RetryLayer<C>,
+    ) -> Retry<CircuitBreaker<S, K>, C> {
+        let breaker = match name {
+            Some(name) if self.is_unnamed() => self.upstream(name.clone()),
+            _ => self,
+        };
+        retry.into_service(breaker.into_service(inner))
+    }
+}
+
+impl<K> BreakerSlot for CircuitBreakerLayer<K> {}
