@@ -537,6 +537,128 @@ async fn a_post_whose_body_breaks_is_not_resent() {
     assert_eq!(server.arrival_count(), 1);
 }
 
+/// A POST sent under a key the stack chose, that may have been processed
+/// and has no retry left, ends outcome-unknown, with the key readable and
+/// the advice to retry with that same key — never a bare "retry later",
+/// which a job runner would follow with a new key, doing the work twice.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_post_under_a_generated_key_with_no_retry_left_says_retry_with_the_same_key() {
+    use resend::RetryAdvice;
+    // Attempts that time out, then no attempt left.
+    let silent = server(Script::new().otherwise(Reply::never())).await;
+    let client = stack()
+        .idempotency_keys()
+        .max_attempts(2)
+        .attempt_timeout(500 * MS)
+        .service(transport());
+    let err = within(client.oneshot(post(silent.uri("/charges"))))
+        .await
+        .expect_err("nobody answers");
+    let arrivals = silent.arrivals();
+    assert_eq!(arrivals.len(), 2);
+    let sent = arrivals[0].headers["idempotency-key"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(arrivals[1].headers["idempotency-key"], sent.as_str());
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.idempotency_key(), Some(sent.as_str()));
+    assert!(
+        matches!(err.retry_advice(), RetryAdvice::SameKey(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&sent), "{err}");
+
+    // The deadline (which fires outside the key layer) says the same.
+    let client = stack()
+        .idempotency_keys()
+        .total(SECOND)
+        .attempt_timeout(5 * SECOND)
+        .service(transport());
+    let err = within(client.oneshot(post(silent.uri("/charges"))))
+        .await
+        .expect_err("nobody answers");
+    let sent = silent.arrivals()[2].headers["idempotency-key"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.idempotency_key(), Some(sent.as_str()));
+    assert!(matches!(err.retry_advice(), RetryAdvice::SameKey(_)));
+
+    // A key the caller set is the caller's to reuse: the error is as it was.
+    let client = stack()
+        .idempotency_keys()
+        .max_attempts(2)
+        .attempt_timeout(500 * MS)
+        .service(transport());
+    let mut req = post(silent.uri("/charges"));
+    req.extensions_mut()
+        .insert(resend::IdempotencyKey::new("order-7").unwrap());
+    let err = within(client.clone().oneshot(req))
+        .await
+        .expect_err("nobody answers");
+    assert!(!err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.idempotency_key(), None);
+
+    // Nothing sent (a closed port): safe to send again at once; the key is
+    // still there to read.
+    let port = closed_port();
+    let err = within(client.oneshot(post(
+        format!("http://127.0.0.1:{port}/charges").parse().unwrap(),
+    )))
+    .await
+    .expect_err("nothing listens");
+    assert!(err.is_not_sent() && !err.is_outcome_unknown(), "{err}");
+    assert!(err.idempotency_key().is_some());
+    assert_eq!(err.retry_advice(), RetryAdvice::After(Duration::ZERO));
+}
+
+/// A request's own `CallOptions` override the stack's attempts and attempt
+/// limit, for that request alone.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn call_options_set_attempts_and_the_attempt_limit_per_request() {
+    use resend::CallOptions;
+    let failing = server(Script::new().otherwise(Reply::status(503))).await;
+    let client = stack().no_budget().service(transport());
+    for (attempts, expected) in [(Some(5), 5), (Some(1), 1), (None, 3)] {
+        let before = failing.arrival_count();
+        let mut req = get(failing.uri("/items"));
+        if let Some(n) = attempts {
+            req.extensions_mut()
+                .insert(CallOptions::new().max_attempts(n));
+        }
+        let resp = within(client.clone().oneshot(req))
+            .await
+            .expect("the last 503 is returned");
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(failing.arrival_count() - before, expected, "{attempts:?}");
+    }
+    // The attempt limit: 100 ms for this request, 5 s for the others.
+    let silent = server(Script::new().otherwise(Reply::never())).await;
+    let client = stack()
+        .no_budget()
+        .max_attempts(2)
+        .attempt_timeout(5 * SECOND)
+        .total(60 * SECOND)
+        .service(transport());
+    let mut req = get(silent.uri("/slow"));
+    req.extensions_mut()
+        .insert(CallOptions::new().attempt_timeout(100 * MS));
+    let start = Instant::now();
+    let err = within(client.clone().oneshot(req))
+        .await
+        .expect_err("nobody answers");
+    assert_eq!(err.attempts(), 2, "{err}");
+    assert!(start.elapsed() < 500 * MS, "{:?}", start.elapsed());
+    let start = Instant::now();
+    let err = within(client.oneshot(get(silent.uri("/slow"))))
+        .await
+        .expect_err("nobody answers");
+    assert_eq!(err.attempts(), 2);
+    assert!(start.elapsed() >= 10 * SECOND, "{:?}", start.elapsed());
+}
+
 // 9. Bodies: replayed byte for byte under the cap, never over it.
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -139,6 +139,9 @@ struct Inner {
     history: Option<Attempts>,
     /// For [`ErrorKind::CircuitOpen`]: why and for how long.
     circuit: Option<Refusal>,
+    /// The Idempotency-Key the call was sent under when the stack chose it
+    /// (the caller set none): what a retry must carry.
+    key: Option<http::HeaderValue>,
     source: Option<BoxError>,
 }
 
@@ -154,6 +157,11 @@ pub enum RetryAdvice {
     VerifyFirst,
     /// Sending the same request again will not help.
     Never,
+    /// The server may have acted, under an Idempotency-Key that resend
+    /// chose ([`Error::idempotency_key`]): send it again, after this wait,
+    /// **with that same key** (the upstream answers the repeat from what it
+    /// stored); a new key could do the work twice.
+    SameKey(Duration),
 }
 
 impl Error {
@@ -169,6 +177,7 @@ impl Error {
                 elapsed: None,
                 history: None,
                 circuit: None,
+                key: None,
                 source: None,
             }),
         }
@@ -435,21 +444,57 @@ impl Error {
     /// ```
     pub fn retry_advice(&self) -> RetryAdvice {
         const LATER: Duration = Duration::from_secs(1);
+        let last = self.inner.history.as_ref().and_then(Attempts::last);
         match self.inner.kind {
+            ErrorKind::OutcomeUnknown if self.inner.key.is_some() => {
+                RetryAdvice::SameKey(last.and_then(|a| a.server_wait()).unwrap_or(LATER))
+            }
             ErrorKind::OutcomeUnknown => RetryAdvice::VerifyFirst,
             // Not sent, but sending again before the circuit closes fails
             // the same way.
             ErrorKind::CircuitOpen => RetryAdvice::After(self.inner.limit.unwrap_or(LATER)),
             _ if self.inner.not_sent => RetryAdvice::After(Duration::ZERO),
             ErrorKind::BodyNotReplayable => RetryAdvice::VerifyFirst,
-            _ => {
-                let last = self.inner.history.as_ref().and_then(Attempts::last);
-                match last.map(|a| a.class()) {
-                    Some(Class::Rejected) => RetryAdvice::Never,
-                    _ => RetryAdvice::After(last.and_then(|a| a.server_wait()).unwrap_or(LATER)),
-                }
-            }
+            _ => match last.map(|a| a.class()) {
+                Some(Class::Rejected) => RetryAdvice::Never,
+                _ => RetryAdvice::After(last.and_then(|a| a.server_wait()).unwrap_or(LATER)),
+            },
         }
+    }
+
+    /// The Idempotency-Key the call was sent under, when resend chose it
+    /// (the caller set none, and the stack declares that the upstream
+    /// honours keys): a retry by the caller must carry this same key. Set
+    /// on errors of calls that may have been processed, which are then
+    /// [`OutcomeUnknown`](ErrorKind::OutcomeUnknown) with the advice
+    /// [`RetryAdvice::SameKey`].
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.inner.key.as_ref().and_then(|k| k.to_str().ok())
+    }
+
+    /// An error of a call sent under `key`, a key resend chose: if the call
+    /// may have been processed (an attempt was sent, and not every attempt
+    /// says it was not acted on), it becomes outcome-unknown, with this
+    /// error as its cause, the key readable and the advice to retry with it;
+    /// otherwise it only carries the key.
+    pub(crate) fn with_generated_key(mut self, key: http::HeaderValue) -> Self {
+        if self.inner.key.is_some() {
+            return self;
+        }
+        let processed = !self.inner.not_sent && !self.nothing_processed();
+        if !processed || self.inner.kind == ErrorKind::OutcomeUnknown {
+            self.inner.key = Some(key);
+            return self;
+        }
+        let mut e = Self::new(ErrorKind::OutcomeUnknown);
+        e.inner.upstream = self.inner.upstream.clone();
+        e.inner.attempts = self.inner.attempts;
+        e.inner.elapsed = self.inner.elapsed;
+        e.inner.phase = self.inner.phase;
+        e.inner.history = self.inner.history.clone();
+        e.inner.key = Some(key);
+        e.inner.source = Some(Box::new(self));
+        e
     }
 
     /// How long the call (or, for an attempt or connect timeout, the attempt)
@@ -493,6 +538,9 @@ impl fmt::Debug for Error {
         if let Some(e) = i.elapsed {
             d.field("elapsed", &e);
         }
+        if let Some(k) = &i.key {
+            d.field("key", k);
+        }
         if let Some(h) = &i.history {
             d.field("history", h);
         }
@@ -530,10 +578,17 @@ impl fmt::Display for Error {
                 f.write_str("could not connect (nothing was sent)")?;
             }
             ErrorKind::Transport => f.write_str("transport error")?,
-            ErrorKind::OutcomeUnknown => f.write_str(
-                "outcome unknown: the server may have processed the request, \
-                 which is not safe to send again; verify (look the resource up) before resending",
-            )?,
+            ErrorKind::OutcomeUnknown => match i.key.as_ref().and_then(|k| k.to_str().ok()) {
+                Some(key) => write!(
+                    f,
+                    "outcome unknown: the server may have processed the request \
+                     (send it again only with the same Idempotency-Key, {key})"
+                )?,
+                None => f.write_str(
+                    "outcome unknown: the server may have processed the request, \
+                     which is not safe to send again; verify (look the resource up) before resending",
+                )?,
+            },
             ErrorKind::RetriesExhausted => f.write_str("retries exhausted")?,
             ErrorKind::BudgetExhausted => f.write_str(
                 "retry budget exhausted: the upstream is failing for many calls, not retried",

@@ -101,6 +101,6 @@ pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
 pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
 pub use idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use name::Name;
-pub use retry::{Attempts, RetryLayer};
+pub use retry::{Attempts, CallOptions, RetryLayer};
 pub use stack::{stack, Stack, StackBuilder, StackFuture, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
 pub use timeout::AttemptTimeoutLayer;

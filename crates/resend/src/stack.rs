@@ -345,9 +345,15 @@ where
         self.inner.poll_ready(cx).map_err(Error::from_box)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        // The key, chosen here rather than by the key layer inside (which
+        // then finds it and does nothing), so that an error of the call —
+        // the deadline's too, which fires outside the key layer — can say
+        // which key a retry must carry.
+        let key = self.inner.get_ref().write_key(&mut req);
         StackFuture {
             inner: self.inner.call(req),
+            key,
         }
     }
 }
@@ -358,6 +364,8 @@ pin_project! {
     pub struct StackFuture<F> {
         #[pin]
         inner: F,
+        // The Idempotency-Key the stack chose, if it did.
+        key: Option<http::HeaderValue>,
     }
 }
 
@@ -368,7 +376,14 @@ where
     type Output = Result<T, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().inner.poll(cx).map_err(Error::from_box)
+        let this = self.project();
+        this.inner.poll(cx).map_err(|e| {
+            let e = Error::from_box(e);
+            match this.key.take() {
+                Some(key) => e.with_generated_key(key),
+                None => e,
+            }
+        })
     }
 }
 

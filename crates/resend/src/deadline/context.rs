@@ -24,6 +24,36 @@ use crate::error::Phase;
 // instructions.
 thread_local! {
     static CONTEXT: Cell<Ctx> = const { Cell::new(Ctx::NONE) };
+    /// A per-attempt limit for the attempt being started, set by a retry
+    /// layer from the request's [`CallOptions`](crate::CallOptions) for the
+    /// length of its synchronous `call` of the next layer, and read by an
+    /// attempt timeout within it.
+    static ATTEMPT_LIMIT: Cell<Option<std::time::Duration>> = const { Cell::new(None) };
+}
+
+/// Sets the per-attempt limit of the attempt about to be called, until the
+/// returned guard is dropped.
+#[inline]
+pub(crate) fn attempt_limit(limit: Option<std::time::Duration>) -> AttemptLimit {
+    AttemptLimit(ATTEMPT_LIMIT.replace(limit))
+}
+
+/// The per-attempt limit a retry layer set for the attempt being called,
+/// taken: only the first attempt timeout below the retry layer applies it.
+#[inline]
+pub(crate) fn current_attempt_limit() -> Option<std::time::Duration> {
+    ATTEMPT_LIMIT.take()
+}
+
+/// Puts the previous per-attempt limit back when dropped.
+#[must_use = "the limit is left as soon as the guard is dropped"]
+pub(crate) struct AttemptLimit(Option<std::time::Duration>);
+
+impl Drop for AttemptLimit {
+    #[inline]
+    fn drop(&mut self) {
+        ATTEMPT_LIMIT.set(self.0);
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -268,8 +268,23 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        self.write_key(&mut req);
+        self.inner.call(req)
+    }
+}
+
+/// Marks a request whose Idempotency-Key resend chose (generated or
+/// derived), not the caller, with the key: an error of such a call that
+/// may have been processed says which key a retry must carry.
+#[derive(Clone, Debug)]
+pub(crate) struct GeneratedKey(pub(crate) HeaderValue);
+
+impl<S> SetIdempotencyKey<S> {
+    /// Writes the request's key, if it needs one and has none; returns it
+    /// when resend chose it (and then marks the request [`GeneratedKey`]).
+    pub(crate) fn write_key<B>(&self, req: &mut Request<B>) -> Option<HeaderValue> {
         if !self.enabled {
-            return self.inner.call(req);
+            return None;
         }
         let given = req.extensions().get::<IdempotencyKey>();
         let wanted = given.is_some() || !is_idempotent(req.method());
@@ -279,14 +294,20 @@ where
             req.headers().contains_key(&self.header)
                 || KEY_HEADERS.iter().any(|h| req.headers().contains_key(h))
         };
-        if wanted && !has_key() && req.extensions().get::<NoIdempotencyKey>().is_none() {
-            let value = match given {
-                Some(k) => k.0.clone(),
-                None => self.fresh(&req),
-            };
-            req.headers_mut().insert(self.header.clone(), value);
+        if !wanted || has_key() || req.extensions().get::<NoIdempotencyKey>().is_some() {
+            return None;
         }
-        self.inner.call(req)
+        let (value, chosen) = match given {
+            Some(k) => (k.0.clone(), false),
+            None => (self.fresh(req), true),
+        };
+        if !chosen {
+            req.headers_mut().insert(self.header.clone(), value);
+            return None;
+        }
+        req.headers_mut().insert(self.header.clone(), value.clone());
+        req.extensions_mut().insert(GeneratedKey(value.clone()));
+        Some(value)
     }
 }
 

@@ -81,6 +81,8 @@ pub(crate) struct Retrying<S, B, C> {
     waited: Duration,
     /// When the last attempt ended (its wait is counted from then).
     decided_at: Instant,
+    /// This request's own attempt cap and attempt limit, if it set them.
+    options: super::CallOptions,
     /// The next attempt holds a budget token: one it gives back if it
     /// succeeds (and, if the floor paid for it, pauses the floor if it
     /// fails).
@@ -126,11 +128,17 @@ impl<S, B, C> Retrying<S, B, C> {
             attempt_start: now,
             waited: Duration::ZERO,
             decided_at: now,
+            options: super::CallOptions::new(),
             token: None,
             history: Attempts::new(),
             rng: None,
             span,
         })
+    }
+
+    /// This request's own settings (a `CallOptions` extension).
+    pub(crate) fn set_options(&mut self, options: super::CallOptions) {
+        self.options = options;
     }
 
     fn rng(&mut self) -> &mut fastrand::Rng {
@@ -186,6 +194,12 @@ impl<S, B, C> Retrying<S, B, C> {
                     None => Error::from_box(source).with_history(history),
                 };
                 e.set_upstream_if_none(upstream);
+                // Sent under a key resend chose: a call that may have been
+                // processed is outcome-unknown, and says the key a retry
+                // must carry.
+                if let Some(key) = self.head.generated_key() {
+                    e = e.with_generated_key(key);
+                }
                 Err(e.into())
             }
         }
@@ -265,7 +279,10 @@ where
                         _ if !r.allowed => Decision::Stop(Stop::Disabled),
                         _ => {
                             let remaining = r.deadline.map(|d| d.remaining_at(now));
-                            let policy = r.shared.policy;
+                            let mut policy = r.shared.policy;
+                            if let Some(n) = r.options.max_attempts {
+                                policy.max_attempts = n.max(1);
+                            }
                             let replay_safe = r.replay_safe;
                             policy.decide(&c, replay_safe, made, r.rng(), remaining)
                         }
@@ -459,6 +476,7 @@ where
                     let mut req = r.head.request(body);
                     announce(&mut req, r.history.len(), r.shared.attempt_header.as_ref());
                     r.attempt_start = Instant::now();
+                    let _limit = context::attempt_limit(r.options.attempt_timeout);
                     let future = match r.service.as_mut() {
                         Some(service) => service.call(req),
                         None => {

@@ -28,10 +28,10 @@ pub(crate) struct Head {
 /// The request's extensions, for later attempts.
 #[derive(Debug)]
 enum Own {
-    /// Only resend's own entries were there (the deadline, and whether
-    /// attempts are marked for read-ahead): rebuilt for a retry, so the
-    /// success path clones no map.
-    Rebuild(Option<Deadline>, bool),
+    /// Only resend's own entries were there (the deadline, whether
+    /// attempts are marked for read-ahead, the key resend chose): rebuilt
+    /// for a retry, so the success path clones no map.
+    Rebuild(Option<Deadline>, bool, Option<http::HeaderValue>),
     /// The caller's extensions too: a clone of them all.
     Cloned(Extensions),
 }
@@ -42,9 +42,16 @@ impl Head {
     /// extensions, if any); the first attempt takes `parts` itself.
     pub(super) fn keep(parts: &Parts, deadline: Option<Deadline>) -> Self {
         let read_ahead = parts.extensions.get::<super::ReadAhead>().is_some();
-        let ours = 1 + usize::from(deadline.is_some()) + usize::from(read_ahead);
+        let key = parts
+            .extensions
+            .get::<crate::idempotency::GeneratedKey>()
+            .map(|k| k.0.clone());
+        let ours = 1
+            + usize::from(deadline.is_some())
+            + usize::from(read_ahead)
+            + usize::from(key.is_some());
         let extensions = if parts.extensions.len() == ours {
-            Own::Rebuild(deadline, read_ahead)
+            Own::Rebuild(deadline, read_ahead, key)
         } else {
             Own::Cloned(parts.extensions.clone())
         };
@@ -70,7 +77,7 @@ impl Head {
         *req.version_mut() = self.version;
         *req.headers_mut() = self.headers.clone();
         match &self.extensions {
-            Own::Rebuild(deadline, read_ahead) => {
+            Own::Rebuild(deadline, read_ahead, key) => {
                 let ext = req.extensions_mut();
                 ext.insert(RetryInCharge);
                 if let Some(d) = deadline {
@@ -79,10 +86,23 @@ impl Head {
                 if *read_ahead {
                     ext.insert(super::ReadAhead);
                 }
+                if let Some(k) = key {
+                    ext.insert(crate::idempotency::GeneratedKey(k.clone()));
+                }
             }
             Own::Cloned(ext) => *req.extensions_mut() = ext.clone(),
         }
         req
+    }
+
+    /// The Idempotency-Key resend chose for the request, if it did.
+    pub(super) fn generated_key(&self) -> Option<http::HeaderValue> {
+        match &self.extensions {
+            Own::Rebuild(_, _, key) => key.clone(),
+            Own::Cloned(ext) => ext
+                .get::<crate::idempotency::GeneratedKey>()
+                .map(|k| k.0.clone()),
+        }
     }
 
     pub(super) fn facts(&self) -> RequestFacts<'_> {

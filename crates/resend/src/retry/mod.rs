@@ -88,6 +88,54 @@ pub use read_ahead::{
 pub use retry_after::{parse_grpc_pushback, parse_retry_after, InvalidRetryAfter, Pushback};
 pub use service::Retry;
 
+/// A request extension that sets, for this request alone, what the retry
+/// layer's configuration says for every call: the attempts in all, and the
+/// limit of each attempt (applied by the [`AttemptTimeoutLayer`](crate::AttemptTimeoutLayer)
+/// below the retry layer, the stack's included; still never more than the
+/// time left). Fields left `None` keep the layer's setting.
+///
+/// ```
+/// use std::time::Duration;
+/// use resend::retry::CallOptions;
+///
+/// let mut req = http::Request::get("http://api/report").body(()).unwrap();
+/// req.extensions_mut().insert(
+///     CallOptions::new().max_attempts(5).attempt_timeout(Duration::from_secs(30)),
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallOptions {
+    /// Attempts in all, the first included (0 counts as 1).
+    pub max_attempts: Option<u32>,
+    /// The limit of each attempt.
+    pub attempt_timeout: Option<std::time::Duration>,
+}
+
+impl CallOptions {
+    /// No override: the layer's settings.
+    pub const fn new() -> Self {
+        Self {
+            max_attempts: None,
+            attempt_timeout: None,
+        }
+    }
+
+    /// Attempts in all for this request, the first included.
+    #[must_use]
+    pub const fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// The limit of each attempt of this request.
+    #[must_use]
+    pub const fn attempt_timeout(mut self, limit: std::time::Duration) -> Self {
+        self.attempt_timeout = Some(limit);
+        self
+    }
+}
+
 /// A request extension that turns retries off for that request: it is sent
 /// once, whatever happens.
 ///

@@ -9,7 +9,7 @@ use tower_service::Service;
 use super::future::{ResponseFuture, Retrying};
 use super::head::RetryInCharge;
 use super::layer::Shared;
-use super::{NoRetry, ReplayBody, RetryLayer};
+use super::{CallOptions, NoRetry, ReplayBody, RetryLayer};
 use crate::classify::{Classify, HttpClassifier, RequestFacts};
 use crate::deadline::{context, Deadline};
 use crate::error::BoxError;
@@ -94,6 +94,11 @@ where
             return ResponseFuture::passthrough(self.inner.call(req));
         }
         let allowed = only_deadline || ext.get::<NoRetry>().is_none();
+        let options = if only_deadline {
+            None
+        } else {
+            ext.get::<CallOptions>().copied()
+        };
         let shared = Arc::clone(&self.shared);
         let (call_deadline, now) = match context::current() {
             Some((d, now)) => (Some(d), now.unwrap_or_else(Instant::now)),
@@ -124,7 +129,7 @@ where
             Some(first) => (first, Some(body)),
             None => (body, None),
         };
-        let retrying = Retrying::new(
+        let mut retrying = Retrying::new(
             &parts,
             own,
             body,
@@ -134,9 +139,14 @@ where
             deadline,
             now,
         );
+        let limit = options.and_then(|o| o.attempt_timeout);
+        if let Some(o) = options {
+            retrying.set_options(o);
+        }
         let attempt = Request::from_parts(parts, first);
         // Call the service that was made ready; a later attempt uses a clone
         // of the layer's template, made (and made ready) only then.
+        let _limit = context::attempt_limit(limit);
         ResponseFuture::retrying(self.inner.call(attempt), retrying)
     }
 }

@@ -68,22 +68,22 @@ where
             Some((call, now)) => (Some(call), now.unwrap_or_else(Instant::now)),
             None => (Deadline::current(), Instant::now()),
         };
-        // `per_attempt` is clamped at construction: this cannot overflow.
-        let own = start + self.per_attempt;
+        // A retry layer above may give this attempt its own limit (the
+        // request's `CallOptions`). `per_attempt` is clamped at
+        // construction, and so is an override: this cannot overflow.
+        let per_attempt =
+            context::current_attempt_limit().map_or(self.per_attempt, crate::deadline::clamp);
+        let own = start + per_attempt;
         let deadline = match (deadline, req.extensions().get::<Deadline>()) {
             (Some(d), Some(r)) => Some(d.min(*r)),
             (d, r) => d.or(r.copied()),
         };
         match deadline {
             Some(d) if d.instant() <= start => ResponseFuture::expired(),
-            Some(d) if d.instant() <= own => ResponseFuture::new(
-                self.inner.call(req),
-                start,
-                d.instant(),
-                true,
-                self.per_attempt,
-            ),
-            _ => ResponseFuture::new(self.inner.call(req), start, own, false, self.per_attempt),
+            Some(d) if d.instant() <= own => {
+                ResponseFuture::new(self.inner.call(req), start, d.instant(), true, per_attempt)
+            }
+            _ => ResponseFuture::new(self.inner.call(req), start, own, false, per_attempt),
         }
     }
 }
