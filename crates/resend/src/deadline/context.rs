@@ -24,35 +24,67 @@ use crate::error::Phase;
 // instructions.
 thread_local! {
     static CONTEXT: Cell<Ctx> = const { Cell::new(Ctx::NONE) };
-    /// A per-attempt limit for the attempt being started, set by a retry
-    /// layer from the request's [`CallOptions`](crate::CallOptions) for the
-    /// length of its synchronous `call` of the next layer, and read by an
-    /// attempt timeout within it.
-    static ATTEMPT_LIMIT: Cell<Option<std::time::Duration>> = const { Cell::new(None) };
+    /// What a retry layer tells the layers below about the attempt it is
+    /// starting, for the length of its synchronous `call` of the next layer.
+    static ATTEMPT: Cell<Attempt> = const { Cell::new(Attempt::NONE) };
 }
 
-/// Sets the per-attempt limit of the attempt about to be called, until the
+/// What a retry layer tells the layers below about one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    /// Its own limit, from the request's [`CallOptions`](crate::CallOptions):
+    /// read by the first attempt timeout below.
+    pub(crate) limit: Option<std::time::Duration>,
+    /// Its response body may be read ahead (a replay-safe request the
+    /// retry layer may retry): read by a read-ahead layer below.
+    pub(crate) read_ahead: bool,
+}
+
+impl Attempt {
+    const NONE: Self = Self {
+        limit: None,
+        read_ahead: false,
+    };
+}
+
+/// Tells the layers below about the attempt about to be called, until the
 /// returned guard is dropped.
 #[inline]
-pub(crate) fn attempt_limit(limit: Option<std::time::Duration>) -> AttemptLimit {
-    AttemptLimit(ATTEMPT_LIMIT.replace(limit))
+pub(crate) fn attempt(attempt: Attempt) -> AttemptGuard {
+    AttemptGuard(ATTEMPT.replace(attempt))
 }
 
 /// The per-attempt limit a retry layer set for the attempt being called,
 /// taken: only the first attempt timeout below the retry layer applies it.
 #[inline]
-pub(crate) fn current_attempt_limit() -> Option<std::time::Duration> {
-    ATTEMPT_LIMIT.take()
+pub(crate) fn take_attempt_limit() -> Option<std::time::Duration> {
+    let mut a = ATTEMPT.get();
+    let limit = a.limit.take();
+    if limit.is_some() {
+        ATTEMPT.set(a);
+    }
+    limit
 }
 
-/// Puts the previous per-attempt limit back when dropped.
-#[must_use = "the limit is left as soon as the guard is dropped"]
-pub(crate) struct AttemptLimit(Option<std::time::Duration>);
+/// Whether the attempt being called may have its body read ahead, taken.
+#[inline]
+pub(crate) fn take_read_ahead() -> bool {
+    let mut a = ATTEMPT.get();
+    let read = std::mem::take(&mut a.read_ahead);
+    if read {
+        ATTEMPT.set(a);
+    }
+    read
+}
 
-impl Drop for AttemptLimit {
+/// Puts what was said of the previous attempt back when dropped.
+#[must_use = "the attempt's settings are left as soon as the guard is dropped"]
+pub(crate) struct AttemptGuard(Attempt);
+
+impl Drop for AttemptGuard {
     #[inline]
     fn drop(&mut self) {
-        ATTEMPT_LIMIT.set(self.0);
+        ATTEMPT.set(self.0);
     }
 }
 

@@ -97,6 +97,7 @@ impl<S, B, C> Retrying<S, B, C> {
     pub(crate) fn new(
         parts: &http::request::Parts,
         own_deadline: Option<Deadline>,
+        key: Option<HeaderValue>,
         body: Option<ReplayBody<B>>,
         shared: Arc<Shared<S, C>>,
         replay_safe: bool,
@@ -117,7 +118,7 @@ impl<S, B, C> Retrying<S, B, C> {
         Box::new(Self {
             service: None,
             // Made here, in its place, rather than moved in.
-            head: Head::keep(parts, own_deadline),
+            head: Head::keep(parts, own_deadline, key),
             body,
             next_body: None,
             shared,
@@ -476,7 +477,10 @@ where
                     let mut req = r.head.request(body);
                     announce(&mut req, r.history.len(), r.shared.attempt_header.as_ref());
                     r.attempt_start = Instant::now();
-                    let _limit = context::attempt_limit(r.options.attempt_timeout);
+                    let _attempt = context::attempt(context::Attempt {
+                        limit: r.options.attempt_timeout,
+                        read_ahead: r.replay_safe && r.allowed,
+                    });
                     let future = match r.service.as_mut() {
                         Some(service) => service.call(req),
                         None => {

@@ -28,10 +28,9 @@ pub(crate) struct Head {
 /// The request's extensions, for later attempts.
 #[derive(Debug)]
 enum Own {
-    /// Only resend's own entries were there (the deadline, whether
-    /// attempts are marked for read-ahead, the key resend chose): rebuilt
-    /// for a retry, so the success path clones no map.
-    Rebuild(Option<Deadline>, bool, Option<http::HeaderValue>),
+    /// Only resend's own entries were there (the deadline, the key resend
+    /// chose): rebuilt for a retry, so the success path clones no map.
+    Rebuild(Option<Deadline>, Option<http::HeaderValue>),
     /// The caller's extensions too: a clone of them all.
     Cloned(Extensions),
 }
@@ -40,18 +39,16 @@ impl Head {
     /// Keeps what later attempts need from `parts` (which already carry the
     /// [`RetryInCharge`] marker, and `deadline`, the `Deadline` among their
     /// extensions, if any); the first attempt takes `parts` itself.
-    pub(super) fn keep(parts: &Parts, deadline: Option<Deadline>) -> Self {
-        let read_ahead = parts.extensions.get::<super::ReadAhead>().is_some();
-        let key = parts
-            .extensions
-            .get::<crate::idempotency::GeneratedKey>()
-            .map(|k| k.0.clone());
-        let ours = 1
-            + usize::from(deadline.is_some())
-            + usize::from(read_ahead)
-            + usize::from(key.is_some());
+    /// `key` is the key resend chose, if the caller's extensions hold one
+    /// (looked up only when they hold more than resend's deadline).
+    pub(super) fn keep(
+        parts: &Parts,
+        deadline: Option<Deadline>,
+        key: Option<http::HeaderValue>,
+    ) -> Self {
+        let ours = 1 + usize::from(deadline.is_some()) + usize::from(key.is_some());
         let extensions = if parts.extensions.len() == ours {
-            Own::Rebuild(deadline, read_ahead, key)
+            Own::Rebuild(deadline, key)
         } else {
             Own::Cloned(parts.extensions.clone())
         };
@@ -77,14 +74,11 @@ impl Head {
         *req.version_mut() = self.version;
         *req.headers_mut() = self.headers.clone();
         match &self.extensions {
-            Own::Rebuild(deadline, read_ahead, key) => {
+            Own::Rebuild(deadline, key) => {
                 let ext = req.extensions_mut();
                 ext.insert(RetryInCharge);
                 if let Some(d) = deadline {
                     ext.insert(*d);
-                }
-                if *read_ahead {
-                    ext.insert(super::ReadAhead);
                 }
                 if let Some(k) = key {
                     ext.insert(crate::idempotency::GeneratedKey(k.clone()));
@@ -98,7 +92,7 @@ impl Head {
     /// The Idempotency-Key resend chose for the request, if it did.
     pub(super) fn generated_key(&self) -> Option<http::HeaderValue> {
         match &self.extensions {
-            Own::Rebuild(_, _, key) => key.clone(),
+            Own::Rebuild(_, key) => key.clone(),
             Own::Cloned(ext) => ext
                 .get::<crate::idempotency::GeneratedKey>()
                 .map(|k| k.0.clone()),
@@ -141,7 +135,7 @@ mod tests {
                 e.insert(Mine(7));
             }),
         ] {
-            let head = Head::keep(&p, p.extensions.get::<Deadline>().copied());
+            let head = Head::keep(&p, p.extensions.get::<Deadline>().copied(), None);
             let again = head.request(());
             assert_eq!(again.method(), p.method);
             assert_eq!(again.uri(), &p.uri);

@@ -80,7 +80,6 @@ pub use policy::{
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BUDGET_WAIT, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT,
     DEFAULT_OVERLOAD_FLOOR, DEFAULT_WAIT_SPREAD,
 };
-pub(crate) use read_ahead::ReadAhead;
 pub use read_ahead::{
     ReadAheadBody, ReadAheadLayer, ReadAheadService, ResponseFuture as ReadAheadFuture,
     DEFAULT_READ_AHEAD,

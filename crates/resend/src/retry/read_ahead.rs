@@ -15,21 +15,17 @@ use tower_service::Service;
 
 use crate::error::BoxError;
 
-/// Marks an attempt whose response body may be read ahead: the
-/// [`RetryLayer`](super::RetryLayer) puts it on every attempt of a
-/// replay-safe request it may retry. Zero-sized: inserting it allocates
-/// nothing.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ReadAhead;
-
 /// The default cap of [`ReadAheadLayer`]: 64 KiB.
 pub const DEFAULT_READ_AHEAD: usize = 64 * 1024;
 
 /// Reads the response body of an attempt before returning the response,
-/// when a [`RetryLayer`](super::RetryLayer) above marked the attempt
-/// (a replay-safe request it may retry) and the body's length is known and
-/// at most the cap: a break inside such a body (a reset connection, a
-/// truncated body) then fails the attempt, and the retry layer retries it.
+/// when a [`RetryLayer`](super::RetryLayer) above says the attempt may be
+/// retried (a replay-safe request with retries allowed; it says so while it
+/// calls the layers below, so they must call inner within their own `call`,
+/// as resend's do — behind a buffer's worker, nothing is read ahead) and the
+/// body's length is known and at most the cap: a break inside such a body
+/// (a reset connection, a truncated body) then fails the attempt, and the
+/// retry layer retries it.
 ///
 /// Bodies without a known length (streams, gRPC, chunked), longer ones, and
 /// requests the retry layer did not mark go through as they are: a break in
@@ -136,7 +132,10 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let cap = if req.extensions().get::<ReadAhead>().is_some() {
+        // The retry layer above says, for the attempt it is calling,
+        // whether it may retry a break in the body (a thread-local set for
+        // the length of its synchronous call: no extension to look up).
+        let cap = if crate::deadline::context::take_read_ahead() {
             self.cap
         } else {
             0
@@ -391,10 +390,21 @@ mod tests {
         }
     }
 
-    fn marked<B>(body: B) -> Request<B> {
-        let mut req = Request::new(body);
-        req.extensions_mut().insert(ReadAhead);
-        req
+    /// Calls `svc` as a retry layer marks an attempt it may retry.
+    async fn marked<S, B>(svc: S, body: B) -> Result<S::Response, S::Error>
+    where
+        S: tower::Service<Request<B>>,
+    {
+        let mut svc = svc;
+        std::future::poll_fn(|cx| svc.poll_ready(cx)).await?;
+        let fut = {
+            let _attempt = crate::deadline::context::attempt(crate::deadline::context::Attempt {
+                limit: None,
+                read_ahead: true,
+            });
+            svc.call(Request::new(body))
+        };
+        fut.await
     }
 
     #[tokio::test]
@@ -405,7 +415,7 @@ mod tests {
                 sent: Some(Bytes::from_static(b"0123456789")),
             }))
         }));
-        let err = svc.clone().oneshot(marked(())).await.unwrap_err();
+        let err = marked(svc.clone(), ()).await.unwrap_err();
         assert!(
             err.to_string().contains("reset") || err.is::<std::io::Error>(),
             "{err}"
@@ -425,14 +435,14 @@ mod tests {
                     *req.body(),
                 ))))
             }));
-        let small = svc.clone().oneshot(marked("12345678")).await.unwrap();
+        let small = marked(svc.clone(), "12345678").await.unwrap();
         assert!(small.body().is_read_ahead());
         assert_eq!(small.body().size_hint().exact(), Some(8));
         assert_eq!(
             small.into_body().collect().await.unwrap().to_bytes(),
             "12345678"
         );
-        let large = svc.clone().oneshot(marked("123456789")).await.unwrap();
+        let large = marked(svc.clone(), "123456789").await.unwrap();
         assert!(!large.body().is_read_ahead());
         assert_eq!(
             large.into_body().collect().await.unwrap().to_bytes(),
@@ -458,7 +468,7 @@ mod tests {
         let streamed = ReadAheadLayer::new(1 << 20).layer(service_fn(|_: Request<()>| async {
             Ok::<_, std::convert::Infallible>(Response::new(Stream(0)))
         }));
-        let resp = streamed.oneshot(marked(())).await.unwrap();
+        let resp = marked(streamed, ()).await.unwrap();
         assert!(!resp.body().is_read_ahead());
         assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ab");
     }
@@ -492,7 +502,7 @@ mod tests {
         let svc = ReadAheadLayer::new(4).layer(service_fn(|_: Request<()>| async {
             Ok::<_, std::convert::Infallible>(Response::new(Chunks(0)))
         }));
-        let resp = svc.oneshot(marked(())).await.unwrap();
+        let resp = marked(svc, ()).await.unwrap();
         assert!(resp.body().is_read_ahead());
         let all = resp.into_body().collect().await.unwrap();
         assert_eq!(all.trailers().unwrap()["x-sum"], "1");

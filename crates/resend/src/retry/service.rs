@@ -94,10 +94,16 @@ where
             return ResponseFuture::passthrough(self.inner.call(req));
         }
         let allowed = only_deadline || ext.get::<NoRetry>().is_none();
-        let options = if only_deadline {
-            None
+        // The caller's extensions beyond the deadline: overrides, and the
+        // key resend chose (looked up only when there are any).
+        let (options, key) = if only_deadline {
+            (None, None)
         } else {
-            ext.get::<CallOptions>().copied()
+            (
+                ext.get::<CallOptions>().copied(),
+                ext.get::<crate::idempotency::GeneratedKey>()
+                    .map(|k| k.0.clone()),
+            )
         };
         let shared = Arc::clone(&self.shared);
         let (call_deadline, now) = match context::current() {
@@ -117,11 +123,6 @@ where
         }
         let (mut parts, body) = req.into_parts();
         parts.extensions.insert(RetryInCharge);
-        if replay_safe && allowed {
-            // A read-ahead layer below may read small response bodies
-            // before they are returned, so a break inside one is retried.
-            parts.extensions.insert(super::ReadAhead);
-        }
         let body = ReplayBody::new(body, shared.policy.replay_cap);
         // A fresh body always clones; if it ever did not, it is sent as it is
         // and simply not replayed.
@@ -132,6 +133,7 @@ where
         let mut retrying = Retrying::new(
             &parts,
             own,
+            key,
             body,
             shared,
             replay_safe,
@@ -146,7 +148,13 @@ where
         let attempt = Request::from_parts(parts, first);
         // Call the service that was made ready; a later attempt uses a clone
         // of the layer's template, made (and made ready) only then.
-        let _limit = context::attempt_limit(limit);
+        // The layers below hear of this attempt: its own limit, and whether
+        // its body may be read ahead (a break in it is retried) — through
+        // the call context, so no extension is written or read for it.
+        let _attempt = context::attempt(context::Attempt {
+            limit,
+            read_ahead: replay_safe && allowed,
+        });
         ResponseFuture::retrying(self.inner.call(attempt), retrying)
     }
 }

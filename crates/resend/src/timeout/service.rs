@@ -72,7 +72,7 @@ where
         // request's `CallOptions`). `per_attempt` is clamped at
         // construction, and so is an override: this cannot overflow.
         let per_attempt =
-            context::current_attempt_limit().map_or(self.per_attempt, crate::deadline::clamp);
+            context::take_attempt_limit().map_or(self.per_attempt, crate::deadline::clamp);
         let own = start + per_attempt;
         let deadline = match (deadline, req.extensions().get::<Deadline>()) {
             (Some(d), Some(r)) => Some(d.min(*r)),
