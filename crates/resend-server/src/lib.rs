@@ -50,7 +50,7 @@
 //! - `axum`: `ClientErrorResponse`, a resend client error as an axum response.
 //! - `redis`: `RedisStore`.
 //! - `postgres`: `PostgresStore`.
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 #[cfg(feature = "axum")]

@@ -74,7 +74,7 @@
 //! - `tonic`: [`tonic::GrpcClassifier`] (gRPC statuses, pushback, an
 //!   allowlist of idempotent methods) and [`tonic::TonicTransport`], a tonic
 //!   channel as the transport.
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod breaker;
