@@ -1,7 +1,8 @@
 //! resend's guarantees over gRPC: a tonic server on 127.0.0.1, a tonic
-//! `Channel` wrapped in resend's stack with the gRPC classifier, and a client
-//! written as tonic generates them. Messages are written by hand with prost
-//! (no protoc). No outside services; a few seconds.
+//! `Channel` wrapped in resend's stack (which recognises gRPC by itself; the
+//! gRPC classifier is named only to declare an idempotent method), and a
+//! client written as tonic generates them. Messages are written by hand with
+//! prost (no protoc). No outside services; a few seconds.
 //!
 //! `cargo run --example tonic_client`
 #![allow(clippy::print_stdout)]
@@ -80,15 +81,16 @@ where
         }
     }
 
-    async fn get_balance(&mut self, req: Account) -> Result<tonic::Response<Balance>, Status> {
+    async fn get_balance(
+        &mut self,
+        req: tonic::Request<Account>,
+    ) -> Result<tonic::Response<Balance>, Status> {
         self.inner
             .ready()
             .await
             .map_err(|e| Status::unknown(format!("service was not ready: {}", e.into())))?;
         let path = PathAndQuery::from_static(GET_BALANCE);
-        self.inner
-            .unary(tonic::Request::new(req), path, ProstCodec::default())
-            .await
+        self.inner.unary(req, path, ProstCodec::default()).await
     }
 
     async fn charge(
@@ -104,9 +106,10 @@ where
     }
 }
 
-/// The flaky ledger: GetBalance answers UNAVAILABLE twice, then the balance;
-/// Charge answers RESOURCE_EXHAUSTED with a pushback of 300 ms once, then
-/// charges; a charge for "acct-slow" does the work and never answers.
+/// The flaky ledger: GetBalance answers UNAVAILABLE twice, then the balance
+/// (for "acct-slow", never); Charge answers RESOURCE_EXHAUSTED with a
+/// pushback of 300 ms once, then charges; a charge for "acct-slow" does the
+/// work and never answers.
 #[derive(Clone, Default)]
 struct Ledger {
     balance_calls: Arc<AtomicUsize>,
@@ -142,7 +145,10 @@ impl Service<Request<tonic::body::Body>> for Ledger {
                 if n < 2 {
                     return Ok(Status::unavailable("warming up").into_http());
                 }
-                let handler = tower::service_fn(|_req: tonic::Request<Account>| async {
+                let handler = tower::service_fn(|req: tonic::Request<Account>| async move {
+                    if req.into_inner().id == "acct-slow" {
+                        std::future::pending::<()>().await;
+                    }
                     Ok::<_, Status>(tonic::Response::new(Balance { cents: 12_500 }))
                 });
                 let mut grpc = tonic::server::Grpc::new(ProstCodec::<Balance, Account>::default());
@@ -215,15 +221,18 @@ async fn main() -> Result<(), resend::BoxError> {
     let t = Instant::now();
     println!("1. GetBalance (on the idempotent allowlist)");
     let balance = client
-        .get_balance(Account {
+        .get_balance(tonic::Request::new(Account {
             id: "acct-7".to_owned(),
-        })
+        }))
         .await?;
     println!(
-        "   -> {} cents after {:?}: UNAVAILABLE is retried for an allowlisted method,\n      each attempt with what is left of the 3 s deadline as grpc-timeout.\n",
+        "   -> {} cents after {:?}: UNAVAILABLE is retried for an allowlisted method,\n      each attempt with what is left of the 3 s deadline as grpc-timeout.",
         balance.get_ref().cents,
         t.elapsed()
     );
+    if let Some(attempts) = balance.extensions().get::<resend::Attempts>() {
+        println!("   attempts: {attempts}\n");
+    }
 
     // 2. RESOURCE_EXHAUSTED with grpc-retry-pushback-ms: 300.
     let t = Instant::now();
@@ -257,18 +266,34 @@ async fn main() -> Result<(), resend::BoxError> {
         charged.load(Ordering::SeqCst) - before
     );
 
-    // 4. Nothing listens: not sent, so safe to retry.
+    // 4. The caller's own timeout, set with tonic.
+    let t = Instant::now();
+    println!("4. GetBalance for acct-slow with tonic's set_timeout(500 ms), under the 3 s budget");
+    let mut req = tonic::Request::new(Account {
+        id: "acct-slow".to_owned(),
+    });
+    req.set_timeout(Duration::from_millis(500));
+    let status = client
+        .get_balance(req)
+        .await
+        .expect_err("the server never answers");
+    println!("   -> after {:?}: {}", t.elapsed(), show(&status));
+    println!(
+        "   the caller's 500 ms is the call's deadline, and went out as what was left of it.\n"
+    );
+
+    // 5. Nothing listens: not sent, so safe to retry.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let nowhere = Endpoint::from_shared(format!("http://{closed}"))?
         .tcp_nodelay(true)
         .connect_lazy();
+    // No classifier named: the stack recognises gRPC by itself.
     let replica = resend::stack()
         .name("ledger-replica")
-        .retry(|r| r.classifier(GrpcClassifier::new()))
         .service(TonicTransport::new(nowhere));
     let mut lost = LedgerClient::new(MapErr::new(replica, into_status));
     let t = Instant::now();
-    println!("4. Charge against a closed port");
+    println!("5. Charge against a closed port");
     let status = lost
         .charge(tonic::Request::new(Charge {
             account: "acct-7".to_owned(),

@@ -1,7 +1,8 @@
 //! The behaviour suite of `tests/retry.rs` over gRPC: resend's stack around
 //! a tonic `Channel` ([`resend::tonic::TonicTransport`]) with the
-//! [`GrpcClassifier`], against a real tonic server on loopback (prost
-//! messages written by hand: no protoc), on tokio's paused clock.
+//! [`GrpcClassifier`] (and without naming one: the default recognises gRPC),
+//! against a real tonic server on loopback (prost messages written by hand:
+//! no protoc), on tokio's paused clock.
 //!
 //! `cargo test -p resend-tests --features tonic --test tonic`
 
@@ -21,7 +22,7 @@ use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use prost::Message;
-use resend::classify::Class;
+use resend::classify::{Class, GrpcCode};
 use resend::retry::Stop;
 use resend::tonic::{grpc_status, into_status, resend_error, GrpcClassifier, TonicTransport};
 use resend::ErrorKind;
@@ -674,4 +675,211 @@ async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
     .expect_err("nothing listens");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(resend_error(&status).is_some_and(resend::Error::is_not_sent));
+}
+
+// What tonic users expect: their own timeout, no classifier to remember,
+// statuses that say what happened.
+
+/// The stack of a generated-style client, its errors as statuses.
+type StatusStack<C> =
+    MapErr<resend::Stack<TonicTransport<Channel>, C>, fn(resend::Error) -> Status>;
+
+/// A generated-style client over `stack`, its errors as statuses.
+fn grpc_client<C>(
+    stack: resend::Stack<TonicTransport<Channel>, C>,
+) -> tonic::client::Grpc<StatusStack<C>>
+where
+    C: Clone,
+{
+    tonic::client::Grpc::new(MapErr::new(stack, into_status as fn(_) -> _))
+}
+
+/// A unary call of `path` through `grpc`, with tonic's `request`.
+async fn unary<S>(
+    grpc: &mut tonic::client::Grpc<S>,
+    path: &'static str,
+    request: tonic::Request<ChargeRequest>,
+) -> Result<Balance, Status>
+where
+    S: tonic::client::GrpcService<tonic::body::Body>,
+    S::Error: Into<resend::BoxError>,
+    S::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
+    <S::ResponseBody as http_body::Body>::Error: Into<resend::BoxError> + Send,
+{
+    grpc.ready()
+        .await
+        .map_err(|e| Status::unknown(e.into().to_string()))?;
+    within(grpc.unary(
+        request,
+        PathAndQuery::from_static(path),
+        ProstCodec::<ChargeRequest, Balance>::default(),
+    ))
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+fn charge_request() -> tonic::Request<ChargeRequest> {
+    tonic::Request::new(ChargeRequest {
+        account: "acct-7".to_owned(),
+        amount: 100,
+    })
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_tonic_set_timeout_of_500_ms_under_a_3_s_budget_is_the_calls_deadline() {
+    // UNAVAILABLE twice (come back in 50 ms), then silence.
+    let server = GrpcServer::start(|n, _| match n {
+        0 | 1 => Do::Status(Code::Unavailable, Some("50")),
+        _ => Do::Hang,
+    })
+    .await;
+    let mut grpc = grpc_client(
+        stack()
+            .total(3 * SECOND)
+            .no_budget()
+            .retry(|r| r.classifier(classifier()))
+            .service(TonicTransport::new(server.channel())),
+    );
+    let mut request = charge_request();
+    request.set_timeout(500 * MS);
+
+    let start = Instant::now();
+    let status = unary(&mut grpc, GET_BALANCE, request)
+        .await
+        .expect_err("the server falls silent");
+
+    // The call ends by the caller's 500 ms, not the stack's 3 s.
+    let elapsed = start.elapsed();
+    assert!(elapsed <= 500 * MS, "{elapsed:?}");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let err = resend_error(&status).expect("the resend error behind the status");
+    assert!(err.is_deadline_exceeded(), "{err}");
+    // Every attempt carried what was left of the 500 ms, less the margin:
+    // not tonic's first `500000u` again.
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 3, "{arrivals:?}");
+    let mut previous = 500 * MS;
+    for a in &arrivals {
+        let sent = a.grpc_timeout.expect("every attempt carries grpc-timeout");
+        let left = (500 * MS).saturating_sub(a.at - start);
+        assert!(sent <= left, "grpc-timeout {sent:?} > time left {left:?}");
+        assert!(sent + 10 * MS >= left, "{sent:?} far under {left:?}");
+        assert!(sent < previous, "shrinks with each attempt: {sent:?}");
+        previous = sent;
+    }
+    let history = err.history().expect("the retry layer records the call");
+    assert!(
+        history
+            .to_string()
+            .starts_with("#1 grpc UNAVAILABLE (overloaded), waited "),
+        "{history}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn unavailable_is_retried_with_no_classifier_named() {
+    let server = GrpcServer::start(|n, _| match n {
+        0 | 2 => Do::Status(Code::Unavailable, None),
+        _ => Do::Answer,
+    })
+    .await;
+    // No `.retry(|r| r.classifier(..))`: the stack recognises gRPC.
+    let mut grpc = grpc_client(stack().service(TonicTransport::new(server.channel())));
+
+    // A Charge with an idempotency-key metadata entry may be sent again.
+    let mut request = charge_request();
+    request
+        .metadata_mut()
+        .insert("idempotency-key", "charge-order-42".parse().expect("ascii"));
+    let balance = unary(&mut grpc, CHARGE, request)
+        .await
+        .expect("retried past UNAVAILABLE");
+    assert_eq!(balance.amount, 100);
+    let arrivals = server.arrivals();
+    assert_eq!(arrivals.len(), 2);
+    assert!(arrivals
+        .iter()
+        .all(|a| a.key.as_deref() == Some("charge-order-42")));
+    // The UNAVAILABLE waited the overload floor: it was read as gRPC's.
+    assert!(arrivals[1].at - arrivals[0].at >= SECOND);
+
+    // The attempts say UNAVAILABLE, not 200.
+    let client = stack().service(TonicTransport::new(server.channel()));
+    let resp = within(client.oneshot(call(CHARGE, Some("charge-order-43"))))
+        .await
+        .expect("retried past UNAVAILABLE");
+    let a = attempts(&resp).clone();
+    assert_eq!(
+        a.iter()
+            .map(|a| (a.class(), a.grpc_code()))
+            .collect::<Vec<_>>(),
+        [
+            (Class::Overloaded, Some(GrpcCode::Unavailable)),
+            (Class::Success, None)
+        ]
+    );
+    assert!(
+        a.to_string()
+            .starts_with("#1 grpc UNAVAILABLE (overloaded), waited "),
+        "{a}"
+    );
+    assert!(a.to_string().contains(", #2 200 (success); "), "{a}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn resource_exhausted_is_retried_for_any_method_with_no_classifier_named() {
+    let server = GrpcServer::start(|n, _| match n {
+        0 => Do::Status(Code::ResourceExhausted, Some("200")),
+        _ => Do::Answer,
+    })
+    .await;
+    let client = stack().service(TonicTransport::new(server.channel()));
+
+    // Not processed: even a Charge without a key.
+    let resp = within(client.oneshot(call(CHARGE, None)))
+        .await
+        .expect("the second attempt answers");
+    let a = attempts(&resp);
+    assert_eq!(a.len(), 2);
+    let first = a.iter().next().expect("a first attempt");
+    assert_eq!(first.grpc_code(), Some(GrpcCode::ResourceExhausted));
+    assert_eq!(first.server_wait(), Some(200 * MS));
+    assert_eq!(server.arrival_count(), 2);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_method_not_on_an_allowlist_is_not_resent_with_no_classifier_named() {
+    let server = GrpcServer::start(|_, path| match path {
+        GET_BALANCE => Do::Status(Code::Unavailable, None),
+        _ => Do::WorkThenHang,
+    })
+    .await;
+    // No classifier, so no allowlist: GetBalance is as unsafe as Charge.
+    let mut grpc = grpc_client(
+        stack()
+            .attempt_timeout(SECOND)
+            .service(TonicTransport::new(server.channel())),
+    );
+
+    let status = unary(&mut grpc, GET_BALANCE, charge_request())
+        .await
+        .expect_err("UNAVAILABLE may have been processed");
+    assert_eq!(status.code(), Code::Unknown, "{status:?}");
+    assert!(
+        status.message().contains("verify") && status.message().contains("UNAVAILABLE"),
+        "{status:?}"
+    );
+    let err = resend_error(&status).expect("the resend error behind the status");
+    assert!(err.is_outcome_unknown());
+    assert_eq!(err.attempts(), 1);
+
+    let status = unary(&mut grpc, CHARGE, charge_request())
+        .await
+        .expect_err("nobody answers");
+    assert_eq!(status.code(), Code::Unknown, "{status:?}");
+    assert!(resend_error(&status).is_some_and(resend::Error::is_outcome_unknown));
+
+    idle(30 * SECOND).await;
+    assert_eq!(server.arrival_count(), 2, "each sent once");
+    assert_eq!(server.effects(), 1);
 }

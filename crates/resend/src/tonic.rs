@@ -1,36 +1,33 @@
-//! gRPC: a classifier that reads `grpc-status`, and a tonic channel as the
-//! transport (feature `tonic`).
+//! gRPC over tonic (feature `tonic`): a tonic channel as the transport, the
+//! stack's errors as `tonic::Status`, and tonic's own view of the call's
+//! deadline.
 //!
 //! # Classification
 //!
-//! [`GrpcClassifier`] reads the `grpc-status` of an attempt: from the
-//! response headers of a *trailers-only* response (a call that failed before
-//! any message, the usual shape of UNAVAILABLE and RESOURCE_EXHAUSTED), and,
-//! for reporting, from the trailers ([`GrpcClassifier::classify_trailers`]).
-//! The retry layer acts on the first kind only: a status in the trailers
-//! arrives after the layer has handed the response on.
+//! The stack recognises a gRPC request by its `content-type`
+//! (`application/grpc…`, which tonic writes) and classifies its attempts by
+//! the [gRPC table](crate::classify#grpc) without being told: the
+//! `grpc-status` of a trailers-only answer, `grpc-retry-pushback-ms`, a
+//! refused connection. Name a [`GrpcClassifier`] only to declare methods
+//! idempotent ([`GrpcClassifier::idempotent`]): that allowlist is opt-in,
+//! so that a call that may have been processed (UNAVAILABLE, a timeout
+//! after the request was written) is never sent again unless its method is
+//! on it or it carries an `idempotency-key` metadata entry; it then ends
+//! with [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown). What the
+//! server did not process (RESOURCE_EXHAUSTED, a refused connection) is
+//! retried for every method. Each attempt's status is in its record
+//! ([`Attempt::grpc_code`](crate::retry::Attempt::grpc_code)):
+//! `#1 grpc UNAVAILABLE (overloaded)`, not `200`.
 //!
-//! | `grpc-status` | class | retried |
-//! |---|---|---|
-//! | OK | [`Success`](Class::Success) | no |
-//! | UNAVAILABLE | [`Overloaded`](Class::Overloaded), may have been processed (like HTTP 503) | when replay-safe, after `grpc-retry-pushback-ms` (or the overload floor) plus backoff |
-//! | RESOURCE_EXHAUSTED | [`Overloaded`](Class::Overloaded), not processed (like HTTP 429) | yes, after `grpc-retry-pushback-ms` (or the overload floor) plus backoff |
-//! | DEADLINE_EXCEEDED | [`Unknown`](Class::Unknown), never retried | no: the deadline is the call's, shared by every attempt |
-//! | CANCELLED, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE, UNIMPLEMENTED, UNAUTHENTICATED | [`Rejected`](Class::Rejected) | no |
-//! | UNKNOWN, INTERNAL, DATA_LOSS, a malformed status | [`Unknown`](Class::Unknown) (like HTTP 500) | when replay-safe |
-//! | no `grpc-status` in the headers (it comes in the trailers) | [`Success`](Class::Success) for the retry layer | no |
-//! | an HTTP status other than 200 (a proxy answered) | as [`HttpClassifier`] says | as for HTTP |
+//! # Deadline
 //!
-//! A `grpc-retry-pushback-ms` that is negative or malformed means "do not
-//! retry", as gRPC's retry design says; a valid one replaces the overload
-//! floor, like `Retry-After`.
-//!
-//! gRPC methods are all POST, so **replay-safety** comes from an allowlist of
-//! idempotent full method names (`/pkg.Service/Method`,
-//! [`GrpcClassifier::idempotent`]) or an `idempotency-key` metadata entry on
-//! the call ([`Classify::is_replay_safe`]). Everything else that may have
-//! been processed (UNAVAILABLE, a timeout after the request was written)
-//! ends the call with [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown).
+//! A timeout the caller set with tonic (`tonic::Request::set_timeout`, which
+//! tonic sends as `grpc-timeout`) is the call's deadline when it is sooner
+//! than the stack's budget ([`DeadlineLayer`](crate::DeadlineLayer)): the
+//! call ends by then, and every attempt carries `grpc-timeout` with what is
+//! left of it, less a small margin
+//! ([`DeadlineHeaderLayer`](crate::DeadlineHeaderLayer)), never the
+//! caller's first value again.
 //!
 //! # Transport
 //!
@@ -39,14 +36,13 @@
 //! can wrap it: it takes resend's replayable body, and it reports a failure to
 //! connect (tonic's [`ConnectError`](::tonic::ConnectError)) as
 //! [not sent](crate::Error::is_not_sent). The stack is itself a service that
-//! generated tonic clients accept (`FooClient::new(stack)`). Every attempt
-//! carries `grpc-timeout` with the time left before the deadline, less a
-//! small margin ([`DeadlineHeaderLayer`](crate::DeadlineHeaderLayer)).
+//! generated tonic clients accept (`FooClient::new(stack)`).
 //!
 //! Give generated clients `MapErr::new(stack, `[`into_status`]`)`: the stack's
 //! [`resend::Error`](crate::Error) then reaches them as the gRPC status that
 //! says the same (DEADLINE_EXCEEDED for a deadline), and [`resend_error`]
-//! finds the whole error behind it.
+//! finds the whole error behind it. In a tonic handler, `?` does the same
+//! (`From<resend::Error> for tonic::Status`).
 //!
 //! Leave `Endpoint::timeout` unset: the deadline and the attempt timeout
 //! bound each call, and the channel also enforces the `grpc-timeout` the
@@ -56,7 +52,7 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response};
-//! use resend::tonic::{GrpcClassifier, TonicTransport};
+//! use resend::tonic::TonicTransport;
 //! use tower::{service_fn, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
@@ -70,19 +66,23 @@
 //!     }
 //! });
 //!
+//! // No classifier named: the gRPC table applies to gRPC requests.
 //! let ledger = resend::stack()
 //!     .name("ledger")
 //!     .total(Duration::from_secs(10))
-//!     .retry(|r| r.classifier(GrpcClassifier::new().idempotent("/ledger.Ledger/GetBalance")))
 //!     .service(TonicTransport::new(channel));
 //!
-//! let req = Request::post("http://ledger/ledger.Ledger/GetBalance")
+//! // A Charge with an idempotency key may be sent again after UNAVAILABLE.
+//! let req = Request::post("http://ledger/ledger.Ledger/Charge")
 //!     .header("content-type", "application/grpc")
+//!     .header("idempotency-key", "charge-order-42")
 //!     .body(tonic::body::Body::empty())
 //!     .unwrap();
 //! let resp = ledger.oneshot(req).await.unwrap();
 //! assert_eq!(resend::tonic::grpc_status(resp.headers()), Some(tonic::Code::Ok));
-//! assert_eq!(resp.extensions().get::<resend::Attempts>().unwrap().len(), 2);
+//! let attempts = resp.extensions().get::<resend::Attempts>().unwrap();
+//! assert!(attempts.to_string().starts_with("#1 grpc UNAVAILABLE (overloaded)"));
+//! assert_eq!(attempts.len(), 2);
 //! # }
 //! ```
 
@@ -95,21 +95,16 @@ use std::time::Duration;
 
 use ::tonic::Code;
 use bytes::Bytes;
-use http::header::HeaderName;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::classify::{Class, Classification, Classify, HttpClassifier, RequestFacts};
+use crate::classify::{grpc_proves_not_sent as proves_not_sent, GrpcCode};
+pub use crate::classify::{GrpcClassifier, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 use crate::deadline::{parse_grpc_timeout, GRPC_TIMEOUT};
 use crate::error::{BoxError, Error, ErrorKind, Phase};
-use crate::retry::{parse_grpc_pushback, Pushback};
-
-/// The `grpc-status` header (or trailer).
-pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-/// The `grpc-retry-pushback-ms` header (or trailer).
-pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+use crate::retry::{Attempt, Attempts};
 
 /// The gRPC status in `headers` (response headers of a trailers-only
 /// response, or trailers), if there is one; a malformed value reads as
@@ -122,23 +117,41 @@ pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-ret
 /// assert_eq!(resend::tonic::grpc_status(&http::HeaderMap::new()), None);
 /// ```
 pub fn grpc_status(headers: &HeaderMap) -> Option<Code> {
-    headers
-        .get(GRPC_STATUS)
-        .map(|v| Code::from_bytes(v.as_bytes()))
+    GrpcCode::in_headers(headers).map(Code::from)
+}
+
+impl From<GrpcCode> for Code {
+    fn from(code: GrpcCode) -> Self {
+        Self::from(code.as_i32())
+    }
+}
+
+impl From<Code> for GrpcCode {
+    fn from(code: Code) -> Self {
+        Self::from_i32(code as i32)
+    }
 }
 
 /// The gRPC status that says what `err` says, with `err` as its source, for
 /// tonic clients: map the stack's errors with it
 /// (`tower::util::MapErr::new(stack, resend::tonic::into_status)`) so that a
 /// generated client sees DEADLINE_EXCEEDED for a deadline, not UNKNOWN, and
-/// [`resend_error`] still finds the whole error.
+/// [`resend_error`] still finds the whole error. `tonic::Status::from(err)`
+/// (and `?` in a tonic handler) is the same.
 ///
-/// | [`ErrorKind`] | code |
-/// |---|---|
-/// | `DeadlineExceeded`, `AttemptTimeout` | DEADLINE_EXCEEDED |
-/// | `ConnectTimeout`, `CircuitOpen`, anything [not sent](Error::is_not_sent) | UNAVAILABLE |
-/// | `RetriesExhausted`, `BudgetExhausted` | UNAVAILABLE |
-/// | `OutcomeUnknown`, `BodyNotReplayable`, `Transport` after sending | UNKNOWN |
+/// | [`ErrorKind`] | code | why |
+/// |---|---|---|
+/// | `DeadlineExceeded` | DEADLINE_EXCEEDED | the call's deadline ran out |
+/// | `AttemptTimeout` | DEADLINE_EXCEEDED | a client-side time limit fired while the request was out: gRPC's code for that, which also says the operation may have completed (UNAVAILABLE would invite a blind resend) |
+/// | anything [not sent](Error::is_not_sent): `ConnectTimeout`, `CircuitOpen`, a refused connection | UNAVAILABLE | nothing reached the server: safe to send again, later |
+/// | `RetriesExhausted`, `BudgetExhausted` | the last attempt's gRPC status, if it had one; else UNAVAILABLE | the call was retried and every attempt failed: what gRPC's own retries return |
+/// | `OutcomeUnknown` | UNKNOWN | the server may have acted: verify before resending (the message says so, and names the last attempt's status) |
+/// | `BodyNotReplayable`, `Transport` after sending | UNKNOWN | the request went out and no answer says what became of it |
+///
+/// The message is resend's own sentence (the upstream's name, what fired,
+/// the time spent, the attempts), without the text of a transport error
+/// underneath, which stays reachable through [`resend_error`]: a handler
+/// that returns the status to its own caller hands on no internal detail.
 ///
 /// ```
 /// use std::time::Duration;
@@ -164,20 +177,66 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<Code> {
 /// # }
 /// ```
 pub fn into_status(err: Error) -> ::tonic::Status {
-    let code = match err.kind() {
+    let mut status = ::tonic::Status::new(code(&err), message(&err));
+    status.set_source(Arc::new(err));
+    status
+}
+
+/// The stack's error as the gRPC status that says the same; see
+/// [`into_status`].
+impl From<Error> for ::tonic::Status {
+    fn from(err: Error) -> Self {
+        into_status(err)
+    }
+}
+
+/// The code of [`into_status`]'s table.
+fn code(err: &Error) -> Code {
+    match err.kind() {
         ErrorKind::DeadlineExceeded | ErrorKind::AttemptTimeout => Code::DeadlineExceeded,
         _ if err.is_not_sent() => Code::Unavailable,
-        ErrorKind::ConnectTimeout
-        | ErrorKind::RetriesExhausted
-        | ErrorKind::BudgetExhausted
-        | ErrorKind::CircuitOpen => Code::Unavailable,
+        ErrorKind::ConnectTimeout | ErrorKind::CircuitOpen => Code::Unavailable,
+        ErrorKind::RetriesExhausted | ErrorKind::BudgetExhausted => last_grpc_code(err)
+            .filter(|c| *c != GrpcCode::Ok)
+            .map_or(Code::Unavailable, Code::from),
         ErrorKind::OutcomeUnknown | ErrorKind::BodyNotReplayable | ErrorKind::Transport => {
             Code::Unknown
         }
-    };
-    let mut status = ::tonic::Status::new(code, err.to_string());
-    status.set_source(Arc::new(err));
-    status
+    }
+}
+
+/// The gRPC status of the call's last attempt, if it had one.
+fn last_grpc_code(err: &Error) -> Option<GrpcCode> {
+    err.history()
+        .and_then(Attempts::last)
+        .and_then(Attempt::grpc_code)
+}
+
+/// `err`'s sentence, and those of the resend errors it wraps, without the
+/// text of any other error in its source chain; then the last attempt's
+/// gRPC status, if it had one.
+fn message(err: &Error) -> String {
+    let mut msg = String::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let full = e.to_string();
+        let source = std::error::Error::source(e);
+        let own = source.and_then(|s| full.strip_suffix(&format!(": {s}")).map(str::to_owned));
+        msg.push_str(own.as_deref().unwrap_or(&full));
+        // A resend error inside: its sentence is said too.
+        next = own
+            .is_some()
+            .then(|| source.and_then(|s| s.downcast_ref::<Error>()))
+            .flatten();
+        if next.is_some() {
+            msg.push_str(": ");
+        }
+    }
+    if let Some(code) = last_grpc_code(err) {
+        use std::fmt::Write;
+        let _ = write!(msg, " (the last attempt got {code})");
+    }
+    msg
 }
 
 /// The [`resend::Error`](crate::Error) behind a `tonic::Status` that a tonic
@@ -203,190 +262,6 @@ pub fn resend_error(status: &::tonic::Status) -> Option<&Error> {
         next = e.source();
     }
     None
-}
-
-/// The gRPC classifier of the [module table](self), with an allowlist of
-/// idempotent methods.
-///
-/// ```
-/// use http::{Request, Response};
-/// use resend::classify::{Class, Classify, RequestFacts};
-/// use resend::tonic::GrpcClassifier;
-///
-/// let c = GrpcClassifier::new().idempotent("/shop.Catalog/GetItem");
-/// let get = Request::post("http://shop/shop.Catalog/GetItem").body(()).unwrap();
-/// let buy = Request::post("http://shop/shop.Orders/Buy").body(()).unwrap();
-/// assert!(Classify::<()>::is_replay_safe(&c, &RequestFacts::of(&get)));
-/// assert!(!Classify::<()>::is_replay_safe(&c, &RequestFacts::of(&buy)));
-///
-/// let unavailable = Response::builder().header("grpc-status", "14").body(()).unwrap();
-/// let got = c.classify_response(&RequestFacts::of(&buy), &unavailable);
-/// assert_eq!(got.class(), Class::Overloaded);
-/// assert!(got.maybe_processed()); // so Buy is not retried
-/// ```
-#[derive(Clone, Debug, Default)]
-pub struct GrpcClassifier {
-    http: HttpClassifier,
-    // Few entries, shared, so clones are cheap.
-    idempotent: Option<Arc<[Box<str>]>>,
-}
-
-impl GrpcClassifier {
-    /// The classifier of the module table; no method is on the allowlist.
-    pub const fn new() -> Self {
-        Self {
-            http: HttpClassifier::new(),
-            idempotent: None,
-        }
-    }
-
-    /// Declares the method `full_name` (`/pkg.Service/Method`, the request
-    /// path) idempotent: it may be sent again after an answer that leaves
-    /// its outcome unknown.
-    #[must_use]
-    pub fn idempotent(self, full_name: &str) -> Self {
-        self.idempotent_methods([full_name])
-    }
-
-    /// Declares each of `full_names` idempotent; see [`idempotent`](Self::idempotent).
-    ///
-    /// ```
-    /// let c = resend::tonic::GrpcClassifier::new()
-    ///     .idempotent_methods(["/shop.Catalog/GetItem", "/shop.Catalog/ListItems"]);
-    /// assert!(c.is_idempotent("/shop.Catalog/ListItems"));
-    /// ```
-    #[must_use]
-    pub fn idempotent_methods<I, S>(self, full_names: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let mut list: Vec<Box<str>> = self.idempotent.as_deref().unwrap_or_default().to_vec();
-        for name in full_names {
-            let name = name.as_ref();
-            if !list.iter().any(|m| &**m == name) {
-                list.push(name.into());
-            }
-        }
-        Self {
-            http: self.http,
-            idempotent: Some(list.into()),
-        }
-    }
-
-    /// True when `path` (`/pkg.Service/Method`) is on the allowlist.
-    pub fn is_idempotent(&self, path: &str) -> bool {
-        self.idempotent
-            .as_deref()
-            .is_some_and(|list| list.iter().any(|m| &**m == path))
-    }
-
-    /// Classifies a gRPC status and what came with it (`headers`: the
-    /// response headers of a trailers-only response, or the trailers).
-    fn classify_code(code: Code, headers: &HeaderMap) -> Classification {
-        let c = match code {
-            Code::Ok => return Classification::new(Class::Success),
-            Code::Unavailable => Classification::new(Class::Overloaded).with_maybe_processed(true),
-            Code::ResourceExhausted => Classification::new(Class::Overloaded),
-            // The deadline is the call's: another attempt would have less of
-            // it. Never retried, whatever the method.
-            Code::DeadlineExceeded => {
-                return Classification::new(Class::Unknown)
-                    .with_pushback(Some(Pushback::DoNotRetry));
-            }
-            Code::Cancelled
-            | Code::InvalidArgument
-            | Code::NotFound
-            | Code::AlreadyExists
-            | Code::PermissionDenied
-            | Code::FailedPrecondition
-            | Code::Aborted
-            | Code::OutOfRange
-            | Code::Unimplemented
-            | Code::Unauthenticated => return Classification::new(Class::Rejected),
-            Code::Unknown | Code::Internal | Code::DataLoss => Classification::new(Class::Unknown),
-        };
-        c.with_pushback(pushback(headers))
-    }
-
-    /// Classifies a call by its trailers, for reporting: the status of a
-    /// call whose response began with messages comes in the trailers, after
-    /// the retry layer has returned the response, so no retry acts on it.
-    /// Trailers without `grpc-status` are [`Unknown`](Class::Unknown): the
-    /// call ended without saying how.
-    ///
-    /// ```
-    /// use resend::classify::Class;
-    /// use resend::tonic::GrpcClassifier;
-    ///
-    /// let mut trailers = http::HeaderMap::new();
-    /// trailers.insert("grpc-status", http::HeaderValue::from_static("4"));
-    /// let c = GrpcClassifier::new().classify_trailers(&trailers);
-    /// assert_eq!(c.class(), Class::Unknown); // DEADLINE_EXCEEDED: may have been processed
-    /// ```
-    pub fn classify_trailers(&self, trailers: &HeaderMap) -> Classification {
-        match grpc_status(trailers) {
-            Some(code) => Self::classify_code(code, trailers),
-            None => Classification::new(Class::Unknown),
-        }
-    }
-}
-
-/// Reads `grpc-retry-pushback-ms`: absent is `None`; negative or malformed
-/// is [`Pushback::DoNotRetry`].
-fn pushback(headers: &HeaderMap) -> Option<Pushback> {
-    headers
-        .get(GRPC_RETRY_PUSHBACK_MS)
-        .map(|v| parse_grpc_pushback(v.as_bytes()))
-}
-
-impl<B> Classify<B> for GrpcClassifier {
-    fn classify_response(&self, req: &RequestFacts<'_>, resp: &Response<B>) -> Classification {
-        if resp.status() != StatusCode::OK {
-            // Not a gRPC answer: a proxy or load balancer spoke HTTP.
-            return self.http.classify_response(req, resp);
-        }
-        match grpc_status(resp.headers()) {
-            Some(code) => Self::classify_code(code, resp.headers()),
-            // The status will come in the trailers: the call is under way.
-            None => Classification::new(Class::Success),
-        }
-    }
-
-    fn classify_error(
-        &self,
-        req: &RequestFacts<'_>,
-        err: &(dyn std::error::Error + 'static),
-    ) -> Classification {
-        if proves_not_sent(err) {
-            return Classification::new(Class::NotSent);
-        }
-        Classify::<B>::classify_error(&self.http, req, err)
-    }
-
-    fn is_replay_safe(&self, req: &RequestFacts<'_>) -> bool {
-        self.is_idempotent(req.uri().path()) || req.has_idempotency_key()
-    }
-}
-
-/// True when `err`'s source chain holds tonic's [`ConnectError`](::tonic::ConnectError)
-/// (the channel could not connect) or a refused connection: nothing was
-/// written.
-fn proves_not_sent(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(err);
-    while let Some(e) = next {
-        if e.is::<::tonic::ConnectError>() {
-            return true;
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            // Only connect(2) is refused.
-            if io.kind() == std::io::ErrorKind::ConnectionRefused {
-                return true;
-            }
-        }
-        next = e.source();
-    }
-    false
 }
 
 /// True when `err`'s source chain holds tonic's
@@ -544,151 +419,196 @@ impl<F> fmt::Debug for ResponseFuture<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::breaker::state::{Refusal, Why};
+    use crate::classify::Class;
+    use crate::retry::Stop;
+    use http::StatusCode;
 
-    fn classify(method: &str, headers: &[(&str, &str)]) -> (Classification, bool) {
-        let c = GrpcClassifier::new().idempotent("/svc.S/Get");
-        let req = Request::post(format!("http://up{method}"))
-            .body(())
-            .unwrap();
-        let mut resp = Response::builder();
-        for (k, v) in headers {
-            resp = resp.header(*k, *v);
-        }
-        let resp = resp.body(()).unwrap();
-        let facts = RequestFacts::of(&req);
-        (
-            c.classify_response(&facts, &resp),
-            Classify::<()>::is_replay_safe(&c, &facts),
-        )
-    }
-
-    #[test]
-    fn the_status_table_row_by_row() {
-        let rows: &[(&str, Class, bool)] = &[
-            ("0", Class::Success, false),
-            ("14", Class::Overloaded, true),
-            ("8", Class::Overloaded, false),
-            ("4", Class::Unknown, true),
-            ("1", Class::Rejected, false),
-            ("3", Class::Rejected, false),
-            ("5", Class::Rejected, false),
-            ("6", Class::Rejected, false),
-            ("7", Class::Rejected, false),
-            ("9", Class::Rejected, false),
-            ("10", Class::Rejected, false),
-            ("11", Class::Rejected, false),
-            ("12", Class::Rejected, false),
-            ("16", Class::Rejected, false),
-            ("2", Class::Unknown, true),
-            ("13", Class::Unknown, true),
-            ("15", Class::Unknown, true),
-            ("99", Class::Unknown, true),
-            ("fourteen", Class::Unknown, true),
-        ];
-        for &(status, class, maybe) in rows {
-            let (c, _) = classify("/svc.S/Get", &[("grpc-status", status)]);
-            assert_eq!(c.class(), class, "grpc-status {status}");
-            assert_eq!(c.maybe_processed(), maybe, "grpc-status {status}");
-        }
-        // DEADLINE_EXCEEDED is never retried, even for an idempotent method.
-        let (c, safe) = classify("/svc.S/Get", &[("grpc-status", "4")]);
-        assert!(safe);
-        assert_eq!(c.pushback(), Some(Pushback::DoNotRetry));
-        // No status in the headers: it comes in the trailers.
-        let (c, _) = classify("/svc.S/Get", &[]);
-        assert_eq!(c.class(), Class::Success);
-    }
-
-    #[test]
-    fn pushback_is_read_like_retry_after() {
-        let (c, _) = classify(
-            "/svc.S/Put",
-            &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "1500")],
-        );
-        assert_eq!(c.retry_after(), Some(Duration::from_millis(1500)));
-        for bad in ["-1", "soon", "1.5", ""] {
-            let (c, _) = classify(
-                "/svc.S/Get",
-                &[("grpc-status", "14"), ("grpc-retry-pushback-ms", bad)],
+    fn history(attempts: &[(Class, Option<GrpcCode>)], stop: Stop) -> Attempts {
+        let mut a = Attempts::new();
+        for &(class, code) in attempts {
+            let status = code.map(|_| StatusCode::OK);
+            a.push(
+                Attempt::new(
+                    class,
+                    status,
+                    Duration::ZERO,
+                    Duration::from_millis(2),
+                    None,
+                )
+                .with_grpc_code(code),
             );
-            assert_eq!(c.pushback(), Some(Pushback::DoNotRetry), "{bad:?}");
         }
-        // On a final status, pushback is not read.
-        let (c, _) = classify(
-            "/svc.S/Get",
-            &[("grpc-status", "5"), ("grpc-retry-pushback-ms", "10")],
-        );
-        assert_eq!(c.pushback(), None);
+        a.finish(Duration::from_millis(700), stop);
+        a
+    }
+
+    fn named(mut e: Error) -> Error {
+        e.set_upstream_if_none(Some(&crate::Name::from("ledger")));
+        e
     }
 
     #[test]
-    fn replay_safety_is_the_allowlist_or_a_key() {
-        let c = GrpcClassifier::new()
-            .idempotent("/svc.S/Get")
-            .idempotent_methods(["/svc.S/List", "/svc.S/Get"]);
-        let facts = |path: &str, key: bool| {
-            let mut b = Request::post(format!("http://up{path}"));
-            if key {
-                b = b.header("idempotency-key", "k-1");
-            }
-            let req = b.body(()).unwrap();
-            Classify::<()>::is_replay_safe(&c, &RequestFacts::of(&req))
-        };
-        assert!(facts("/svc.S/Get", false));
-        assert!(facts("/svc.S/List", false));
-        assert!(!facts("/svc.S/Charge", false));
-        assert!(facts("/svc.S/Charge", true));
-        // The HTTP rule does not apply: a GET is not safe by its method.
-        let get = Request::get("http://up/svc.S/Charge").body(()).unwrap();
-        assert!(!Classify::<()>::is_replay_safe(&c, &RequestFacts::of(&get)));
+    fn each_kind_becomes_the_code_that_says_what_happened() {
+        let secret = || -> BoxError { "tcp 10.1.2.3:50051: connection reset by peer".into() };
+        let unavailable = Some(GrpcCode::Unavailable);
+        let cases: Vec<(Error, Code, &str)> = vec![
+            (
+                named(Error::deadline_exceeded(
+                    Phase::Attempt,
+                    Duration::from_millis(500),
+                )),
+                Code::DeadlineExceeded,
+                "ledger: deadline exceeded while an attempt was in flight after 500ms",
+            ),
+            (
+                Error::deadline_exceeded(Phase::Start, Duration::ZERO),
+                Code::DeadlineExceeded,
+                "deadline exceeded before the request was sent after 0ns",
+            ),
+            (
+                Error::attempt_timeout(Duration::from_millis(400)),
+                Code::DeadlineExceeded,
+                "attempt timed out after 400ms",
+            ),
+            (
+                Error::connect_timeout(Duration::from_secs(2)),
+                Code::Unavailable,
+                "connect timed out (nothing was sent) after 2s",
+            ),
+            (
+                Error::connect(Box::new(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionRefused,
+                ))),
+                Code::Unavailable,
+                "could not connect (nothing was sent)",
+            ),
+            (
+                Error::circuit_open(
+                    Refusal::Open {
+                        left: Duration::from_secs(2),
+                        why: Why::Probe,
+                    },
+                    None,
+                ),
+                Code::Unavailable,
+                "circuit open for another 2.0s after a probe failed",
+            ),
+            (Error::transport(secret()), Code::Unknown, "transport error"),
+            // Retried for a replay-safe call, every attempt UNAVAILABLE
+            // but the last, which timed out.
+            (
+                Error::retry(
+                    ErrorKind::RetriesExhausted,
+                    history(
+                        &[(Class::Overloaded, unavailable), (Class::Unknown, None)],
+                        Stop::MaxAttempts,
+                    ),
+                    Some(Box::new(Error::attempt_timeout(Duration::from_millis(300)))),
+                ),
+                Code::Unavailable,
+                "retries exhausted after 700ms (2 attempts): attempt timed out after 300ms",
+            ),
+            // The last attempt's own status, when it had one.
+            (
+                Error::retry(
+                    ErrorKind::BudgetExhausted,
+                    history(
+                        &[
+                            (Class::Unknown, Some(GrpcCode::Internal)),
+                            (Class::Overloaded, Some(GrpcCode::ResourceExhausted)),
+                        ],
+                        Stop::Budget,
+                    ),
+                    Some(secret()),
+                ),
+                Code::ResourceExhausted,
+                "retry budget exhausted: the upstream is failing for many calls, not retried \
+                 after 700ms (2 attempts) (the last attempt got RESOURCE_EXHAUSTED)",
+            ),
+            // A Charge answered UNAVAILABLE: not resent, and not UNAVAILABLE
+            // either, which would invite a blind resend.
+            (
+                named(Error::retry(
+                    ErrorKind::OutcomeUnknown,
+                    history(&[(Class::Overloaded, unavailable)], Stop::OutcomeUnknown),
+                    None,
+                )),
+                Code::Unknown,
+                "ledger: outcome unknown: the server may have processed the request, which is \
+                 not safe to send again; verify (look the resource up) before resending after \
+                 700ms (the last attempt got UNAVAILABLE)",
+            ),
+            (
+                Error::retry(
+                    ErrorKind::BodyNotReplayable,
+                    history(&[(Class::Unknown, None)], Stop::NotReplayable),
+                    Some(secret()),
+                ),
+                Code::Unknown,
+                "a retry was needed but the request body was too large to keep, so it was not \
+                 resent after 700ms",
+            ),
+            // Every attempt refused before it was sent.
+            (
+                Error::retry(
+                    ErrorKind::RetriesExhausted,
+                    history(
+                        &[(Class::NotSent, None), (Class::NotSent, None)],
+                        Stop::MaxAttempts,
+                    ),
+                    Some(Box::new(Error::connect(secret()))),
+                ),
+                Code::Unavailable,
+                "retries exhausted after 700ms (2 attempts): could not connect (nothing was sent)",
+            ),
+        ];
+        for (err, want, message) in cases {
+            let kind = err.kind();
+            let status = ::tonic::Status::from(err);
+            assert_eq!(status.code(), want, "{kind:?}: {status:?}");
+            assert_eq!(status.message(), message, "{kind:?}");
+            assert!(!status.message().contains("10.1.2.3"), "{kind:?}");
+            // The whole error stays behind it.
+            assert_eq!(resend_error(&status).map(Error::kind), Some(kind));
+        }
     }
 
     #[test]
-    fn non_200_answers_are_classified_as_http() {
-        let (c, _) = classify("/svc.S/Get", &[]);
-        assert_eq!(c.class(), Class::Success);
-        let c = GrpcClassifier::new();
-        let req = Request::post("http://up/svc.S/Get").body(()).unwrap();
-        let resp = Response::builder().status(502).body(()).unwrap();
-        assert_eq!(
-            c.classify_response(&RequestFacts::of(&req), &resp).class(),
-            Class::Unknown
-        );
-    }
-
-    #[test]
-    fn trailers_are_classified_for_reporting() {
-        let c = GrpcClassifier::new();
-        let mut t = HeaderMap::new();
-        assert_eq!(c.classify_trailers(&t).class(), Class::Unknown);
-        t.insert(GRPC_STATUS, "0".parse().unwrap());
-        assert_eq!(c.classify_trailers(&t).class(), Class::Success);
-        t.insert(GRPC_STATUS, "7".parse().unwrap());
-        assert_eq!(c.classify_trailers(&t).class(), Class::Rejected);
+    fn grpc_codes_convert_both_ways() {
+        for n in 0..=16 {
+            let code = GrpcCode::from_i32(n);
+            let tonic = Code::from(code);
+            assert_eq!(tonic as i32, n);
+            assert_eq!(GrpcCode::from(tonic), code);
+        }
+        let mut h = HeaderMap::new();
+        h.insert(GRPC_STATUS, "fourteen".parse().unwrap());
+        assert_eq!(grpc_status(&h), Some(Code::Unknown));
     }
 
     #[test]
     fn connect_errors_are_not_sent() {
-        let c = GrpcClassifier::new();
-        let req = Request::post("http://up/svc.S/Get").body(()).unwrap();
-        let facts = RequestFacts::of(&req);
+        use crate::classify::{Classify, HttpClassifier, RequestFacts};
+
+        let grpc = Request::post("http://up/svc.S/Get")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let facts = RequestFacts::of(&grpc);
         let connect = ::tonic::ConnectError(Box::new(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
-        assert_eq!(
-            Classify::<()>::classify_error(&c, &facts, &connect).class(),
-            Class::NotSent
-        );
-        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert_eq!(
-            Classify::<()>::classify_error(&c, &facts, &reset).class(),
-            Class::Unknown
-        );
-        let timeout = ::tonic::TimeoutExpired(());
-        assert_eq!(
-            Classify::<()>::classify_error(&c, &facts, &timeout).class(),
-            Class::Unknown
-        );
+        for c in [
+            &GrpcClassifier::new() as &dyn Classify<()>,
+            &HttpClassifier::new(),
+        ] {
+            assert_eq!(c.classify_error(&facts, &connect).class(), Class::NotSent);
+            let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+            assert_eq!(c.classify_error(&facts, &reset).class(), Class::Unknown);
+            let timeout = ::tonic::TimeoutExpired(());
+            assert_eq!(c.classify_error(&facts, &timeout).class(), Class::Unknown);
+        }
         let mapped = map_error(Box::new(connect));
         assert!(Error::from_box(mapped).is_not_sent());
     }

@@ -6,7 +6,16 @@ use http::{header::RETRY_AFTER, Response, StatusCode};
 use super::{Class, Classification, Classify, RequestFacts};
 use crate::retry::{parse_retry_after, Pushback};
 
-/// The HTTP classifier of the [module table](super), with per-status overrides.
+/// The HTTP classifier of the [module table](super), with per-status
+/// overrides; on gRPC requests, the [gRPC table](super#grpc).
+///
+/// A request whose `content-type` is `application/grpc` (or a subtype) is
+/// classified as [`GrpcClassifier`](super::GrpcClassifier) classifies it:
+/// by the `grpc-status` of a trailers-only answer, with its
+/// `grpc-retry-pushback-ms`. Its replay-safety stays the HTTP rule, which
+/// for gRPC (every call a POST) means an idempotency key: no method is
+/// idempotent until a [`GrpcClassifier`](super::GrpcClassifier) declares it
+/// so. The overrides apply to HTTP statuses, not to gRPC ones.
 ///
 /// ```
 /// use http::{Request, Response, StatusCode};
@@ -90,8 +99,13 @@ pub(crate) fn retry_after<B>(resp: &Response<B>) -> Option<Pushback> {
     }
 }
 
-impl<B> Classify<B> for HttpClassifier {
-    fn classify_response(&self, req: &RequestFacts<'_>, resp: &Response<B>) -> Classification {
+impl HttpClassifier {
+    /// The HTTP table (with the overrides), whatever the protocol.
+    pub(super) fn classify_http<B>(
+        &self,
+        req: &RequestFacts<'_>,
+        resp: &Response<B>,
+    ) -> Classification {
         let c = self.class_of(req, resp.status());
         if matches!(c.class(), Class::Overloaded | Class::InProgress) {
             c.with_pushback(retry_after(resp))
@@ -100,12 +114,36 @@ impl<B> Classify<B> for HttpClassifier {
         }
     }
 
-    fn classify_error(
+    /// The HTTP table for an error, whatever the protocol.
+    pub(super) fn classify_error_http(
         &self,
         _req: &RequestFacts<'_>,
         err: &(dyn std::error::Error + 'static),
     ) -> Classification {
         Classification::new(classify_error(err))
+    }
+}
+
+impl<B> Classify<B> for HttpClassifier {
+    fn classify_response(&self, req: &RequestFacts<'_>, resp: &Response<B>) -> Classification {
+        // A gRPC answer is a 200 whatever its status: only then can the
+        // gRPC table differ from the HTTP one, so only then is the request
+        // looked at.
+        if resp.status() == StatusCode::OK && req.is_grpc() {
+            return super::grpc::classify_response(self, req, resp);
+        }
+        self.classify_http(req, resp)
+    }
+
+    fn classify_error(
+        &self,
+        req: &RequestFacts<'_>,
+        err: &(dyn std::error::Error + 'static),
+    ) -> Classification {
+        if req.is_grpc() {
+            return super::grpc::classify_error(self, req, err);
+        }
+        self.classify_error_http(req, err)
     }
 }
 
@@ -115,6 +153,10 @@ impl<B> Classify<B> for HttpClassifier {
 pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> Class {
     let mut next = Some(err);
     while let Some(e) = next {
+        if e.is::<crate::connect::HttpsNotEnabled>() {
+            // Sending again cannot help: the client lacks TLS.
+            return Class::Rejected;
+        }
         if let Some(ours) = e.downcast_ref::<crate::Error>() {
             if ours.is_not_sent() {
                 return Class::NotSent;
@@ -267,6 +309,76 @@ mod tests {
         assert_eq!(classify("POST", true, 409, &c).class(), Class::Rejected);
         assert_eq!(classify("GET", false, 404, &c).class(), Class::Unknown);
         assert_eq!(classify("GET", false, 500, &c).class(), Class::Unknown);
+    }
+
+    #[test]
+    fn grpc_requests_are_classified_by_the_grpc_table_without_being_named() {
+        use crate::classify::GrpcCode;
+
+        let c = HttpClassifier::new().on_status(StatusCode::OK, Class::Rejected);
+        let request = |grpc: bool, key: bool| {
+            let mut b = Request::post("http://up/ledger.Ledger/Charge");
+            if grpc {
+                b = b.header("content-type", "application/grpc+proto");
+            }
+            if key {
+                b = b.header("idempotency-key", "k-1");
+            }
+            b.body(()).unwrap()
+        };
+        let answer = |status: u16, grpc_status: Option<&str>| {
+            let mut b = Response::builder()
+                .status(status)
+                .header("content-type", "application/grpc");
+            if let Some(s) = grpc_status {
+                b = b
+                    .header("grpc-status", s)
+                    .header("grpc-retry-pushback-ms", "40");
+            }
+            b.body(()).unwrap()
+        };
+        let grpc = request(true, false);
+        let facts = RequestFacts::of(&grpc);
+
+        // A trailers-only UNAVAILABLE: overloaded, may have been processed,
+        // with its pushback and its code.
+        let got = c.classify_response(&facts, &answer(200, Some("14")));
+        assert_eq!(got.class(), Class::Overloaded);
+        assert!(got.maybe_processed());
+        assert_eq!(got.retry_after(), Some(Duration::from_millis(40)));
+        assert_eq!(got.grpc_code(), Some(GrpcCode::Unavailable));
+        // RESOURCE_EXHAUSTED was not processed.
+        let got = c.classify_response(&facts, &answer(200, Some("8")));
+        assert_eq!(got.class(), Class::Overloaded);
+        assert!(!got.maybe_processed());
+        // The status comes in the trailers: under way, a success so far
+        // (the HTTP override of 200 is not applied to gRPC answers).
+        let got = c.classify_response(&facts, &answer(200, None));
+        assert_eq!(got.class(), Class::Success);
+        assert_eq!(got.grpc_code(), None);
+        // A proxy's 503: the HTTP table.
+        let got = c.classify_response(&facts, &answer(503, None));
+        assert_eq!((got.class(), got.grpc_code()), (Class::Overloaded, None));
+
+        // The same answer to a request that is not gRPC: the HTTP table.
+        let http = request(false, false);
+        let got = c.classify_response(&RequestFacts::of(&http), &answer(200, Some("14")));
+        assert_eq!((got.class(), got.grpc_code()), (Class::Rejected, None));
+
+        // Replay-safety: a gRPC call is a POST; safe with a key only.
+        assert!(!Classify::<()>::is_replay_safe(&c, &facts));
+        let keyed = request(true, true);
+        assert!(Classify::<()>::is_replay_safe(
+            &c,
+            &RequestFacts::of(&keyed)
+        ));
+
+        // A refused connection proves nothing was sent.
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            Classify::<()>::classify_error(&c, &facts, &refused).class(),
+            Class::NotSent
+        );
     }
 
     #[test]

@@ -9,7 +9,12 @@ use super::DeadlineService;
 ///
 /// The effective deadline is the earliest of the ambient one
 /// ([`Deadline::current`](super::Deadline::current)), the
-/// [`Deadline`](super::Deadline) already on the request, and now + `total`.
+/// [`Deadline`](super::Deadline) already on the request, now + `total`,
+/// and, on a gRPC request (`content-type: application/grpc…`), now + the
+/// `grpc-timeout` it already carries: the caller's own timeout, where
+/// tonic's `Request::set_timeout` puts it (a malformed value is ignored,
+/// with a debug event). A [`DeadlineHeaderLayer`](super::DeadlineHeaderLayer)
+/// inside then writes what is left of the deadline over it on each attempt.
 /// It is written into the request's extensions for the layers inside, and it
 /// bounds everything the inner service does: every attempt, every wait
 /// between attempts, and the reading of the response body. When it runs out,

@@ -7,8 +7,28 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{ambient, clamp, context, Deadline, DeadlineBody, DeadlineLayer, Source};
+use super::header::is_grpc;
+use super::wire::parse_grpc_timeout;
+use super::{ambient, clamp, context, Deadline, DeadlineBody, DeadlineLayer, Source, GRPC_TIMEOUT};
 use crate::error::BoxError;
+
+/// The `grpc-timeout` a gRPC request already carries (the caller's: tonic
+/// writes `Request::set_timeout` there), if it is valid; a malformed one is
+/// ignored with a debug event (the [`DeadlineHeaderLayer`](super::DeadlineHeaderLayer)
+/// replaces it on the wire).
+fn caller_grpc_timeout<B>(req: &Request<B>) -> Option<Duration> {
+    if !is_grpc(req) {
+        return None;
+    }
+    let value = req.headers().get(GRPC_TIMEOUT)?;
+    match parse_grpc_timeout(value.as_bytes()) {
+        Ok(timeout) => Some(timeout),
+        Err(e) => {
+            tracing::debug!(value = ?value, error = %e, "ignoring malformed grpc-timeout");
+            None
+        }
+    }
+}
 
 /// Middleware that fixes and enforces a call's deadline.
 ///
@@ -80,6 +100,11 @@ where
         }
         if let Some(own) = req.extensions().get::<Deadline>() {
             deadline = deadline.min(*own);
+        }
+        // A gRPC caller's own timeout (tonic's `Request::set_timeout`)
+        // travels as `grpc-timeout`: it is the call's, like a `Deadline`.
+        if let Some(theirs) = caller_grpc_timeout(&req) {
+            deadline = deadline.min(Deadline::at(start + clamp(theirs)));
         }
         let upstream = self.upstream.clone();
         if deadline.instant() <= start {

@@ -313,3 +313,99 @@ async fn outbound_calls_are_recorded_in_the_ambient_ledger() {
     assert!(done.active.is_empty());
     assert_eq!(done.finished[0].spent, 250 * MS);
 }
+
+/// A gRPC request, with `grpc-timeout` if given.
+fn grpc_request(grpc_timeout: Option<&'static str>) -> Request<()> {
+    let mut req = Request::post("/pkg.Svc/Method")
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .body(())
+        .unwrap();
+    if let Some(t) = grpc_timeout {
+        req.headers_mut()
+            .insert(crate::deadline::GRPC_TIMEOUT, t.parse().unwrap());
+    }
+    req
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_callers_own_timeout_is_the_calls_deadline_when_it_is_sooner() {
+    let start = Instant::now();
+    for (header, total, want) in [
+        // tonic's `set_timeout(500 ms)` under a 3 s budget: 500 ms.
+        (Some("500000u"), 3000 * MS, 500 * MS),
+        (Some("2S"), 3000 * MS, 2000 * MS),
+        // The budget is sooner: the budget.
+        (Some("10S"), 3000 * MS, 3000 * MS),
+        // None, or malformed: ignored.
+        (None, 3000 * MS, 3000 * MS),
+        (Some("soon"), 3000 * MS, 3000 * MS),
+        (Some("123456789m"), 3000 * MS, 3000 * MS),
+        // The largest value there is does not overflow.
+        (Some("99999999H"), 3000 * MS, 3000 * MS),
+    ] {
+        let svc = DeadlineLayer::new(total).layer(answering_after(Duration::ZERO));
+        let resp = svc.oneshot(grpc_request(header)).await.unwrap();
+        let seen = resp.into_body().into_inner().expect("a deadline");
+        assert_eq!(seen, Deadline::at(start + want), "{header:?}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_timeout_on_a_request_that_is_not_grpc_is_not_read() {
+    let start = Instant::now();
+    let mut req = Request::new(());
+    req.headers_mut()
+        .insert(crate::deadline::GRPC_TIMEOUT, "100m".parse().unwrap());
+    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(answering_after(Duration::ZERO));
+    let seen = svc.oneshot(req).await.unwrap().into_body().into_inner();
+    assert_eq!(seen, Some(Deadline::at(start + Duration::from_secs(1))));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_callers_timeout_ends_the_call_and_each_attempt_carries_what_is_left_of_it() {
+    use crate::deadline::{parse_grpc_timeout, DeadlineHeaderLayer, GRPC_TIMEOUT};
+    use std::sync::{Arc, Mutex};
+
+    // Stands in for a retry layer: attempts at 0, 200 and 400 ms, each
+    // given up after 100 ms, the request's head kept from the caller (with
+    // its grpc-timeout of 500 ms); the deadline cuts the call at 500 ms.
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&sent);
+    let upstream = DeadlineHeaderLayer::new().layer(service_fn(move |req: Request<()>| {
+        let at = Instant::now();
+        let header = req.headers()[GRPC_TIMEOUT].clone();
+        seen.lock().unwrap().push((at, header));
+        pending::<Result<Response<()>, Infallible>>()
+    }));
+    let retrying = service_fn(move |req: Request<()>| {
+        let upstream = upstream.clone();
+        async move {
+            let (parts, ()) = req.into_parts();
+            for _ in 0..3 {
+                let req = Request::from_parts(parts.clone(), ());
+                let attempt = upstream.clone().oneshot(req);
+                let _ = tokio::time::timeout(100 * MS, attempt).await;
+                tokio::time::sleep(100 * MS).await;
+            }
+            upstream.oneshot(Request::from_parts(parts, ())).await
+        }
+    });
+    let svc = DeadlineLayer::new(Duration::from_secs(3)).layer(retrying);
+
+    let start = Instant::now();
+    let err = Error::from_box(
+        svc.oneshot(grpc_request(Some("500000u")))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+    assert_eq!(start.elapsed(), 500 * MS);
+    let sent = sent.lock().unwrap();
+    assert_eq!(sent.len(), 3, "the third attempt is cut by the deadline");
+    for (at, header) in sent.iter() {
+        let budget = parse_grpc_timeout(header.as_bytes()).unwrap();
+        let left = 500 * MS - (*at - start);
+        // Never the caller's stale 500 ms again: what is left, less the margin.
+        assert_eq!(budget, left - crate::deadline::DEFAULT_MARGIN, "{header:?}");
+    }
+}

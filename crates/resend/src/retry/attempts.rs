@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::classify::Class;
+use crate::classify::{Class, GrpcCode};
 
 /// One attempt of a call: what it got, how long the call waited before it,
 /// and how long it took.
@@ -11,6 +11,8 @@ use crate::classify::Class;
 pub struct Attempt {
     class: Class,
     status: Option<StatusCode>,
+    // In the padding after `status`: the record stays 56 bytes.
+    grpc: Option<GrpcCode>,
     waited: Duration,
     took: Duration,
     server_wait: Option<Duration>,
@@ -27,10 +29,18 @@ impl Attempt {
         Self {
             class,
             status,
+            grpc: None,
             waited,
             took,
             server_wait,
         }
+    }
+
+    /// The attempt, answered with the gRPC status `code` (from its
+    /// classification, [`Classification::grpc_code`](crate::classify::Classification::grpc_code)).
+    pub(crate) const fn with_grpc_code(mut self, code: Option<GrpcCode>) -> Self {
+        self.grpc = code;
+        self
     }
 
     /// What the attempt's result says the server did.
@@ -38,9 +48,28 @@ impl Attempt {
         self.class
     }
 
-    /// The response status, when the attempt got a response.
+    /// The response status, when the attempt got a response. A gRPC answer
+    /// is a 200 whatever its outcome: see [`grpc_code`](Self::grpc_code).
     pub const fn status(&self) -> Option<StatusCode> {
         self.status
+    }
+
+    /// The gRPC status the attempt was answered with, when its response
+    /// carried `grpc-status` in its headers (a trailers-only answer: the
+    /// shape of a call that failed before any message). `None` for HTTP
+    /// answers, errors, and gRPC answers whose status comes in the trailers.
+    ///
+    /// ```
+    /// use resend::classify::GrpcCode;
+    /// use resend::Attempts;
+    ///
+    /// fn unavailable_attempts(a: &Attempts) -> usize {
+    ///     a.iter().filter(|a| a.grpc_code() == Some(GrpcCode::Unavailable)).count()
+    /// }
+    /// # let _ = unavailable_attempts;
+    /// ```
+    pub const fn grpc_code(&self) -> Option<GrpcCode> {
+        self.grpc
     }
 
     /// How long the call waited before this attempt (zero for the first).
@@ -229,9 +258,10 @@ impl fmt::Display for Attempts {
             if i > 0 {
                 write!(f, ", waited {:?}, ", a.waited)?;
             }
-            match a.status {
-                Some(s) => write!(f, "#{} {} ({})", i + 1, s.as_u16(), a.class)?,
-                None => write!(f, "#{} {}", i + 1, a.class)?,
+            match (a.grpc, a.status) {
+                (Some(code), _) => write!(f, "#{} grpc {code} ({})", i + 1, a.class)?,
+                (None, Some(s)) => write!(f, "#{} {} ({})", i + 1, s.as_u16(), a.class)?,
+                (None, None) => write!(f, "#{} {}", i + 1, a.class)?,
             }
         }
         write!(f, "; {:?} in all; {}", self.elapsed, self.stop)
@@ -296,6 +326,55 @@ mod tests {
         for h in some {
             assert!(!history(h).none_processed(), "{h:?}");
         }
+    }
+
+    #[test]
+    fn grpc_attempts_show_their_status_not_http_200() {
+        let mut a = Attempts::new();
+        a.push(
+            Attempt::new(
+                Class::Overloaded,
+                Some(StatusCode::OK),
+                Duration::ZERO,
+                Duration::from_millis(3),
+                None,
+            )
+            .with_grpc_code(Some(GrpcCode::Unavailable)),
+        );
+        a.push(
+            Attempt::new(
+                Class::Overloaded,
+                Some(StatusCode::OK),
+                Duration::from_millis(200),
+                Duration::from_millis(3),
+                Some(Duration::from_millis(150)),
+            )
+            .with_grpc_code(Some(GrpcCode::ResourceExhausted)),
+        );
+        // A gRPC call that got its answer: the status comes in the trailers.
+        a.push(Attempt::new(
+            Class::Success,
+            Some(StatusCode::OK),
+            Duration::from_millis(300),
+            Duration::from_millis(3),
+            None,
+        ));
+        a.finish(Duration::from_millis(509), Stop::Final);
+        assert_eq!(
+            a.iter().map(Attempt::grpc_code).collect::<Vec<_>>(),
+            [
+                Some(GrpcCode::Unavailable),
+                Some(GrpcCode::ResourceExhausted),
+                None
+            ]
+        );
+        assert_eq!(
+            a.to_string(),
+            "#1 grpc UNAVAILABLE (overloaded), waited 200ms, #2 grpc RESOURCE_EXHAUSTED (overloaded), \
+             waited 300ms, #3 200 (success); 509ms in all; final answer"
+        );
+        // The code fits in the padding: the record does not grow.
+        assert_eq!(std::mem::size_of::<Attempt>(), 56);
     }
 
     #[test]

@@ -260,13 +260,10 @@ where
                         Err(e) => (r.shared.classifier.classify_error(&facts, &**e), None),
                     };
                     let made = r.history.len() + 1;
-                    r.history.push(Attempt::new(
-                        c.class(),
-                        status,
-                        r.waited,
-                        took,
-                        c.retry_after(),
-                    ));
+                    r.history.push(
+                        Attempt::new(c.class(), status, r.waited, took, c.retry_after())
+                            .with_grpc_code(c.grpc_code()),
+                    );
                     let decision = match c.class() {
                         // A final answer (the decision table's first row)
                         // needs neither the time left nor a random draw.

@@ -202,7 +202,7 @@ mod tests {
         let seen = Arc::clone(&calls);
         let upstream = service_fn(move |_req: Request<ReplayBody<Empty<Bytes>>>| {
             let n = seen.fetch_add(1, Ordering::SeqCst);
-            let status = if n % 2 == 0 {
+            let status = if n.is_multiple_of(2) {
                 StatusCode::INTERNAL_SERVER_ERROR
             } else {
                 StatusCode::OK
