@@ -1,7 +1,8 @@
 //! The caller's deadline, handed down: an inbound request with a 2 s budget,
 //! a handler that spends 300 ms on its own work and then calls a slow
 //! upstream through a resend stack, the upstream seeing the shrunken budget
-//! on the wire, and the 504 that names the upstream.
+//! on the wire, and the 504 that names the upstream (an RFC 9457 problem
+//! document, `application/problem+json`).
 //!
 //! Runs on loopback with no outside services, in about two seconds:
 //! `cargo run --example deadline_propagation`.
@@ -45,9 +46,9 @@ async fn create_order(State(upstream): State<String>) -> Result<String, ClientEr
         .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
         .layer(DeadlineHeaderLayer::new().http_header(BUDGET_HEADER))
         .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
-        .service(resend::hyper_client::<Empty<Bytes>>(Duration::from_secs(1)));
+        .service(resend::hyper_client(Duration::from_secs(1)));
     let req = Request::post(format!("{upstream}/shipments"))
-        .body(Empty::new())
+        .body(Empty::<Bytes>::new())
         .expect("a valid request");
     let resp = client.oneshot(req).await.map_err(Error::from_box)?;
     Ok(format!("order created: {}", resp.status()))
@@ -75,19 +76,25 @@ async fn main() {
 
     println!("POST {orders}/orders with x-timeout-ms: 2000");
     let start = tokio::time::Instant::now();
-    let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(1));
+    let client = resend::hyper_client(Duration::from_secs(1));
     let req = Request::post(format!("{orders}/orders"))
         .header(BUDGET_HEADER, "2000")
-        .body(Full::default())
+        .body(Full::<Bytes>::default())
         .expect("request");
     let resp = client
         .oneshot(req)
         .await
         .expect("the orders service answers");
     let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     println!(
-        "  [caller]    after {} ms: {status}",
+        "  [caller]    after {} ms: {status} ({content_type})",
         start.elapsed().as_millis()
     );
     match serde_json::from_slice::<serde_json::Value>(&body) {

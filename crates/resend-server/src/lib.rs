@@ -8,7 +8,7 @@
 //!   a header in milliseconds), bounds it by the server's maximum, and runs
 //!   the handler inside resend's task-local deadline scope, so every resend
 //!   client stack the handler calls inherits it. When it runs out, the answer
-//!   is a 504 whose JSON body names where the time went: an upstream, the
+//!   is a 504 whose body names where the time went: an upstream, the
 //!   handler's own work, or a budget spent before the handler ran.
 //! - [`IdempotencyLayer`]: a keyed operation's work runs once, whatever the
 //!   caller, the clock, the store or the process does; a repeated
@@ -17,6 +17,11 @@
 //!   (feature `postgres`).
 //! - [`ClientErrorResponse`] (feature `axum`): a resend client error as an axum
 //!   response (504 with attribution, 502 "verify before resending", …).
+//!
+//! Every error body, the 504, the idempotency layer's own answers (400,
+//! 409, 413, 422, 503, 500) and the client errors, is one RFC 9457 problem
+//! document (`application/problem+json`) with a stable `error` code; the
+//! types are documented in [`problems`].
 //!
 //! # Layer order
 //!
@@ -58,6 +63,7 @@ mod axum;
 mod body;
 pub mod deadline;
 pub mod idempotency;
+pub mod problems;
 pub mod store;
 
 #[cfg(feature = "axum")]

@@ -134,9 +134,11 @@ async fn a_handler_cut_by_the_deadline_keeps_its_504() {
     let again = svc.clone().oneshot(req()).await.unwrap();
     assert_eq!(again.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["content-type"], "application/problem+json");
     let body: serde_json::Value =
         serde_json::from_slice(&again.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(body["error"], "deadline_exceeded");
+    assert_eq!(body["status"], 504);
     assert_eq!(h.runs(), 1);
     // Past the deadline, the detached handler was cut: it ran no further.
     tokio::time::sleep(Duration::from_secs(10)).await;

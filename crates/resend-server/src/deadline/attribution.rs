@@ -1,4 +1,4 @@
-//! The 504 body: where the time of a request went.
+//! The 504's problem document: where the time of a request went.
 
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use resend::deadline::{Snapshot, Source};
 use serde_json::{Map, Value};
 
 use crate::body::MaybeBuffered;
+use crate::problems::{ms, Problem};
 use crate::store::StoredResponse;
 
 /// Where a request's time ran out, as the 504 body says it.
@@ -65,9 +66,9 @@ impl Attribution {
         }
     }
 
-    /// The JSON body.
-    pub(crate) fn to_json(&self) -> Value {
-        let ms = |d: Duration| Value::from(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    /// The problem document: `deadline_exceeded`, with where the time
+    /// went.
+    pub(crate) fn problem(&self) -> Problem {
         let mut upstream = Map::new();
         let mut internal = Map::new();
         let mut attributed = Duration::ZERO;
@@ -88,23 +89,43 @@ impl Attribution {
             "unattributed".into(),
             ms(self.elapsed.saturating_sub(attributed)),
         );
-        let name = |s| {
-            if self.source == s {
-                self.name.clone().map_or(Value::Null, Value::from)
-            } else {
-                Value::Null
-            }
-        };
-        let mut body = Map::new();
-        body.insert("error".into(), "deadline_exceeded".into());
-        body.insert("error_source".into(), self.source.as_str().into());
-        body.insert("upstream".into(), name(ErrorSource::Upstream));
-        body.insert("internal".into(), name(ErrorSource::Internal));
-        if let Some(b) = self.budget {
-            body.insert("budget_ms".into(), ms(b));
+        let mut p = Problem::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "deadline_exceeded",
+            self.detail(),
+        )
+        .with("error_source", self.source.as_str());
+        match (self.source, &self.name) {
+            (ErrorSource::Upstream, Some(name)) => p = p.with("upstream", name.as_str()),
+            (ErrorSource::Internal, Some(name)) => p = p.with("internal", name.as_str()),
+            _ => {}
         }
-        body.insert("spent_ms".into(), Value::Object(spent));
-        Value::Object(body)
+        if let Some(b) = self.budget {
+            p = p.with("budget_ms", ms(b));
+        }
+        p.with("spent_ms", Value::Object(spent))
+    }
+
+    /// The problem's `detail`: where the time ran out, in a sentence.
+    fn detail(&self) -> String {
+        match (self.source, &self.name) {
+            (ErrorSource::Upstream, Some(n)) => {
+                format!("the request's deadline ran out during a call to the upstream {n}")
+            }
+            (ErrorSource::Upstream, None) => {
+                "the request's deadline ran out during a call to an upstream".to_owned()
+            }
+            (ErrorSource::Internal, Some(n)) => {
+                format!("the request's deadline ran out in the handler's own work ({n})")
+            }
+            (ErrorSource::Internal, None) => {
+                "the request's deadline ran out in the handler's own work".to_owned()
+            }
+            (ErrorSource::Deadline, _) => {
+                "the caller's budget was spent before the request was handled; nothing was done"
+                    .to_owned()
+            }
+        }
     }
 
     /// A one-line summary for logs and `grpc-message`.
@@ -115,7 +136,7 @@ impl Attribution {
         }
     }
 
-    /// 504 with the JSON body; for a gRPC request, the gRPC way:
+    /// 504 with the problem document; for a gRPC request, the gRPC way:
     /// `grpc-status: 4` (DEADLINE_EXCEEDED) in a trailers-only response.
     pub(crate) fn response<B>(&self, grpc: bool) -> Response<MaybeBuffered<B>> {
         let stored = self.stored(grpc);
@@ -127,25 +148,19 @@ impl Attribution {
 
     /// [`response`](Self::response), as a record keeps it.
     pub(crate) fn stored(&self, grpc: bool) -> StoredResponse {
-        let mut headers = HeaderMap::new();
-        if grpc {
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-            headers.insert("grpc-status", HeaderValue::from_static("4"));
-            if let Ok(v) = HeaderValue::from_str(&self.summary().replace('%', "%25")) {
-                headers.insert("grpc-message", v);
-            }
-            return StoredResponse {
-                status: StatusCode::OK,
-                headers,
-                body: Bytes::new(),
-                body_omitted: false,
-            };
+        if !grpc {
+            return self.problem().stored();
         }
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert("grpc-status", HeaderValue::from_static("4"));
+        if let Ok(v) = HeaderValue::from_str(&self.summary().replace('%', "%25")) {
+            headers.insert("grpc-message", v);
+        }
         StoredResponse {
-            status: StatusCode::GATEWAY_TIMEOUT,
+            status: StatusCode::OK,
             headers,
-            body: Bytes::from(self.to_json().to_string()),
+            body: Bytes::new(),
             body_omitted: false,
         }
     }
@@ -173,16 +188,22 @@ mod tests {
         let a =
             Attribution::from_snapshot(snapshot, Duration::from_secs(2), Duration::from_secs(2));
         assert_eq!(
-            a.to_json(),
+            a.problem().to_json(),
             serde_json::json!({
+                "type": "https://docs.rs/resend-server/latest/resend_server/problems/index.html#deadline_exceeded",
+                "title": "Deadline exceeded",
+                "status": 504,
+                "detail": "the request's deadline ran out during a call to the upstream shipping",
                 "error": "deadline_exceeded",
                 "error_source": "upstream",
                 "upstream": "shipping",
-                "internal": null,
                 "budget_ms": 2000,
                 "spent_ms": {"total": 2000, "upstream": {"shipping": 1500}, "internal": {"db": 300}, "unattributed": 200}
             })
         );
+        let stored = a.stored(false);
+        assert_eq!(stored.status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(stored.headers["content-type"], "application/problem+json");
         assert_eq!(a.summary(), "deadline exceeded in upstream shipping");
     }
 }

@@ -11,11 +11,15 @@
 //! applies) with a `warn` event; it never fails the request.
 //!
 //! When the deadline runs out, the handler is cancelled and the answer is a
-//! 504 with a JSON body:
+//! 504 with a [problem document](crate::problems) (`application/problem+json`,
+//! RFC 9457) of type [`deadline_exceeded`](crate::problems#deadline_exceeded):
 //!
 //! ```json
-//! {"error": "deadline_exceeded", "error_source": "upstream", "upstream": "shipping",
-//!  "internal": null, "budget_ms": 2000,
+//! {"type": "https://docs.rs/resend-server/latest/resend_server/problems/index.html#deadline_exceeded",
+//!  "title": "Deadline exceeded", "status": 504,
+//!  "detail": "the request's deadline ran out during a call to the upstream shipping",
+//!  "error": "deadline_exceeded", "error_source": "upstream", "upstream": "shipping",
+//!  "budget_ms": 2000,
 //!  "spent_ms": {"total": 2000, "upstream": {"shipping": 1700}, "internal": {"db": 250}, "unattributed": 50}}
 //! ```
 //!
@@ -23,8 +27,12 @@
 //! resend call (named in `upstream`), `internal` inside the handler's own work
 //! (named in `internal` when the handler marked it with
 //! [`resend::deadline::internal`]), or `deadline` when the budget was spent
-//! before the handler ran. A gRPC request (`content-type: application/grpc…`)
-//! gets `grpc-status: 4` (DEADLINE_EXCEEDED) instead.
+//! before the handler ran. A handler that passes on the error of an
+//! outbound call the deadline ended, with
+//! [`ClientErrorResponse`](crate::ClientErrorResponse) (feature `axum`),
+//! answers the same 504 naming that upstream. A gRPC request
+//! (`content-type: application/grpc…`) gets `grpc-status: 4`
+//! (DEADLINE_EXCEEDED) in a trailers-only response instead.
 //!
 //! ```
 //! use std::time::Duration;
@@ -46,7 +54,9 @@
 //! let req = Request::post("/orders").header("grpc-timeout", "2S").body(()).unwrap();
 //! let resp = svc.oneshot(req).await.unwrap();
 //! assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+//! assert_eq!(resp.headers()["content-type"], "application/problem+json");
 //! let body: serde_json::Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+//! assert_eq!(body["error"], "deadline_exceeded");
 //! assert_eq!(body["error_source"], "internal");
 //! assert_eq!(body["internal"], "db");
 //! assert_eq!(body["spent_ms"]["internal"]["db"], 2000);

@@ -137,10 +137,17 @@ async fn a_budget_spent_on_arrival_is_504_deadline_and_nothing_runs() {
         .unwrap();
     let resp = svc.oneshot(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
     let body = json(resp).await;
+    assert_eq!(body["status"], 504);
     assert_eq!(body["error"], "deadline_exceeded");
+    assert_eq!(
+        body["type"],
+        "https://docs.rs/resend-server/latest/resend_server/problems/index.html#deadline_exceeded"
+    );
     assert_eq!(body["error_source"], "deadline");
     assert_eq!(body["upstream"], Value::Null);
+    assert_eq!(body["budget_ms"], 0);
     assert!(!ran.load(Ordering::SeqCst));
 }
 
@@ -176,6 +183,10 @@ async fn time_out_in_marked_work_is_internal_and_the_handler_is_cancelled() {
     let body = json(resp).await;
     assert_eq!(body["error_source"], "internal");
     assert_eq!(body["internal"], "db");
+    assert_eq!(
+        body["detail"],
+        "the request's deadline ran out in the handler's own work (db)"
+    );
     assert_eq!(body["budget_ms"], 2000);
     assert_eq!(body["spent_ms"]["total"], 2000);
     assert_eq!(body["spent_ms"]["internal"]["cache"], 300);

@@ -51,6 +51,11 @@
 //! - records expire (24 h by default); every store call is bounded by a
 //!   timeout.
 //!
+//! The layer's own answers (the 400s, 409, 413, 422, 503 and the 500s it
+//! keeps) are [problem documents](crate::problems)
+//! (`application/problem+json`) with a stable `error` code, such as
+//! `idempotency_key_in_progress` or `idempotency_key_reused`.
+//!
 //! ```
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::{BodyExt, Full};

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
-use resend::deadline::TimeLedger;
+use resend::deadline::{Snapshot, TimeLedger};
 use resend::{BoxError, Deadline};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
@@ -29,6 +29,7 @@ use super::service::{with_timeout, Shared};
 use super::NothingDone;
 use crate::body::{read_capped, MaybeBuffered};
 use crate::deadline::Attribution;
+use crate::problems::Problem;
 use crate::store::{
     Claim, Fingerprint, LeaseState, LeaseToken, RecordKey, Store, StoreError, StoredResponse, Ttl,
 };
@@ -65,6 +66,9 @@ pub(crate) struct LeaseGuard<St: Store> {
     started_at: Instant,
     /// A gRPC request: its deadline's end is said the gRPC way.
     grpc: bool,
+    /// Where the request's time goes (its deadline scope's), for the 504
+    /// of a handler the deadline cuts.
+    ledger: Option<TimeLedger>,
     phase: Phase,
 }
 
@@ -87,12 +91,21 @@ impl<St: Store> LeaseGuard<St> {
             deadline,
             started_at: Instant::now(),
             grpc,
+            ledger: None,
             phase: Phase::Idle,
         }
     }
 
     fn config(&self) -> &Config {
         &self.shared.config
+    }
+
+    /// Where the time went, as of now.
+    fn snapshot(&self) -> Snapshot {
+        self.ledger
+            .as_ref()
+            .map(TimeLedger::snapshot)
+            .unwrap_or_default()
     }
 
     fn claim(&self) -> Claim<'_> {
@@ -231,9 +244,9 @@ where
         // keep the inbound deadline, wherever the work goes on.
         let handler =
             resend::idempotency::derive_keys(scope, key, resend::deadline::carry(inner.call(req)));
-        let ledger = resend::deadline::current_ledger();
+        guard.ledger = resend::deadline::current_ledger();
         let ended = Supervised::new(&guard, handler).await;
-        settle(&mut guard, ended, ledger).await
+        settle(&mut guard, ended).await
     }
 }
 
@@ -336,7 +349,9 @@ pub(crate) fn unavailable<B>(e: &StoreError) -> Response<MaybeBuffered<B>> {
 pub(crate) enum Supervision<T> {
     Done(T),
     Panicked,
-    DeadlineCut,
+    /// Cut by the deadline: where the time went, as of the cut (taken
+    /// before the future is dropped, which ends the work it was doing).
+    DeadlineCut(Snapshot),
 }
 
 pin_project_lite::pin_project! {
@@ -406,7 +421,7 @@ impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
                 return Poll::Pending;
             }
             if deadline.is_some_and(|d| d <= wake) {
-                return Poll::Ready(Supervision::DeadlineCut);
+                return Poll::Ready(Supervision::DeadlineCut(guard.snapshot()));
             }
             // A renewal is due: start it, unless the last one still runs.
             *this.renew_at = Some(wake + every);
@@ -428,7 +443,6 @@ impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
 fn settle<'a, St, RB, E>(
     guard: &'a mut LeaseGuard<St>,
     ended: Supervision<Result<Response<RB>, E>>,
-    ledger: Option<TimeLedger>,
 ) -> impl Future<Output = Result<Response<MaybeBuffered<RB>>, E>> + Send + 'a
 where
     St: Store,
@@ -444,7 +458,7 @@ where
             },
             Supervision::Done(Err(_)) => Ended::Failed,
             Supervision::Panicked => Ended::Panicked,
-            Supervision::DeadlineCut => Ended::DeadlineCut,
+            Supervision::DeadlineCut(_) => Ended::DeadlineCut,
         };
         let mut result = match (rules::on_end(end), ended) {
             (OnEnd::StoreResponse, Supervision::Done(result)) => result,
@@ -453,12 +467,14 @@ where
                 return result.map(|resp| resp.map(MaybeBuffered::inner));
             }
             (kept, ended) => {
-                let answer = keep(guard, kept, ledger).await;
-                // A handler's error still reaches its first caller as it is.
-                return match ended {
-                    Supervision::Done(Err(e)) => Err(e),
-                    _ => Ok(answer),
+                let (cut, error) = match ended {
+                    Supervision::DeadlineCut(cut) => (cut, None),
+                    Supervision::Done(Err(e)) => (Snapshot::default(), Some(e)),
+                    _ => (Snapshot::default(), None),
                 };
+                let answer = keep(guard, kept, cut).await;
+                // A handler's error still reaches its first caller as it is.
+                return error.map_or(Ok(answer), Err);
             }
         };
         let Ok(resp) = &mut result else {
@@ -482,14 +498,14 @@ where
             Supervision::Done(Ok(read)) => Ok(read),
             Supervision::Done(Err(e)) => {
                 tracing::warn!(error = %e, key = guard.key.as_str(), "a keyed response's body failed after its head");
-                Err(Ended::BodyFailed)
+                Err((Ended::BodyFailed, Snapshot::default()))
             }
-            Supervision::Panicked => Err(Ended::Panicked),
-            Supervision::DeadlineCut => Err(Ended::DeadlineCut),
+            Supervision::Panicked => Err((Ended::Panicked, Snapshot::default())),
+            Supervision::DeadlineCut(cut) => Err((Ended::DeadlineCut, cut)),
         };
         let (bytes, whole) = match end {
             Ok(read) => read,
-            Err(end) => return Ok(keep(guard, rules::on_end(end), ledger).await),
+            Err((end, cut)) => return Ok(keep(guard, rules::on_end(end), cut).await),
         };
         // The body is lent to the record too (a clone of `Bytes` made from a
         // `Vec` would allocate), and taken back below; a body past the cap
@@ -552,15 +568,16 @@ async fn store<St: Store>(guard: &mut LeaseGuard<St>, done: StoredResponse) -> S
 }
 
 /// Keeps a response of the layer's own as the key's end (`kept`: a failure
-/// or the deadline's 504), and answers with it.
+/// or the deadline's 504, saying where the time went as of the `cut`), and
+/// answers with it.
 async fn keep<St: Store, RB>(
     guard: &mut LeaseGuard<St>,
     kept: OnEnd,
-    ledger: Option<TimeLedger>,
+    cut: Snapshot,
 ) -> Response<MaybeBuffered<RB>> {
     let record = match kept {
         OnEnd::StoreFailure(code) => failure(code),
-        OnEnd::StoreDeadline => deadline_cut(guard, ledger),
+        OnEnd::StoreDeadline => deadline_cut(guard, cut),
         // (Not what `on_end` says of a failure; kept as the worst case.)
         OnEnd::StoreResponse | OnEnd::Release => failure("handler_failed"),
     };
@@ -575,44 +592,34 @@ pub(crate) fn failure(code: &'static str) -> StoredResponse {
         "handler_panicked" => "the operation failed unexpectedly and may have run in part; it will not run again under this key",
         _ => "the operation failed and may have run in part; it will not run again under this key",
     };
-    let body = serde_json::json!({ "error": code, "message": message }).to_string();
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    StoredResponse {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        headers,
-        body: Bytes::from(body),
-        body_omitted: false,
-    }
+    Problem::new(StatusCode::INTERNAL_SERVER_ERROR, code, message).stored()
 }
 
 /// The deadline's 504, kept as the operation's end: it says where the time
-/// went, as the inbound deadline layer's does.
-fn deadline_cut<St: Store>(guard: &LeaseGuard<St>, ledger: Option<TimeLedger>) -> StoredResponse {
+/// went (as of the `cut`), as the inbound deadline layer's does.
+fn deadline_cut<St: Store>(guard: &LeaseGuard<St>, cut: Snapshot) -> StoredResponse {
     tracing::warn!(
         key = guard.key.as_str(),
         "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
     );
-    deadline_response(guard.started_at, guard.deadline, guard.grpc, ledger)
+    deadline_response(guard.started_at, guard.deadline, guard.grpc, cut)
 }
 
 /// The 504 of a request that began at `started_at` and whose `deadline`
-/// ran out, saying where the time went (from `ledger`), as the inbound
-/// deadline layer's does; the gRPC way for a gRPC request.
+/// ran out, saying where the time went (`snapshot`, taken at the cut,
+/// before the handler was dropped: the work it was doing is the work
+/// named), as the inbound deadline layer's does; the gRPC way for a gRPC
+/// request.
 pub(crate) fn deadline_response(
     started_at: Instant,
     deadline: Option<Deadline>,
     grpc: bool,
-    ledger: Option<TimeLedger>,
+    snapshot: Snapshot,
 ) -> StoredResponse {
     let elapsed = started_at.elapsed();
     let budget = deadline.map_or(elapsed, |d| {
         d.instant().saturating_duration_since(started_at)
     });
-    let snapshot = ledger.map(|l| l.snapshot()).unwrap_or_default();
     Attribution::from_snapshot(snapshot, budget, elapsed).stored(grpc)
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
+use resend::deadline::{Snapshot, TimeLedger};
 use resend::{BoxError, Deadline};
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Postgres, Transaction};
@@ -596,7 +597,7 @@ impl Run<'_> {
             .insert(HandlerTransaction(Arc::clone(&slot)));
         let ledger = resend::deadline::current_ledger();
         let req = Request::from_parts(parts, body);
-        let ended = Cut::new(self.deadline, handler(req)).await;
+        let ended = Cut::new(self.deadline, ledger.as_ref(), handler(req)).await;
         // The transaction comes back: the handler has ended, and its guard
         // with it (a guard it let escape is waited for, for a while).
         let tx = match with_timeout(self.config.store_timeout, async {
@@ -617,7 +618,7 @@ impl Run<'_> {
             },
             Cutting::Done(Err(_)) => Ended::Failed,
             Cutting::Panicked => Ended::Panicked,
-            Cutting::DeadlineCut => Ended::DeadlineCut,
+            Cutting::DeadlineCut(_) => Ended::DeadlineCut,
         };
         let mut result = match (rules::on_end(end), ended) {
             (OnEnd::StoreResponse, Cutting::Done(result)) => result,
@@ -632,11 +633,11 @@ impl Run<'_> {
                 let _ = tx.rollback().await;
                 return match ended {
                     Cutting::Done(Err(e)) => Err(e),
-                    Cutting::DeadlineCut => Ok(answer(deadline_response(
+                    Cutting::DeadlineCut(cut) => Ok(answer(deadline_response(
                         self.started_at,
                         self.deadline,
                         self.grpc,
-                        ledger,
+                        cut,
                     ))),
                     Cutting::Panicked => Ok(rolled_back("handler_panicked")),
                     Cutting::Done(Ok(_)) => Ok(rolled_back("handler_failed")),
@@ -650,6 +651,7 @@ impl Run<'_> {
         let headers = stored_headers(resp.headers(), &self.config.per_caller);
         let read = Cut::new(
             self.deadline,
+            ledger.as_ref(),
             read_capped(resp.body_mut(), self.config.response_cap),
         )
         .await;
@@ -664,13 +666,13 @@ impl Run<'_> {
                 let _ = tx.rollback().await;
                 return Ok(rolled_back("handler_panicked"));
             }
-            Cutting::DeadlineCut => {
+            Cutting::DeadlineCut(cut) => {
                 let _ = tx.rollback().await;
                 return Ok(answer(deadline_response(
                     self.started_at,
                     self.deadline,
                     self.grpc,
-                    ledger,
+                    cut,
                 )));
             }
         };
@@ -751,32 +753,36 @@ fn rolled_back<B>(code: &'static str) -> Response<MaybeBuffered<B>> {
 enum Cutting<T> {
     Done(T),
     Panicked,
-    DeadlineCut,
+    /// Cut by the deadline: where the time went, as of the cut (taken
+    /// before the future is dropped, which ends the work it was doing).
+    DeadlineCut(Snapshot),
 }
 
 pin_project_lite::pin_project! {
     /// `fut`, cut when the deadline runs out, its panic caught. `fut` is
     /// polled first, so an answer that is ready wins a tie with the clock;
     /// the timer is armed only once `fut` has waited.
-    struct Cut<F> {
+    struct Cut<'a, F> {
         #[pin]
         fut: F,
         deadline: Option<Instant>,
+        ledger: Option<&'a TimeLedger>,
         timer: Option<Pin<Box<Sleep>>>,
     }
 }
 
-impl<F> Cut<F> {
-    fn new(deadline: Option<Deadline>, fut: F) -> Self {
+impl<'a, F> Cut<'a, F> {
+    fn new(deadline: Option<Deadline>, ledger: Option<&'a TimeLedger>, fut: F) -> Self {
         Self {
             fut,
             deadline: deadline.map(|d| d.instant()),
+            ledger,
             timer: None,
         }
     }
 }
 
-impl<F: Future> Future for Cut<F> {
+impl<F: Future> Future for Cut<'_, F> {
     type Output = Cutting<F::Output>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -796,8 +802,40 @@ impl<F: Future> Future for Cut<F> {
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Cutting::DeadlineCut),
+            Poll::Ready(()) => Poll::Ready(Cutting::DeadlineCut(
+                this.ledger.map(TimeLedger::snapshot).unwrap_or_default(),
+            )),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use resend::deadline::Source;
+
+    /// A cut says what was running at the cut: the handler's upstream call,
+    /// still in flight (its future not yet dropped).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_cut_names_the_work_running_at_the_cut() {
+        let ledger = TimeLedger::new();
+        let deadline = Deadline::after(Duration::from_secs(1));
+        let handler = async {
+            let _call = ledger.start(Source::Upstream, "shipping".into());
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        };
+        let Cutting::DeadlineCut(cut) = Cut::new(Some(deadline), Some(&ledger), handler).await
+        else {
+            panic!("not cut");
+        };
+        let running = cut.running().expect("the call was running");
+        assert_eq!(
+            (running.source, &*running.name),
+            (Source::Upstream, "shipping")
+        );
+        assert_eq!(running.spent, Duration::from_secs(1));
+        // Once the handler is gone, its call has ended.
+        assert!(ledger.snapshot().running().is_none());
     }
 }
