@@ -5,7 +5,7 @@ use http::header::HeaderName;
 use http::{HeaderMap, Response, StatusCode};
 
 use super::{Class, Classification, Classify, HttpClassifier, RequestFacts};
-use crate::retry::{parse_grpc_pushback, Pushback};
+use super::pushback::{parse_grpc_pushback, Pushback};
 
 /// The `grpc-status` header (or trailer).
 pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");

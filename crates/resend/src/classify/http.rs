@@ -4,7 +4,7 @@ use std::time::SystemTime;
 use http::{header::RETRY_AFTER, Response, StatusCode};
 
 use super::{Class, Classification, Classify, RequestFacts};
-use crate::retry::{parse_retry_after, Pushback};
+use super::pushback::{parse_retry_after, Pushback};
 
 /// The HTTP classifier of the [module table](super), with per-status
 /// overrides; on gRPC requests, the [gRPC table](super#grpc).

@@ -112,18 +112,19 @@
 
 mod grpc;
 mod http;
+mod pushback;
 
 use std::fmt;
 use std::time::Duration;
 
 use ::http::{HeaderMap, Method, Request, Response, Uri};
 
-use crate::retry::Pushback;
 
 #[cfg(feature = "tonic")]
 pub(crate) use self::grpc::proves_not_sent as grpc_proves_not_sent;
 pub use self::grpc::{GrpcClassifier, GrpcCode, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 pub use self::http::HttpClassifier;
+pub use self::pushback::{parse_grpc_pushback, parse_retry_after, InvalidRetryAfter, Pushback};
 
 /// What an attempt's result says the server did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

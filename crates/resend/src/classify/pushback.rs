@@ -18,7 +18,7 @@ const MAX_DIGITS: usize = 10;
 ///
 /// ```
 /// use std::time::SystemTime;
-/// use resend::retry::parse_retry_after;
+/// use resend::classify::parse_retry_after;
 ///
 /// let err = parse_retry_after(b"1.5", SystemTime::now()).unwrap_err();
 /// assert_eq!(err.to_string(), "invalid Retry-After value: delta-seconds must be ASCII digits only");
@@ -37,7 +37,7 @@ impl InvalidRetryAfter {
     ///
     /// ```
     /// use std::time::SystemTime;
-    /// use resend::retry::parse_retry_after;
+    /// use resend::classify::parse_retry_after;
     ///
     /// let err = parse_retry_after(b"-1", SystemTime::now()).unwrap_err();
     /// assert_eq!(err.reason(), "delta-seconds must not be negative");
@@ -68,7 +68,7 @@ impl std::error::Error for InvalidRetryAfter {}
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use resend::retry::parse_retry_after;
+/// use resend::classify::parse_retry_after;
 ///
 /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_450); // 07:27:30 GMT
 /// assert_eq!(parse_retry_after(b"120", now), Ok(Duration::from_secs(120)));
@@ -127,7 +127,7 @@ fn parse_date(value: &[u8], now: SystemTime) -> Result<Duration, InvalidRetryAft
 ///
 /// ```
 /// use std::time::Duration;
-/// use resend::retry::{parse_grpc_pushback, Pushback};
+/// use resend::classify::{parse_grpc_pushback, Pushback};
 ///
 /// match parse_grpc_pushback(b"250") {
 ///     Pushback::After(wait) => assert_eq!(wait, Duration::from_millis(250)),
@@ -152,7 +152,7 @@ pub enum Pushback {
 ///
 /// ```
 /// use std::time::Duration;
-/// use resend::retry::{parse_grpc_pushback, Pushback};
+/// use resend::classify::{parse_grpc_pushback, Pushback};
 ///
 /// assert_eq!(parse_grpc_pushback(b"1500"), Pushback::After(Duration::from_millis(1500)));
 /// assert_eq!(parse_grpc_pushback(b"-1"), Pushback::DoNotRetry);

@@ -2,7 +2,7 @@
 //!
 //! [`RetryLayer`] runs each call's attempts. After every attempt the
 //! [classifier](crate::classify) says what the server may have done, and the
-//! layer decides by this table (DESIGN section 4). A request is
+//! layer decides by this table. A request is
 //! **replay-safe** when its method is idempotent (GET, HEAD, OPTIONS, TRACE,
 //! PUT, DELETE) or it carries an `Idempotency-Key` (or `X-Idempotency-Key`);
 //! the classifier has the last word
@@ -66,7 +66,6 @@ mod head;
 mod layer;
 mod policy;
 mod read_ahead;
-mod retry_after;
 mod service;
 
 pub use attempts::{Attempt, Attempts, Stop};
@@ -84,7 +83,6 @@ pub use read_ahead::{
     ReadAheadBody, ReadAheadLayer, ReadAheadService, ResponseFuture as ReadAheadFuture,
     DEFAULT_READ_AHEAD,
 };
-pub use retry_after::{parse_grpc_pushback, parse_retry_after, InvalidRetryAfter, Pushback};
 pub use service::Retry;
 
 /// A request extension that sets, for this request alone, what the retry

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use super::{Backoff, Pushback, Stop};
+use super::{Backoff, Stop};
+use crate::classify::Pushback;
 use crate::classify::{Class, Classification};
 
 /// The limits and waits of a retry layer.
@@ -56,7 +57,7 @@ pub(crate) enum Decision {
 }
 
 impl Policy {
-    /// The decision table of DESIGN section 4, for the attempt numbered
+    /// The decision table (the [module docs](super)), for the attempt numbered
     /// `made` (1 for the first) of a call with `remaining` time left, if it
     /// has a deadline. The budget and the body's replayability are checked by
     /// the caller afterwards, so that a token is only spent on a real retry.
