@@ -51,9 +51,7 @@ async fn loopback(which: &str, n: usize) {
         .build::<_, Body>(http);
     let resend = resend::stack()
         .name("bench")
-        .service(resend::hyper_client::<resend::retry::ReplayBody<Body>>(
-            Duration::from_secs(2),
-        ));
+        .service(resend::hyper_client(Duration::from_secs(2)));
     for i in 0..n {
         let req = Request::get(uri.clone()).body(Body::new()).unwrap();
         match which {

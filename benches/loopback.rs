@@ -15,7 +15,6 @@ use http_body_util::Empty;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use resend::retry::ReplayBody;
 use resend_benches::send_batch;
 use resend_testkit::{Script, TestServer};
 use tower::Service;
@@ -56,9 +55,7 @@ fn loopback(c: &mut Criterion) {
     let bare = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(http);
     let stack = resend::stack()
         .name("bench")
-        .service(resend::hyper_client::<ReplayBody<Empty<Bytes>>>(
-            Duration::from_secs(2),
-        ));
+        .service(resend::hyper_client(Duration::from_secs(2)));
 
     let mut group = c.benchmark_group("loopback");
     group.throughput(Throughput::Elements((CONCURRENCY * PER_TASK) as u64));

@@ -18,7 +18,6 @@ use http_body_util::Empty;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use resend::retry::ReplayBody;
 use resend_benches::{carried, send_batch, CloneAndRetry};
 use resend_testkit::{Script, TestServer};
 use tower::Service;
@@ -58,10 +57,9 @@ fn main() {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         let bare = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(http);
-        let stack =
-            resend::stack().name("bench").service(
-                resend::hyper_client::<ReplayBody<Empty<Bytes>>>(Duration::from_secs(2)),
-            );
+        let stack = resend::stack()
+            .name("bench")
+            .service(resend::hyper_client(Duration::from_secs(2)));
         // References: the same client under tower's Timeout (one timer per
         // call and nothing else); under tower's retry between two timeouts
         // with a clone-and-retry policy; and that again writing what resend

@@ -38,7 +38,7 @@ const SLICE_WARMUP: Duration = Duration::from_millis(50);
 const MEASURE: Duration = Duration::from_millis(500);
 const ROUNDS: usize = 15;
 
-type Client = resend::HyperClient<Full<Bytes>>;
+type Client = resend::HyperClient;
 
 async fn handler(body: Bytes) -> String {
     format!("ok {}", body.len())

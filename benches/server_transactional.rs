@@ -44,7 +44,7 @@ const ROUNDS: usize = 9;
 const MEASURE: Duration = Duration::from_secs(1);
 const TABLE: &str = "resend_idempotency_bench_tx_ff";
 
-type Client = resend::HyperClient<Full<Bytes>>;
+type Client = resend::HyperClient;
 
 /// The handler without the layer: its own transaction.
 async fn own(State(pool): State<PgPool>, body: Bytes) -> String {

@@ -9,7 +9,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use resend::retry::ReplayBody;
 use resend::{Attempts, Deadline, Error, IdempotencyKey};
 use resend_testkit::{Reply, Script, TestServer};
 use tokio::time::Instant;
@@ -17,7 +16,7 @@ use tower::ServiceExt;
 
 type Body = Full<Bytes>;
 
-fn client() -> resend::HyperClient<ReplayBody<Body>> {
+fn client() -> resend::HyperClient {
     resend::hyper_client(Duration::from_secs(2))
 }
 

@@ -17,7 +17,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use resend::retry::ReplayBody;
 use resend::{Attempts, IdempotencyKey, RetryAdvice};
 use resend_testkit::{Reply, Script, TestServer};
 use tokio::time::Instant;
@@ -52,17 +51,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .attempt_timeout(Duration::from_millis(500))
         .max_attempts(4)
         .idempotency_keys()
-        .service(resend::hyper_client::<ReplayBody<Body>>(
-            Duration::from_secs(2),
-        ));
+        .service(resend::hyper_client(Duration::from_secs(2)));
     let page_stack = resend::stack()
         .name("shipping-quotes")
         .total(Duration::from_millis(800))
         .attempt_timeout(Duration::from_millis(350))
         .max_attempts(2)
-        .service(resend::hyper_client::<ReplayBody<Body>>(
-            Duration::from_secs(2),
-        ));
+        .service(resend::hyper_client(Duration::from_secs(2)));
 
     // The background job: request a shipment for order 42.
     let order = 42;

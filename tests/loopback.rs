@@ -28,7 +28,7 @@ async fn closed_port() -> u16 {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn connect_refused_is_reported_as_not_sent() {
     let port = closed_port().await;
-    let client = resend::hyper_client::<Body>(Duration::from_secs(2));
+    let client = resend::hyper_client(Duration::from_secs(2));
     let uri = format!("http://127.0.0.1:{port}/")
         .parse::<http::Uri>()
         .unwrap();
@@ -37,7 +37,7 @@ async fn connect_refused_is_reported_as_not_sent() {
         .await
         .unwrap_err();
     // hyper-util's error wraps ours; the fact survives.
-    let err = Error::from_box(Box::new(err));
+    let err = Error::from_box(err);
     assert_eq!(err.kind(), ErrorKind::Transport);
     assert!(err.is_not_sent(), "{err:?}");
 }
@@ -70,7 +70,7 @@ async fn a_silent_upstream_is_cut_by_the_attempt_timeout_then_the_deadline() {
     let server = TestServer::start(Script::new().otherwise(Reply::never()))
         .await
         .unwrap();
-    let client = resend::hyper_client::<Body>(Duration::from_secs(2));
+    let client = resend::hyper_client(Duration::from_secs(2));
 
     // Attempt timeout first: 400 ms under a 1 s deadline.
     let svc = ServiceBuilder::new()
@@ -122,7 +122,7 @@ async fn a_reset_mid_body_is_a_transport_error_that_may_have_been_processed() {
             .unwrap();
         let mut b = Client::builder(TokioExecutor::new());
         b.http2_only(http2);
-        let client = resend::connect::hyper_client_with::<Body>(&b, Duration::from_secs(2));
+        let client = resend::connect::hyper_client_with(&b, Duration::from_secs(2));
         let svc = DeadlineLayer::new(Duration::from_secs(5))
             .upstream("broken")
             .layer(client);

@@ -666,7 +666,7 @@ async fn a_streamed_put_body_is_replayed_byte_for_byte() {
     let server = server(Script::new().then(Reply::status(503))).await;
     let body = Chunks::new(8, 4096); // 32 KiB, under the 64 KiB cap
     let expected = body.concat();
-    let client = stack().service(resend::hyper_client::<ReplayBody<Chunks>>(CONNECT_TIMEOUT));
+    let client = stack().service(resend::hyper_client(CONNECT_TIMEOUT));
 
     let req = Request::put(server.uri("/objects/1"))
         .body(body)
@@ -688,7 +688,7 @@ async fn a_streamed_body_over_the_cap_is_sent_once_and_not_replayed() {
     let server = server(Script::new().otherwise(Reply::status(503))).await;
     let body = Chunks::new(25, 4096); // 100 KiB, over the 64 KiB cap
     let expected = body.concat();
-    let client = stack().service(resend::hyper_client::<ReplayBody<Chunks>>(CONNECT_TIMEOUT));
+    let client = stack().service(resend::hyper_client(CONNECT_TIMEOUT));
 
     let req = Request::put(server.uri("/objects/1"))
         .body(body)
@@ -718,8 +718,7 @@ async fn a_streamed_body_over_the_cap_is_sent_once_and_not_replayed() {
 async fn three_nested_retry_layers_send_3_times_not_27() {
     let server = server(Script::new().otherwise(Reply::status(503))).await;
     let layer = RetryLayer::new().max_attempts(3).no_budget().seed(7);
-    let hyper =
-        resend::hyper_client::<ReplayBody<ReplayBody<ReplayBody<Full<Bytes>>>>>(CONNECT_TIMEOUT);
+    let hyper = resend::hyper_client(CONNECT_TIMEOUT);
     let client = layer.layer(layer.layer(layer.layer(hyper)));
 
     let resp = within(client.oneshot(get(server.uri("/items"))))
@@ -737,9 +736,9 @@ async fn three_nested_retry_layers_send_3_times_not_27() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_stack_nested_inside_a_stack_through_an_async_adapter_sends_3_times_not_9() {
     let server = server(Script::new().otherwise(Reply::status(503))).await;
-    let inner = stack().no_budget().service(resend::hyper_client::<
-        ReplayBody<ReplayBody<Full<Bytes>>>,
-    >(CONNECT_TIMEOUT));
+    let inner = stack()
+        .no_budget()
+        .service(resend::hyper_client(CONNECT_TIMEOUT));
     // The idiomatic adapter: call the inner stack when polled.
     let adapter = tower::service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
         let inner = inner.clone();
@@ -772,9 +771,10 @@ async fn over_http2_get_through_503_503_200_answers_200_after_three_attempts() {
         .expect("start the test server");
     let mut builder = Client::builder(TokioExecutor::new());
     builder.http2_only(true);
-    let client = stack().service(
-        resend::connect::hyper_client_with::<ReplayBody<Full<Bytes>>>(&builder, CONNECT_TIMEOUT),
-    );
+    let client = stack().service(resend::connect::hyper_client_with(
+        &builder,
+        CONNECT_TIMEOUT,
+    ));
 
     let resp = within(client.clone().oneshot(get(server.uri("/items"))))
         .await

@@ -18,14 +18,13 @@ use bytes::Bytes;
 use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame};
 use http_body_util::Full;
-use resend::retry::ReplayBody;
 use resend::Attempts;
 
 /// The connect timeout of every test client.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The hyper-util client of the composed stack for in-memory bodies.
-pub(crate) type Transport = resend::connect::HyperClient<ReplayBody<Full<Bytes>>>;
+pub(crate) type Transport = resend::connect::HyperClient;
 
 /// `resend::hyper_client` for requests with an in-memory body.
 pub(crate) fn transport() -> Transport {

@@ -37,7 +37,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use resend::retry::{Attempts, Backoff, ReplayBody};
+use resend::retry::{Attempts, Backoff};
 use resend::{AttemptTimeoutLayer, DeadlineLayer, Error, IdempotencyKeyLayer, RetryLayer};
 use resend_server::store::{Begin, Claim, LeaseState, StoredResponse, Ttl};
 use resend_server::{IdempotencyLayer, IdempotencyStats, Store, StoreError};
@@ -319,9 +319,7 @@ async fn run<St: Store>(name: &str, store: St) {
                 ),
         )
         .layer(AttemptTimeoutLayer::new(ATTEMPT_TIMEOUT))
-        .service(resend::hyper_client::<ReplayBody<Full<Bytes>>>(
-            Duration::from_secs(1),
-        ));
+        .service(resend::hyper_client(Duration::from_secs(1)));
 
     let limit = Arc::new(Semaphore::new(CONCURRENCY));
     let calls = async {
@@ -632,9 +630,7 @@ async fn postgres_transactional_one_effect_per_key_under_chaos() {
                 ),
         )
         .layer(AttemptTimeoutLayer::new(ATTEMPT_TIMEOUT))
-        .service(resend::hyper_client::<ReplayBody<Full<Bytes>>>(
-            Duration::from_secs(1),
-        ));
+        .service(resend::hyper_client(Duration::from_secs(1)));
     let limit = Arc::new(Semaphore::new(CONCURRENCY));
     let calls = async {
         let mut tasks = Vec::with_capacity(CALLS);

@@ -36,7 +36,6 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use resend::retry::ReplayBody;
 use resend_server::idempotency::IDEMPOTENT_REPLAYED;
 use resend_server::{IdempotencyLayer, MemoryStore, RedisStore};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -196,7 +195,7 @@ async fn start_b() -> (B, SocketAddr) {
 
 // ---------------------------------------------------------------- A ----
 
-type BClient = resend::Stack<resend::HyperClient<ReplayBody<Full<Bytes>>>>;
+type BClient = resend::Stack<resend::HyperClient>;
 
 #[derive(Clone)]
 struct A {
@@ -286,9 +285,7 @@ async fn a_server_child() {
         .total(Duration::from_secs(5))
         .attempt_timeout(Duration::from_secs(2))
         .idempotency_keys()
-        .service(resend::hyper_client::<ReplayBody<Full<Bytes>>>(
-            Duration::from_secs(1),
-        ));
+        .service(resend::hyper_client(Duration::from_secs(1)));
     let app = Router::new()
         .route("/orders", post(a_order))
         .with_state(A { b, b_url, hang })
@@ -406,7 +403,7 @@ impl Drop for AProcess {
 
 // ----------------------------------------------------------- caller ----
 
-type Caller = resend::HyperClient<Full<Bytes>>;
+type Caller = resend::HyperClient;
 
 fn caller() -> Caller {
     resend::hyper_client(Duration::from_secs(1))

@@ -31,7 +31,7 @@ use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use resend::retry::{Backoff, ReplayBody};
+use resend::retry::Backoff;
 use resend::{AttemptTimeoutLayer, DeadlineLayer, Error, IdempotencyKeyLayer, RetryLayer};
 use resend_server::{IdempotencyLayer, Store};
 use tokio::net::TcpListener;
@@ -147,9 +147,7 @@ async fn run<St: Store>(store: St) {
                 ),
         )
         .layer(AttemptTimeoutLayer::new(Duration::from_millis(250)))
-        .service(resend::hyper_client::<ReplayBody<Full<Bytes>>>(
-            Duration::from_secs(1),
-        ));
+        .service(resend::hyper_client(Duration::from_secs(1)));
 
     let limit = Arc::new(Semaphore::new(CONCURRENCY));
     let mut tasks = Vec::with_capacity(CALLS);

@@ -440,8 +440,7 @@ async fn a_server_killed_after_its_effect_leaves_nothing() {
         }
         let port = port.expect("the child listens");
         let (op, key) = (unique("op"), unique("k"));
-        let client =
-            resend::hyper_client::<http_body_util::Full<bytes::Bytes>>(Duration::from_secs(1));
+        let client = resend::hyper_client(Duration::from_secs(1));
         let sent = tokio::spawn({
             let (client, op, key) = (client.clone(), op.clone(), key.clone());
             async move {

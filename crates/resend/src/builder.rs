@@ -16,77 +16,95 @@ mod sealed {
     impl<L> Sealed<L> for tower::ServiceBuilder<L> {}
 }
 
-/// Adds resend's layers to [`ServiceBuilder`], outside in as DESIGN's order
-/// has them. [`stack`](crate::stack()) composes the same order for you.
+/// Adds resend's layers to [`ServiceBuilder`], outside in in the order
+/// [`stack`](crate::stack()) composes for you.
+///
+/// Every method starts with `resend_`, so none is ever shadowed by one of
+/// `ServiceBuilder`'s own (tower's inherent `retry` and `timeout` win over
+/// any trait method of the same name, and would build tower's layers).
+/// This example builds under tower's `full` feature, and calls the service.
 ///
 /// ```
 /// use std::time::Duration;
+/// use http::{Request, Response};
+/// use http_body_util::Full;
+/// use bytes::Bytes;
 /// use resend::ServiceBuilderExt;
-/// use tower::ServiceBuilder;
+/// use tower::{ServiceBuilder, ServiceExt};
 ///
-/// let layers = ServiceBuilder::new()
-///     .deadline(Duration::from_secs(10))
-///     .idempotency_key()
-///     .retry(resend::RetryLayer::new())
-///     .circuit_breaker(resend::CircuitBreakerLayer::new().upstream("shipping"))
-///     .deadline_header()
-///     .attempt_timeout(Duration::from_secs(5));
-/// # let _ = layers;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), resend::BoxError> {
+/// let upstream = tower::service_fn(|_req: Request<_>| async {
+///     Ok::<_, resend::BoxError>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+/// });
+/// let svc = ServiceBuilder::new()
+///     .resend_deadline(Duration::from_secs(10))
+///     .resend_idempotency_key()
+///     .resend_retry(resend::RetryLayer::new())
+///     .resend_circuit_breaker(resend::CircuitBreakerLayer::new().upstream("shipping"))
+///     .resend_deadline_header()
+///     .resend_attempt_timeout(Duration::from_secs(5))
+///     .service(upstream);
+///
+/// let resp = svc.oneshot(Request::get("http://shipping/").body(Full::new(Bytes::new())).unwrap()).await?;
+/// let attempts = resp.extensions().get::<resend::Attempts>().map_or(0, |a| a.len());
+/// assert_eq!(attempts, 1);
+/// # Ok(())
+/// # }
 /// ```
 pub trait ServiceBuilderExt<L>: sealed::Sealed<L> + Sized {
     /// A [`DeadlineLayer`]: see [`deadline`](crate::deadline).
-    fn deadline(self, total: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>>;
+    fn resend_deadline(self, total: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>>;
 
     /// An [`IdempotencyKeyLayer`]: see [`idempotency`](crate::idempotency).
-    fn idempotency_key(self) -> ServiceBuilder<Stack<IdempotencyKeyLayer, L>>;
+    fn resend_idempotency_key(self) -> ServiceBuilder<Stack<IdempotencyKeyLayer, L>>;
 
     /// A [`RetryLayer`]: see [`retry`](crate::retry).
-    fn retry<C>(self, layer: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>>;
+    fn resend_retry<C>(self, layer: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>>;
 
     /// A [`CircuitBreakerLayer`]: see [`breaker`](crate::breaker). Place it
     /// inside the retry layer and outside the attempt timeout, so that it
     /// counts every attempt, timeouts included.
-    fn circuit_breaker<K>(
+    fn resend_circuit_breaker<K>(
         self,
         layer: CircuitBreakerLayer<K>,
     ) -> ServiceBuilder<Stack<CircuitBreakerLayer<K>, L>>;
 
     /// A [`DeadlineHeaderLayer`] with the defaults: see
     /// [`deadline`](crate::deadline).
-    fn deadline_header(self) -> ServiceBuilder<Stack<DeadlineHeaderLayer, L>>;
+    fn resend_deadline_header(self) -> ServiceBuilder<Stack<DeadlineHeaderLayer, L>>;
 
     /// An [`AttemptTimeoutLayer`]: see [`timeout`](crate::timeout).
-    fn attempt_timeout(
+    fn resend_attempt_timeout(
         self,
         per_attempt: Duration,
     ) -> ServiceBuilder<Stack<AttemptTimeoutLayer, L>>;
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
-    fn deadline(self, total: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>> {
+    fn resend_deadline(self, total: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>> {
         self.layer(DeadlineLayer::new(total))
     }
 
-    fn idempotency_key(self) -> ServiceBuilder<Stack<IdempotencyKeyLayer, L>> {
+    fn resend_idempotency_key(self) -> ServiceBuilder<Stack<IdempotencyKeyLayer, L>> {
         self.layer(IdempotencyKeyLayer::new())
     }
 
-    fn retry<C>(self, layer: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>> {
+    fn resend_retry<C>(self, layer: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>> {
         self.layer(layer)
     }
 
-    fn circuit_breaker<K>(
+    fn resend_circuit_breaker<K>(
         self,
         layer: CircuitBreakerLayer<K>,
     ) -> ServiceBuilder<Stack<CircuitBreakerLayer<K>, L>> {
         self.layer(layer)
     }
 
-    fn deadline_header(self) -> ServiceBuilder<Stack<DeadlineHeaderLayer, L>> {
+    fn resend_deadline_header(self) -> ServiceBuilder<Stack<DeadlineHeaderLayer, L>> {
         self.layer(DeadlineHeaderLayer::new())
     }
 
-    fn attempt_timeout(
+    fn resend_attempt_timeout(
         self,
         per_attempt: Duration,
     ) -> ServiceBuilder<Stack<AttemptTimeoutLayer, L>> {

@@ -11,7 +11,10 @@
 //! finds them in the client error's source chain.
 //!
 //! [`hyper_client`] builds a hyper-util client over `HttpConnector` with this
-//! layer (feature `hyper-client`, on by default).
+//! layer (feature `hyper-client`, on by default), and `https://` too with
+//! the `https` feature (hyper-rustls on `ring`, the webpki roots); its TLS
+//! handshake happens under the same connect timeout, and a failed handshake
+//! is not sent, like any other connect failure.
 //!
 //! ```
 //! use std::time::Duration;
@@ -157,44 +160,95 @@ where
 }
 
 #[cfg(feature = "hyper-client")]
-pub use hyper_impl::{hyper_client, hyper_client_with, HyperClient};
+pub use hyper_impl::{hyper_client, hyper_client_with, HyperClient, HyperFuture};
+#[cfg(feature = "https")]
+pub use hyper_impl::{hyper_client_with_tls, tls_config, webpki_roots_config};
+/// The rustls crate resend's `https` is built on, for [`tls_config`]'s
+/// roots and your own `ClientConfig`s (feature `https`).
+#[cfg(feature = "https")]
+pub use rustls;
+
+/// A request to an `https://` URL through a [`HyperClient`] built without
+/// the `https` feature: it fails at once, is never retried, and says what
+/// to turn on.
+#[derive(Debug)]
+pub struct HttpsNotEnabled {
+    pub(crate) _private: (),
+}
+
+impl std::fmt::Display for HttpsNotEnabled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "https:// needs resend's `https` feature (hyper-rustls); this client speaks http:// only",
+        )
+    }
+}
+
+impl std::error::Error for HttpsNotEnabled {}
 
 #[cfg(feature = "hyper-client")]
 mod hyper_impl {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
     use std::time::Duration;
 
+    use bytes::{Buf, Bytes};
+    use http::{Request, Response};
+    use http_body::Body;
+    use http_body_util::combinators::UnsyncBoxBody;
+    use http_body_util::BodyExt;
+    use hyper::body::Incoming;
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::client::legacy::{Builder, Client};
     use hyper_util::rt::TokioExecutor;
+    use pin_project_lite::pin_project;
+    use tower_service::Service;
 
     use super::ConnectTimeout;
+    use crate::error::BoxError;
 
-    /// A hyper-util client whose connections are made under a connect timeout.
-    pub type HyperClient<B> = Client<ConnectTimeout<HttpConnector>, B>;
+    /// The request body the client sends: whatever body the caller gave,
+    /// boxed, so that neither the client's type nor the stack's names it.
+    type AnyBody = UnsyncBoxBody<Bytes, BoxError>;
 
-    /// A hyper-util legacy client (HTTP/1.1 by default) over `HttpConnector`
-    /// with `TCP_NODELAY`, whose connections are made under `connect_timeout`.
+    #[cfg(feature = "https")]
+    type Connector = ConnectTimeout<hyper_rustls::HttpsConnector<HttpConnector>>;
+    #[cfg(not(feature = "https"))]
+    type Connector = ConnectTimeout<HttpConnector>;
+
+    /// resend's hyper-util client: HTTP/1.1 (and HTTP/2 over TLS, by ALPN),
+    /// `http://` and, with the `https` feature, `https://` (rustls with the
+    /// webpki roots), connections made under a connect timeout, and any
+    /// request body (`Full<Bytes>`, `String`, `Empty`, a stream, a body
+    /// another resend stack wraps): the body's type appears nowhere, so
+    /// nested stacks do not nest it.
     ///
-    /// A failure to connect comes back as hyper-util's error with the facts
-    /// inside: [`Error::from_box`](crate::Error::from_box) of it says
-    /// [not sent](crate::Error::is_not_sent), or
-    /// [`ConnectTimeout`](crate::ErrorKind::ConnectTimeout).
+    /// A failure to connect (refused, DNS, the TLS handshake, the connect
+    /// timeout) comes back as hyper-util's error with the facts inside:
+    /// [`Error::from_box`](crate::Error::from_box) of it says
+    /// [not sent](crate::Error::is_not_sent). Without the `https` feature an
+    /// `https://` URL fails at once with [`HttpsNotEnabled`](super::HttpsNotEnabled),
+    /// and is not retried.
+    #[derive(Clone, Debug)]
+    pub struct HyperClient {
+        inner: Client<Connector, AnyBody>,
+    }
+
+    /// resend's hyper-util client (see [`HyperClient`]) with the default
+    /// settings, `TCP_NODELAY` on, connections made under
+    /// `connect_timeout`.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use http_body_util::Full;
-    /// use bytes::Bytes;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let client = resend::hyper_client::<Full<Bytes>>(Duration::from_secs(2));
-    /// # let _ = client;
+    /// let client = resend::hyper_client(Duration::from_secs(2));
+    /// let stack: resend::Stack<resend::HyperClient> = resend::stack().service(client);
+    /// # let _ = stack;
     /// # }
     /// ```
-    pub fn hyper_client<B>(connect_timeout: Duration) -> HyperClient<B>
-    where
-        B: http_body::Body + Send,
-        B::Data: Send,
-    {
+    pub fn hyper_client(connect_timeout: Duration) -> HyperClient {
         hyper_client_with(&Client::builder(TokioExecutor::new()), connect_timeout)
     }
 
@@ -208,21 +262,189 @@ mod hyper_impl {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let mut builder = Client::builder(TokioExecutor::new());
     /// builder.http2_only(true);
-    /// let client = resend::connect::hyper_client_with::<http_body_util::Empty<bytes::Bytes>>(
-    ///     &builder,
+    /// let client = resend::connect::hyper_client_with(&builder, Duration::from_secs(2));
+    /// # let _ = client;
+    /// # }
+    /// ```
+    pub fn hyper_client_with(builder: &Builder, connect_timeout: Duration) -> HyperClient {
+        #[cfg(feature = "https")]
+        return hyper_client_with_tls(builder, webpki_roots_config(), connect_timeout);
+        #[cfg(not(feature = "https"))]
+        HyperClient {
+            inner: builder.build(ConnectTimeout::new(http(), connect_timeout)),
+        }
+    }
+
+    fn http() -> HttpConnector {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http
+    }
+
+    /// The TLS settings of [`hyper_client`]: [`tls_config`] with the webpki
+    /// roots (Mozilla's, compiled in: the same on every machine, as reqwest's
+    /// `rustls-tls` does it) (feature `https`).
+    #[cfg(feature = "https")]
+    pub fn webpki_roots_config() -> rustls::ClientConfig {
+        tls_config(rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        })
+    }
+
+    /// A rustls client config trusting `roots` (a private CA, a test
+    /// certificate): rustls on `ring` whatever provider the process has
+    /// installed, TLS 1.2 and 1.3, no client certificate. Give it to
+    /// [`hyper_client_with_tls`]; it sets ALPN itself (feature `https`).
+    ///
+    /// ```
+    /// use resend::connect::rustls;
+    ///
+    /// let mut roots = rustls::RootCertStore::empty();
+    /// // roots.add(my_ca_der)?;
+    /// let tls = resend::connect::tls_config(roots);
+    /// # let _ = tls;
+    /// ```
+    #[cfg(feature = "https")]
+    pub fn tls_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        match rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+        {
+            Ok(b) => b.with_root_certificates(roots).with_no_client_auth(),
+            // (`ring` supports the default versions; were it ever not so,
+            // the process's default provider is used, with the same roots.)
+            Err(_) => rustls::ClientConfig::builder()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        }
+    }
+
+    /// Like [`hyper_client_with`], with your own TLS settings (a private
+    /// CA's roots, client certificates): `tls` is a rustls client config
+    /// (feature `https`); ALPN (HTTP/2, HTTP/1.1) is set here, over any
+    /// ALPN list `tls` had. `http://` URLs work too.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use resend::connect::rustls;
+    ///
+    /// let mut roots = rustls::RootCertStore::empty();
+    /// // roots.add(my_private_ca)?;
+    /// let tls = resend::connect::tls_config(roots);
+    /// let client = resend::connect::hyper_client_with_tls(
+    ///     &Client::builder(TokioExecutor::new()),
+    ///     tls,
     ///     Duration::from_secs(2),
     /// );
     /// # let _ = client;
     /// # }
     /// ```
-    pub fn hyper_client_with<B>(builder: &Builder, connect_timeout: Duration) -> HyperClient<B>
+    #[cfg(feature = "https")]
+    pub fn hyper_client_with_tls(
+        builder: &Builder,
+        tls: rustls::ClientConfig,
+        connect_timeout: Duration,
+    ) -> HyperClient {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector({
+                let mut http = http();
+                // hyper-rustls takes `https://` from here on.
+                http.enforce_http(false);
+                http
+            });
+        HyperClient {
+            inner: builder.build(ConnectTimeout::new(https, connect_timeout)),
+        }
+    }
+
+    impl HyperClient {
+        /// Sends `req` once, as hyper-util's `Client::request` does: no
+        /// retries, no deadline (those are the stack's), the connect
+        /// timeout still applies. The same as calling the service.
+        pub fn request<B>(&self, req: Request<B>) -> HyperFuture
+        where
+            B: Body + Send + 'static,
+            B::Error: Into<BoxError>,
+        {
+            if !cfg!(feature = "https") && req.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {
+                return HyperFuture {
+                    inner: Inner::NoTls {
+                        error: Some(super::HttpsNotEnabled { _private: () }),
+                    },
+                };
+            }
+            let req = req.map(|body| {
+                body.map_frame(|frame| frame.map_data(|mut d| d.copy_to_bytes(d.remaining())))
+                    .map_err(Into::into)
+                    .boxed_unsync()
+            });
+            HyperFuture {
+                inner: Inner::Calling {
+                    future: self.inner.request(req),
+                },
+            }
+        }
+    }
+
+    impl<B> Service<Request<B>> for HyperClient
     where
-        B: http_body::Body + Send,
-        B::Data: Send,
+        B: Body + Send + 'static,
+        B::Error: Into<BoxError>,
     {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        builder.build(ConnectTimeout::new(http, connect_timeout))
+        type Response = Response<Incoming>;
+        type Error = BoxError;
+        type Future = HyperFuture;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Service::<Request<AnyBody>>::poll_ready(&mut self.inner, cx).map_err(Into::into)
+        }
+
+        fn call(&mut self, req: Request<B>) -> Self::Future {
+            self.request(req)
+        }
+    }
+
+    pin_project! {
+        /// Response future of [`HyperClient`].
+        pub struct HyperFuture {
+            #[pin]
+            inner: Inner,
+        }
+    }
+
+    pin_project! {
+        #[project = InnerProj]
+        enum Inner {
+            Calling { #[pin] future: hyper_util::client::legacy::ResponseFuture },
+            NoTls { error: Option<super::HttpsNotEnabled> },
+        }
+    }
+
+    impl std::fmt::Debug for HyperFuture {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("HyperFuture").finish_non_exhaustive()
+        }
+    }
+
+    impl Future for HyperFuture {
+        type Output = Result<Response<Incoming>, BoxError>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match self.project().inner.project() {
+                InnerProj::Calling { future } => future.poll(cx).map_err(Into::into),
+                InnerProj::NoTls { error } => Poll::Ready(Err(match error.take() {
+                    Some(e) => e.into(),
+                    None => "hyper client future polled after completion".into(),
+                })),
+            }
+        }
     }
 }
 
@@ -260,6 +482,30 @@ mod tests {
         let err = Error::from_box(err);
         assert_eq!(err.kind(), ErrorKind::Transport);
         assert!(err.is_not_sent());
+    }
+
+    /// Without the `https` feature an `https://` URL fails once, at once,
+    /// and the error says what to turn on. (`.ci/run` runs this with the
+    /// default features, as the workspace's tests turn `https` on.)
+    #[cfg(all(feature = "hyper-client", not(feature = "https")))]
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn https_without_the_feature_fails_once_and_says_so() {
+        let stack = crate::stack()
+            .max_attempts(3)
+            .service(hyper_client(Duration::from_secs(2)));
+        let start = tokio::time::Instant::now();
+        let err = stack
+            .oneshot(
+                http::Request::get("https://example.com/")
+                    .body(http_body_util::Empty::<bytes::Bytes>::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(err.attempts(), 1, "{err:?}");
+        let text = format!("{err}");
+        assert!(text.contains("`https` feature"), "{text}");
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

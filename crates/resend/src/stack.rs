@@ -39,7 +39,7 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// use bytes::Bytes;
 /// use http::Request;
 /// use http_body_util::Full;
-/// use resend::{retry::ReplayBody, IdempotencyKey};
+/// use resend::IdempotencyKey;
 /// use tower::ServiceExt;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -50,7 +50,7 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 ///     .attempt_timeout(Duration::from_secs(5))
 ///     .max_attempts(3)
 ///     .idempotency_keys()
-///     .service(resend::hyper_client::<ReplayBody<Full<Bytes>>>(Duration::from_secs(2)));
+///     .service(resend::hyper_client(Duration::from_secs(2)));
 ///
 /// let mut req = Request::post("http://127.0.0.1:9/shipments").body(Full::new(Bytes::from("{}"))).unwrap();
 /// req.extensions_mut().insert(IdempotencyKey::new("shipment-request:42").unwrap());

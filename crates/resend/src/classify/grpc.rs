@@ -4,8 +4,8 @@ use std::sync::Arc;
 use http::header::HeaderName;
 use http::{HeaderMap, Response, StatusCode};
 
-use super::{Class, Classification, Classify, HttpClassifier, RequestFacts};
 use super::pushback::{parse_grpc_pushback, Pushback};
+use super::{Class, Classification, Classify, HttpClassifier, RequestFacts};
 
 /// The `grpc-status` header (or trailer).
 pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");

@@ -3,8 +3,8 @@ use std::time::SystemTime;
 
 use http::{header::RETRY_AFTER, Response, StatusCode};
 
-use super::{Class, Classification, Classify, RequestFacts};
 use super::pushback::{parse_retry_after, Pushback};
+use super::{Class, Classification, Classify, RequestFacts};
 
 /// The HTTP classifier of the [module table](super), with per-status
 /// overrides; on gRPC requests, the [gRPC table](super#grpc).

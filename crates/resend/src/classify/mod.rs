@@ -119,7 +119,6 @@ use std::time::Duration;
 
 use ::http::{HeaderMap, Method, Request, Response, Uri};
 
-
 #[cfg(feature = "tonic")]
 pub(crate) use self::grpc::proves_not_sent as grpc_proves_not_sent;
 pub use self::grpc::{GrpcClassifier, GrpcCode, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};

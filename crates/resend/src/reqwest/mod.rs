@@ -1,10 +1,77 @@
-//! A reqwest client as the transport of the stack (feature `reqwest`).
+//! reqwest under resend (feature `reqwest`), three ways:
 //!
-//! [`ReqwestService`] is a `tower::Service` over a [`reqwest::Client`] that
-//! takes an [`http::Request`] and gives an [`http::Response`], so that
-//! [`resend::stack()`](crate::stack) wraps it like any other transport.
+//! - [`ReqwestService`]: a `tower::Service` over a [`reqwest::Client`] that
+//!   takes an [`http::Request`] and gives an [`http::Response`], so that
+//!   [`resend::stack()`](crate::stack) wraps it like any other transport.
+//! - [`ResendMiddleware`] as a `reqwest_middleware::Middleware` (feature
+//!   `reqwest-middleware`): users of `ClientWithMiddleware` add resend in
+//!   one line and keep `.send()`, `.json()`, `.text()`.
+//! - [`RequestBuilderExt::send_with`] (and [`ResendMiddleware::execute`]):
+//!   a plain `reqwest::RequestBuilder` (or `reqwest::Request`) sent through
+//!   the stack with its own client, no middleware crate needed.
 //!
-//! reqwest's errors are mapped faithfully:
+//! # As reqwest middleware
+//!
+//! [`ResendMiddleware`] is built once per upstream from a
+//! [`resend::stack()`](crate::stack) builder and runs the whole stack around
+//! the rest of the chain: the deadline, the Idempotency-Key (with
+//! [`idempotency_keys`](crate::StackBuilder::idempotency_keys)), the retries
+//! with the same classification, decision table, retry budget, backoff and
+//! `Retry-After`, the circuit breaker if one was added, and the attempt
+//! timeout. Each attempt is one `next.run(..)`: the middlewares after it and
+//! the client see every attempt.
+//!
+//! `resend_error` (feature `reqwest-middleware`) shows a
+//! `ClientWithMiddleware` with it.
+//!
+//! ## Errors
+//!
+//! Every error of the middleware is
+//! `reqwest_middleware::Error::Middleware(e)`, where `e` (an
+//! `anyhow::Error`) holds a [`resend::Error`](crate::Error): find it with
+//! `resend::reqwest::resend_error(&err)`, or with
+//! `e.downcast_ref::<resend::Error>()`. Its kind says what fired ([`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown): a POST
+//! without a key that may have been processed, verify before sending it
+//! again), and the last cause, a `reqwest::Error` or an error of a later
+//! middleware, is down its [`source`](std::error::Error::source) chain.
+//! reqwest_middleware's own `is_timeout()`, `is_connect()`, `status()` look
+//! only at `Error::Reqwest`, so they say nothing of these; ask the resend
+//! error. An error while reading the body of a response (`.text()`,
+//! `.json()`, including the deadline running out) is reqwest's body error
+//! with the resend error as its source.
+//!
+//! ## Bodies
+//!
+//! A body reqwest holds in memory (`.body(bytes)`, `.json(..)`, `.form(..)`)
+//! is sent again as it is, whatever its size: every attempt shares its bytes.
+//! A streamed body (`Body::wrap_stream`, `Body::wrap`) follows resend's
+//! [`ReplayBody`](crate::retry::ReplayBody) rule: the first attempt streams
+//! it and keeps a copy up to the replay cap (64 KiB by default,
+//! [`replay_cap`](crate::RetryLayer::replay_cap)); a larger one is sent once,
+//! and a call that needed a retry ends
+//! [`BodyNotReplayable`](crate::ErrorKind::BodyNotReplayable), never a
+//! resend of half a body.
+//!
+//! ## Extensions
+//!
+//! The extensions of the call (`reqwest_middleware::RequestBuilder::with_extension`)
+//! reach the stack, so resend's per-request settings work there:
+//! [`Deadline`](crate::Deadline), [`IdempotencyKey`](crate::IdempotencyKey),
+//! [`NoRetry`](crate::retry::NoRetry), [`CallOptions`](crate::CallOptions).
+//! Each attempt hands the rest of the chain a copy of them, and what the
+//! last attempt left there comes back to the middlewares before this one.
+//! The final `reqwest::Response` carries [`Attempts`](crate::Attempts) in
+//! its `extensions()` and keeps its `url()`.
+//!
+//! Put `ResendMiddleware` first in the chain, or at least before the
+//! middlewares that should see each attempt (auth, signing, tracing of
+//! attempts); a retrying middleware of its own (`reqwest-retry`) does not
+//! belong in the same chain, as retries would multiply.
+//!
+//! # reqwest's errors
+//!
+//! reqwest's errors, from [`ReqwestService`] or from an attempt of
+//! [`ResendMiddleware`], are mapped faithfully:
 //!
 //! | reqwest says | resend says |
 //! |---|---|
@@ -15,17 +82,18 @@
 //!
 //! # One retry layer, one set of timeouts
 //!
-//! Build the client with [`client_builder`] (or start from your own
+//! Build the client (the transport's, or the one under a
+//! `ClientWithMiddleware`) with [`client_builder`] (or start from your own
 //! `ClientBuilder` and do what it does):
 //!
 //! - **reqwest's retries off** (`.retry(reqwest::retry::never())`): reqwest
 //!   0.13 retries some protocol refusals by itself; under resend's
 //!   [`RetryLayer`](crate::RetryLayer) that would be a second layer retrying,
 //!   with its own count and budget. Exactly one layer retries: resend's.
-//!   (Belt and braces: the adapter hands reqwest a streaming body, which
-//!   reqwest 0.13 cannot clone, so even its default policy could not resend
-//!   a request that came through the stack; turning it off also saves its
-//!   bookkeeping.)
+//!   ([`ReqwestService`] hands reqwest a streaming body, which reqwest 0.13
+//!   cannot clone, so even its default policy could not resend a request
+//!   that came through that stack; [`ResendMiddleware`] hands it bodies in
+//!   memory as they are, which it could: there, turning it off matters.)
 //! - **`connect_timeout` set**: reqwest's connect timeout is the stack's
 //!   connect timeout (DESIGN: 2 s), and a connection that times out is
 //!   reported as not sent.
@@ -72,6 +140,45 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::error::{BoxError, Error};
+
+mod handoff;
+mod middleware;
+
+pub use handoff::{Handoff, HandoffFuture};
+pub use middleware::{RequestBuilderExt, ResendMiddleware};
+
+/// The [`resend::Error`](Error) inside an error of a `ClientWithMiddleware`
+/// call that went through [`ResendMiddleware`]; `None` for an error that did
+/// not come from it (one of reqwest's own, from a middleware before it).
+///
+/// The same as matching `reqwest_middleware::Error::Middleware(e)` and
+/// `e.downcast_ref::<resend::Error>()`.
+///
+/// ```
+/// use std::time::Duration;
+/// use resend::reqwest::{client_builder, resend_error, ResendMiddleware};
+/// use reqwest_middleware::ClientBuilder;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let client = ClientBuilder::new(client_builder(Duration::from_secs(2)).build().unwrap())
+///     .with(ResendMiddleware::new(resend::stack().name("shipping")))
+///     .build();
+///
+/// // Nothing listens on port 9: refused, so not sent, retried, then given up.
+/// let err = client.get("http://127.0.0.1:9/parcels/7").send().await.unwrap_err();
+/// let err = resend_error(&err).expect("resend's own error");
+/// assert!(err.is_not_sent());
+/// assert_eq!(err.upstream(), Some("shipping"));
+/// assert_eq!(err.attempts(), 3);
+/// # }
+/// ```
+#[cfg(feature = "reqwest-middleware")]
+pub fn resend_error(error: &reqwest_middleware::Error) -> Option<&Error> {
+    match error {
+        reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<Error>(),
+        reqwest_middleware::Error::Reqwest(_) => None,
+    }
+}
 
 /// A [`reqwest::ClientBuilder`] set up to be the transport of a resend stack:
 /// reqwest's own retries off, `connect_timeout` as given, `TCP_NODELAY`, and
