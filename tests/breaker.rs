@@ -348,7 +348,7 @@ async fn the_stacks_error_is_circuit_open_when_it_does_not_retry() {
     assert_eq!(e.upstream(), Some("shipping"));
     assert!(
         e.to_string()
-            .starts_with("shipping: circuit open for another 5.0s after 100% of 5 calls failed"),
+            .starts_with("shipping: circuit open for another 5 s after 100% of 5 calls failed"),
         "{e}"
     );
     assert_eq!(up.arrivals().len(), 5);

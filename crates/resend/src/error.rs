@@ -555,20 +555,61 @@ impl fmt::Debug for Error {
 }
 
 impl fmt::Display for Error {
+    /// One sentence: what fired, after how long, over how many attempts,
+    /// the last cause, and for an unknown outcome what to do. Durations in
+    /// milliseconds ("502 ms"), seconds past 10 s ("12.5 s").
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_sentence(f, true)
+    }
+}
+
+/// [`Error::summary`]: the sentence without any text of other errors.
+#[derive(Clone, Copy, Debug)]
+struct Summary<'a>(&'a Error);
+
+impl fmt::Display for Summary<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.write_sentence(f, false)
+    }
+}
+
+impl Error {
+    /// The error's sentence in resend's own words only: what
+    /// [`Display`](fmt::Display) says, less the text of any other error
+    /// down the chain (a peer's message, an address, a path). For answers
+    /// that go back to callers: a `tonic::Status`, a problem document.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use tower::ServiceExt;
+    ///
+    /// let shipping = resend::stack().name("shipping").max_attempts(1)
+    ///     .service(resend::hyper_client(Duration::from_secs(2)));
+    /// let req = http::Request::get("http://127.0.0.1:9/").body(String::new()).unwrap();
+    /// let err = shipping.oneshot(req).await.unwrap_err();
+    /// // "shipping: could not connect (nothing was sent)": no address, no OS text.
+    /// assert_eq!(err.summary().to_string(), "shipping: could not connect (nothing was sent)");
+    /// assert!(err.to_string().len() > err.summary().to_string().len());
+    /// # }
+    /// ```
+    pub fn summary(&self) -> impl fmt::Display + '_ {
+        Summary(self)
+    }
+
+    fn write_sentence(&self, f: &mut fmt::Formatter<'_>, foreign: bool) -> fmt::Result {
         let i = &self.inner;
         if let Some(u) = &i.upstream {
             write!(f, "{u}: ")?;
         }
+        let out_of_time = i
+            .history
+            .as_ref()
+            .is_some_and(|h| h.stop() == crate::retry::Stop::Deadline);
         match i.kind {
-            ErrorKind::DeadlineExceeded
-                if i.history.as_ref().is_some_and(|h| h.stop() == crate::retry::Stop::Deadline) =>
-            {
-                f.write_str("deadline exceeded: no time left for another attempt")?;
-            }
             ErrorKind::DeadlineExceeded => {
                 f.write_str("deadline exceeded")?;
-                if let Some(p) = i.phase {
+                if let Some(p) = i.phase.filter(|_| !out_of_time) {
                     write!(f, " {p}")?;
                 }
             }
@@ -578,24 +619,10 @@ impl fmt::Display for Error {
                 f.write_str("could not connect (nothing was sent)")?;
             }
             ErrorKind::Transport => f.write_str("transport error")?,
-            ErrorKind::OutcomeUnknown => match i.key.as_ref().and_then(|k| k.to_str().ok()) {
-                Some(key) => write!(
-                    f,
-                    "outcome unknown: the server may have processed the request \
-                     (send it again only with the same Idempotency-Key, {key})"
-                )?,
-                None => f.write_str(
-                    "outcome unknown: the server may have processed the request, \
-                     which is not safe to send again; verify (look the resource up) before resending",
-                )?,
-            },
+            ErrorKind::OutcomeUnknown => f.write_str("outcome unknown")?,
             ErrorKind::RetriesExhausted => f.write_str("retries exhausted")?,
-            ErrorKind::BudgetExhausted => f.write_str(
-                "retry budget exhausted: the upstream is failing for many calls, not retried",
-            )?,
-            ErrorKind::BodyNotReplayable => f.write_str(
-                "a retry was needed but the request body was too large to keep, so it was not resent",
-            )?,
+            ErrorKind::BudgetExhausted => f.write_str("retry budget exhausted")?,
+            ErrorKind::BodyNotReplayable => f.write_str("body not replayable")?,
             ErrorKind::CircuitOpen => {
                 write_circuit(f, i.circuit)?;
                 if i.attempts > 1 {
@@ -605,33 +632,128 @@ impl fmt::Display for Error {
             }
         }
         if let Some(l) = i.limit {
-            write!(f, " after {l:?}")?;
+            write!(f, " after {}", Readable(l))?;
         } else if let Some(e) = i.elapsed {
-            write!(f, " after {e:?}")?;
+            write!(f, " after {}", Readable(e))?;
         }
         if i.attempts > 1 {
             write!(f, " ({} attempts)", i.attempts)?;
         }
+        match i.kind {
+            // The last attempt's own failure adds nothing to this.
+            ErrorKind::DeadlineExceeded if out_of_time => {
+                return f.write_str(": no time left for another attempt");
+            }
+            ErrorKind::BudgetExhausted => f.write_str(
+                ": the upstream is failing for many calls, so this one was not retried",
+            )?,
+            ErrorKind::BodyNotReplayable => {
+                f.write_str(
+                    ": a retry was needed but the request body was too large to keep, \
+                     so it was not resent",
+                )?;
+            }
+            _ => {}
+        }
         if let Some(s) = &i.source {
             if i.kind != ErrorKind::AttemptTimeout && i.kind != ErrorKind::ConnectTimeout {
-                write!(f, ": {s}")?;
+                write_cause(f, &**s, foreign)?;
+            }
+        }
+        if i.kind == ErrorKind::OutcomeUnknown {
+            match i.key.as_ref().and_then(|k| k.to_str().ok()) {
+                Some(key) => write!(
+                    f,
+                    "; the server may have processed the request: send it again only with \
+                     the same Idempotency-Key, {key}"
+                )?,
+                None => f.write_str(
+                    "; the server may have processed the request, which is not safe to send \
+                     again: verify (look the resource up) before resending",
+                )?,
             }
         }
         Ok(())
     }
 }
 
-/// "circuit open for another 3.2s after 57% of 140 calls failed".
+/// A duration as a message says it: whole milliseconds under a second
+/// ("502 ms", "<1 ms"), seconds to two decimals from there ("1.3 s",
+/// "12 s").
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Readable(pub(crate) Duration);
+
+impl fmt::Display for Readable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if d.is_zero() {
+            f.write_str("0 ms")
+        } else if d < Duration::from_millis(1) {
+            f.write_str("<1 ms")
+        } else {
+            write_ms(f, (d.as_micros() + 500) / 1000)
+        }
+    }
+}
+
+/// `ms` milliseconds: "502 ms" under a second, else "1.3 s", "12 s".
+fn write_ms(f: &mut fmt::Formatter<'_>, ms: u128) -> fmt::Result {
+    if ms < 1000 {
+        return write!(f, "{ms} ms");
+    }
+    let centis = (ms + 5) / 10;
+    let (secs, frac) = (centis / 100, centis % 100);
+    match frac {
+        0 => write!(f, "{secs} s"),
+        _ if frac % 10 == 0 => write!(f, "{secs}.{} s", frac / 10),
+        _ => write!(f, "{secs}.{frac:02} s"),
+    }
+}
+
+/// ": " and the cause of an error, once: a resend error as it says itself;
+/// any other error's text (when `foreign`), then its own cause when that
+/// text does not already say it (hyper-util's "client error (Connect)" is
+/// skipped for what is under it). Without `foreign`, only a resend error
+/// down the chain is said.
+fn write_cause(
+    f: &mut fmt::Formatter<'_>,
+    cause: &(dyn std::error::Error + 'static),
+    foreign: bool,
+) -> fmt::Result {
+    let mut next = Some(cause);
+    while let Some(e) = next {
+        if let Some(ours) = e.downcast_ref::<Error>() {
+            f.write_str(": ")?;
+            return ours.write_sentence(f, foreign);
+        }
+        if !foreign || is_terse_wrapper(e) {
+            next = e.source();
+            continue;
+        }
+        let text = e.to_string();
+        write!(f, ": {text}")?;
+        next = e.source().filter(|c| !text.contains(&c.to_string()));
+    }
+    Ok(())
+}
+
+#[cfg(feature = "hyper-client")]
+fn is_terse_wrapper(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.is::<hyper_util::client::legacy::Error>()
+}
+
+#[cfg(not(feature = "hyper-client"))]
+fn is_terse_wrapper(_: &(dyn std::error::Error + 'static)) -> bool {
+    false
+}
+
+/// "circuit open for another 3.2 s after 57% of 140 calls failed".
 fn write_circuit(f: &mut fmt::Formatter<'_>, circuit: Option<Refusal>) -> fmt::Result {
     struct Wait(Duration);
     impl fmt::Display for Wait {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            if self.0 >= Duration::from_secs(1) {
-                write!(f, "{:.1}s", self.0.as_secs_f64())
-            } else {
-                // Rounded up: never less than is left.
-                write!(f, "{}ms", self.0.as_micros().div_ceil(1000))
-            }
+            // Rounded up: never less than is left.
+            write_ms(f, self.0.as_micros().div_ceil(1000))
         }
     }
     match circuit {
@@ -725,11 +847,11 @@ mod tests {
         e.set_upstream_if_none(Some(&crate::Name::from("shipping")));
         assert_eq!(
             e.to_string(),
-            "shipping: deadline exceeded while waiting to retry after 1s"
+            "shipping: deadline exceeded while waiting to retry after 1 s"
         );
         assert_eq!(
             Error::attempt_timeout(Duration::from_millis(400)).to_string(),
-            "attempt timed out after 400ms"
+            "attempt timed out after 400 ms"
         );
     }
 
@@ -823,7 +945,7 @@ mod tests {
         assert_eq!(e.retry_advice(), RetryAdvice::After(Duration::from_secs(2)));
         assert_eq!(
             e.to_string(),
-            "circuit open for another 2.0s after a probe failed (2 attempts)"
+            "circuit open for another 2 s after a probe failed (2 attempts)"
         );
     }
 

@@ -216,22 +216,7 @@ fn last_grpc_code(err: &Error) -> Option<GrpcCode> {
 /// text of any other error in its source chain; then the last attempt's
 /// gRPC status, if it had one.
 fn message(err: &Error) -> String {
-    let mut msg = String::new();
-    let mut next = Some(err);
-    while let Some(e) = next {
-        let full = e.to_string();
-        let source = std::error::Error::source(e);
-        let own = source.and_then(|s| full.strip_suffix(&format!(": {s}")).map(str::to_owned));
-        msg.push_str(own.as_deref().unwrap_or(&full));
-        // A resend error inside: its sentence is said too.
-        next = own
-            .is_some()
-            .then(|| source.and_then(|s| s.downcast_ref::<Error>()))
-            .flatten();
-        if next.is_some() {
-            msg.push_str(": ");
-        }
-    }
+    let mut msg = err.summary().to_string();
     if let Some(code) = last_grpc_code(err) {
         use std::fmt::Write;
         let _ = write!(msg, " (the last attempt got {code})");
@@ -459,22 +444,22 @@ mod tests {
                     Duration::from_millis(500),
                 )),
                 Code::DeadlineExceeded,
-                "ledger: deadline exceeded while an attempt was in flight after 500ms",
+                "ledger: deadline exceeded while an attempt was in flight after 500 ms",
             ),
             (
                 Error::deadline_exceeded(Phase::Start, Duration::ZERO),
                 Code::DeadlineExceeded,
-                "deadline exceeded before the request was sent after 0ns",
+                "deadline exceeded before the request was sent after 0 ms",
             ),
             (
                 Error::attempt_timeout(Duration::from_millis(400)),
                 Code::DeadlineExceeded,
-                "attempt timed out after 400ms",
+                "attempt timed out after 400 ms",
             ),
             (
                 Error::connect_timeout(Duration::from_secs(2)),
                 Code::Unavailable,
-                "connect timed out (nothing was sent) after 2s",
+                "connect timed out (nothing was sent) after 2 s",
             ),
             (
                 Error::connect(Box::new(std::io::Error::from(
@@ -492,7 +477,7 @@ mod tests {
                     None,
                 ),
                 Code::Unavailable,
-                "circuit open for another 2.0s after a probe failed",
+                "circuit open for another 2 s after a probe failed",
             ),
             (Error::transport(secret()), Code::Unknown, "transport error"),
             // Retried for a replay-safe call, every attempt UNAVAILABLE
@@ -507,7 +492,7 @@ mod tests {
                     Some(Box::new(Error::attempt_timeout(Duration::from_millis(300)))),
                 ),
                 Code::Unavailable,
-                "retries exhausted after 700ms (2 attempts): attempt timed out after 300ms",
+                "retries exhausted after 700 ms (2 attempts): attempt timed out after 300 ms",
             ),
             // The last attempt's own status, when it had one.
             (
@@ -523,8 +508,8 @@ mod tests {
                     Some(secret()),
                 ),
                 Code::ResourceExhausted,
-                "retry budget exhausted: the upstream is failing for many calls, not retried \
-                 after 700ms (2 attempts) (the last attempt got RESOURCE_EXHAUSTED)",
+                "retry budget exhausted after 700 ms (2 attempts): the upstream is failing for \
+                 many calls, so this one was not retried (the last attempt got RESOURCE_EXHAUSTED)",
             ),
             // A Charge answered UNAVAILABLE: not resent, and not UNAVAILABLE
             // either, which would invite a blind resend.
@@ -535,9 +520,9 @@ mod tests {
                     None,
                 )),
                 Code::Unknown,
-                "ledger: outcome unknown: the server may have processed the request, which is \
-                 not safe to send again; verify (look the resource up) before resending after \
-                 700ms (the last attempt got UNAVAILABLE)",
+                "ledger: outcome unknown after 700 ms; the server may have processed the \
+                 request, which is not safe to send again: verify (look the resource up) before \
+                 resending (the last attempt got UNAVAILABLE)",
             ),
             (
                 Error::retry(
@@ -546,8 +531,8 @@ mod tests {
                     Some(secret()),
                 ),
                 Code::Unknown,
-                "a retry was needed but the request body was too large to keep, so it was not \
-                 resent after 700ms",
+                "body not replayable after 700 ms: a retry was needed but the request body was \
+                 too large to keep, so it was not resent",
             ),
             // Every attempt refused before it was sent.
             (
@@ -560,7 +545,7 @@ mod tests {
                     Some(Box::new(Error::connect(secret()))),
                 ),
                 Code::Unavailable,
-                "retries exhausted after 700ms (2 attempts): could not connect (nothing was sent)",
+                "retries exhausted after 700 ms (2 attempts): could not connect (nothing was sent)",
             ),
         ];
         for (err, want, message) in cases {

@@ -194,7 +194,7 @@ async fn the_error_says_what_happened_and_when_to_come_back() {
     assert_eq!(e.retry_advice(), RetryAdvice::After(3200 * MS));
     assert_eq!(
         e.to_string(),
-        "shipping: circuit open for another 3.2s after 57% of 140 calls failed"
+        "shipping: circuit open for another 3.2 s after 57% of 140 calls failed"
     );
     // Found the same way in a wrapped error.
     #[derive(Debug)]
@@ -220,7 +220,7 @@ async fn the_error_says_what_happened_and_when_to_come_back() {
     let e = open_error(call(&mut svc).await.unwrap_err());
     assert_eq!(
         e.to_string(),
-        "shipping: circuit open for another 201ms after 57% of 140 calls failed"
+        "shipping: circuit open for another 201 ms after 57% of 140 calls failed"
     );
 }
 
@@ -281,7 +281,7 @@ async fn a_probe_failure_opens_it_again_and_successes_close_it() {
     assert_eq!(e.limit(), Some(3 * S));
     assert_eq!(
         e.to_string(),
-        "shipping: circuit open for another 3.0s after a probe failed"
+        "shipping: circuit open for another 3 s after a probe failed"
     );
 
     // Recovered: three probes in a row close it.

@@ -95,7 +95,7 @@
 //!   that came through that stack; [`ResendMiddleware`] hands it bodies in
 //!   memory as they are, which it could: there, turning it off matters.)
 //! - **`connect_timeout` set**: reqwest's connect timeout is the stack's
-//!   connect timeout (DESIGN: 2 s), and a connection that times out is
+//!   connect timeout (2 s is a sound choice), and a connection that times out is
 //!   reported as not sent.
 //! - **`timeout` and `read_timeout` left unset**: resend's
 //!   [attempt timeout](crate::AttemptTimeoutLayer) and

@@ -4,6 +4,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::classify::{Class, GrpcCode};
+use crate::error::Readable;
 
 /// One attempt of a call: what it got, how long the call waited before it,
 /// and how long it took.
@@ -256,7 +257,7 @@ impl fmt::Display for Attempts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, a) in self.iter().enumerate() {
             if i > 0 {
-                write!(f, ", waited {:?}, ", a.waited)?;
+                write!(f, ", waited {}, ", Readable(a.waited))?;
             }
             match (a.grpc, a.status) {
                 (Some(code), _) => write!(f, "#{} grpc {code} ({})", i + 1, a.class)?,
@@ -264,7 +265,7 @@ impl fmt::Display for Attempts {
                 (None, None) => write!(f, "#{} {}", i + 1, a.class)?,
             }
         }
-        write!(f, "; {:?} in all; {}", self.elapsed, self.stop)
+        write!(f, "; {} in all; {}", Readable(self.elapsed), self.stop)
     }
 }
 
@@ -370,8 +371,8 @@ mod tests {
         );
         assert_eq!(
             a.to_string(),
-            "#1 grpc UNAVAILABLE (overloaded), waited 200ms, #2 grpc RESOURCE_EXHAUSTED (overloaded), \
-             waited 300ms, #3 200 (success); 509ms in all; final answer"
+            "#1 grpc UNAVAILABLE (overloaded), waited 200 ms, #2 grpc RESOURCE_EXHAUSTED (overloaded), \
+             waited 300 ms, #3 200 (success); 509 ms in all; final answer"
         );
         // The code fits in the padding: the record does not grow.
         assert_eq!(std::mem::size_of::<Attempt>(), 56);
@@ -414,7 +415,7 @@ mod tests {
         );
         assert_eq!(
             a.to_string(),
-            "#1 not_sent, waited 100ms, #2 503 (overloaded), waited 1s, #3 200 (success); 1.111s in all; final answer"
+            "#1 not_sent, waited 100 ms, #2 503 (overloaded), waited 1 s, #3 200 (success); 1.11 s in all; final answer"
         );
     }
 }
