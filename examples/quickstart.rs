@@ -4,13 +4,22 @@
 //! `cargo run --example quickstart`
 #![allow(clippy::print_stdout)]
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use examples::ms;
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::Router;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use resend::{Attempts, Deadline, Error, IdempotencyKey};
+use resend_server::{IdempotencyLayer, MemoryStore};
 use resend_testkit::{Reply, Script, TestServer};
+use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
@@ -18,6 +27,26 @@ type Body = Full<Bytes>;
 
 fn client() -> resend::HyperClient {
     resend::hyper_client(Duration::from_secs(2))
+}
+
+/// A payments service that honours Idempotency-Key (resend-server's
+/// layer): each charge takes 800 ms, longer than the caller's 500 ms
+/// attempt timeout. Returns its address and its count of charges made.
+async fn payments_service() -> std::io::Result<(String, Arc<AtomicU32>)> {
+    async fn charge(State(charges): State<Arc<AtomicU32>>) -> (StatusCode, &'static str) {
+        charges.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        (StatusCode::CREATED, "charged")
+    }
+    let charges = Arc::new(AtomicU32::new(0));
+    let app = Router::new()
+        .route("/payments", post(charge))
+        .with_state(Arc::clone(&charges))
+        .layer(IdempotencyLayer::new(MemoryStore::new()));
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((format!("http://{addr}"), charges))
 }
 
 fn show_attempts(a: Option<&Attempts>) -> String {
@@ -49,12 +78,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .otherwise(Reply::status(201).effect()),
             )
             .route(
-                "/payments",
-                Script::new()
-                    .then(Reply::work_then_hang())
-                    .otherwise(Reply::status(201).effect()),
-            )
-            .route(
                 "/quotes",
                 Script::new()
                     .then(Reply::status(429).header("retry-after", "1"))
@@ -63,6 +86,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .route("/slow", Script::new().otherwise(Reply::never())),
     )
     .await?;
+    let (payments_url, charges) = payments_service().await?;
     println!("upstream listening on {}\n", upstream.addr());
 
     let stack = resend::stack()
@@ -79,7 +103,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .clone()
         .oneshot(Request::get(upstream.uri("/stock")).body(Body::default())?)
         .await?;
-    println!("1. GET /stock -> {} after {:?}", resp.status(), t.elapsed());
+    println!("1. GET /stock -> {} after {}", resp.status(), ms(t.elapsed()));
     println!(
         "   attempts: {}",
         show_attempts(resp.extensions().get::<Attempts>())
@@ -95,7 +119,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .oneshot(Request::post(upstream.uri("/orders")).body(Body::from("{\"item\":7}"))?)
         .await
         .expect_err("the upstream never answers the first POST");
-    println!("2. POST /orders (no key) -> error after {:?}", t.elapsed());
+    println!("2. POST /orders (no key) -> error after {}", ms(t.elapsed()));
     println!("   {}", show_error(&err));
     println!(
         "   outcome unknown: {}; orders created upstream: {} (sent once, never resent)\n",
@@ -103,35 +127,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         upstream.effects(None)
     );
 
-    // 3. The same POST through a stack whose upstream honours keys.
+    // 3. A keyed POST to a server that honours keys: the first attempt
+    // times out while the charge runs; the retries carry the same key, are
+    // told "in progress" (409), then get the first run's answer.
     let payments = resend::stack()
         .name("payments")
         .total(Duration::from_secs(3))
         .attempt_timeout(Duration::from_millis(500))
+        .max_attempts(4)
         .idempotency_keys()
         .service(client());
-    let mut req = Request::post(upstream.uri("/payments")).body(Body::from("{\"cents\":1250}"))?;
+    let mut req = Request::post(format!("{payments_url}/payments"))
+        .body(Body::from("{\"cents\":1250}"))?;
     req.extensions_mut()
         .insert(IdempotencyKey::new("payment:order-7")?);
     let t = Instant::now();
     let resp = payments.oneshot(req).await?;
-    let keys: Vec<_> = upstream
-        .arrivals()
-        .into_iter()
-        .filter(|a| a.uri.path() == "/payments")
-        .map(|a| a.idempotency_key.unwrap_or_default())
-        .collect();
     println!(
-        "3. POST /payments (key payment:order-7) -> {} after {:?}",
+        "3. POST /payments (key payment:order-7) -> {} after {}",
         resp.status(),
-        t.elapsed()
+        ms(t.elapsed())
     );
     println!(
         "   attempts: {}",
         show_attempts(resp.extensions().get::<Attempts>())
     );
-    println!("   keys sent on each attempt: {keys:?}");
-    println!("   why: the key makes the POST replay-safe; a server that honours it runs the work once.\n");
+    println!(
+        "   replayed: {}; charges made: {}",
+        resp.headers()
+            .get("idempotent-replayed")
+            .map_or("no", |_| "yes"),
+        charges.load(Ordering::SeqCst)
+    );
+    println!("   why: the key makes the POST replay-safe, and resend-server runs the work once.\n");
 
     // 4. A 429 whose Retry-After was honoured.
     let t = Instant::now();
@@ -146,14 +174,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|a| a.at)
         .collect();
     println!(
-        "4. GET /quotes -> {} after {:?}",
+        "4. GET /quotes -> {} after {}",
         resp.status(),
-        t.elapsed()
+        ms(t.elapsed())
     );
     if let [first, second, ..] = at[..] {
         println!(
-            "   Retry-After: 1 -> the second attempt came {:?} after the first",
-            second - first
+            "   Retry-After: 1 -> the second attempt came {} after the first",
+            ms(second - first)
         );
     }
     println!();
@@ -170,8 +198,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await
         .expect_err("the upstream never answers /slow");
     println!(
-        "5. GET /slow -> error after {:?} (budget 1.2 s, 500 ms per attempt)",
-        t.elapsed()
+        "5. GET /slow -> error after {} (budget 1.2 s, 500 ms per attempt)",
+        ms(t.elapsed())
     );
     println!("   {}", show_error(&err));
     println!(

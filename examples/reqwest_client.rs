@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use examples::ms;
+
 use http::Request;
 use http_body_util::BodyExt;
 use resend::reqwest::{client_builder, ReqwestService};
@@ -62,7 +64,7 @@ async fn main() -> Result<(), resend::BoxError> {
     let status = resp.status();
     let attempts = show_attempts(resp.extensions().get::<Attempts>());
     let body = resp.into_body().collect().await?.to_bytes();
-    println!("1. GET /stock -> {status} {body:?} after {:?}", t.elapsed());
+    println!("1. GET /stock -> {status} {body:?} after {}", ms(t.elapsed()));
     println!("   attempts: {attempts}");
     println!("   why: 503 is 'overloaded', GET is idempotent: retried.\n");
 
@@ -73,7 +75,7 @@ async fn main() -> Result<(), resend::BoxError> {
         .oneshot(Request::post(upstream.uri("/orders")).body("{\"item\":7}".to_owned())?)
         .await
         .expect_err("the upstream never answers");
-    println!("2. POST /orders (no key) -> error after {:?}", t.elapsed());
+    println!("2. POST /orders (no key) -> error after {}", ms(t.elapsed()));
     println!("   {}", show_error(&err));
     println!(
         "   outcome unknown: {}; orders created upstream: {} (sent once, never resent)\n",
@@ -89,7 +91,7 @@ async fn main() -> Result<(), resend::BoxError> {
         .oneshot(Request::post(format!("http://{closed}/orders")).body("{}".to_owned())?)
         .await
         .expect_err("nothing listens");
-    println!("3. POST to a closed port -> error after {:?}", t.elapsed());
+    println!("3. POST to a closed port -> error after {}", ms(t.elapsed()));
     println!("   {}", show_error(&err));
     println!(
         "   not sent: {}: safe to retry even a POST without a key.\n",
@@ -108,8 +110,8 @@ async fn main() -> Result<(), resend::BoxError> {
         .await
         .expect_err("the upstream never answers /slow");
     println!(
-        "4. GET /slow -> error after {:?} (budget 1.2 s, 500 ms per attempt)",
-        t.elapsed()
+        "4. GET /slow -> error after {} (budget 1.2 s, 500 ms per attempt)",
+        ms(t.elapsed())
     );
     println!("   {}", show_error(&err));
     println!("   kind: {:?}", err.kind());

@@ -14,6 +14,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use examples::ms;
+
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -68,16 +70,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match job_stack.clone().oneshot(req).await {
         Ok(resp) => {
             println!(
-                "job: shipment for order {order} -> {} after {:?}",
+                "job: shipment for order {order} -> {} after {}",
                 resp.status(),
-                t.elapsed()
+                ms(t.elapsed())
             );
             if let Some(a) = resp.extensions().get::<Attempts>() {
                 println!("     attempts: {a}");
             }
         }
         Err(e) => match e.retry_advice() {
-            RetryAdvice::After(wait) => println!("job: release the job for {wait:?}: {e}"),
+            RetryAdvice::After(wait) => println!("job: release the job for {}: {e}", ms(wait)),
             RetryAdvice::VerifyFirst => {
                 println!("job: look the shipment up before sending again: {e}")
             }
@@ -109,7 +111,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await;
     match quote {
         Ok(resp) if resp.status() == StatusCode::OK => {
-            println!("page: quote shown after {:?}", t.elapsed())
+            println!("page: quote shown after {}", ms(t.elapsed()))
         }
         Ok(resp) => println!(
             "page: quote unavailable ({}), cannot show it now",
@@ -117,8 +119,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         Err(e) => {
             println!(
-                "page: cannot show the quote now ({:?} spent, budget 800 ms)",
-                t.elapsed()
+                "page: cannot show the quote now ({} spent, budget 800 ms)",
+                ms(t.elapsed())
             );
             println!("      {e}");
         }

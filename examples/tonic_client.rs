@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use examples::ms;
+
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response};
@@ -226,9 +228,9 @@ async fn main() -> Result<(), resend::BoxError> {
         }))
         .await?;
     println!(
-        "   -> {} cents after {:?}: UNAVAILABLE is retried for an allowlisted method,\n      each attempt with what is left of the 3 s deadline as grpc-timeout.",
+        "   -> {} cents after {}: UNAVAILABLE is retried for an allowlisted method,\n      each attempt with what is left of the 3 s deadline as grpc-timeout.",
         balance.get_ref().cents,
-        t.elapsed()
+        ms(t.elapsed())
     );
     if let Some(attempts) = balance.extensions().get::<resend::Attempts>() {
         println!("   attempts: {attempts}\n");
@@ -244,9 +246,9 @@ async fn main() -> Result<(), resend::BoxError> {
         }))
         .await?;
     println!(
-        "   -> {} cents after {:?}: RESOURCE_EXHAUSTED was not processed, so even a\n      charge is retried, after the server's 300 ms pushback.\n",
+        "   -> {} cents after {}: RESOURCE_EXHAUSTED was not processed, so even a\n      charge is retried, after the server's 300 ms pushback.\n",
         balance.get_ref().cents,
-        t.elapsed()
+        ms(t.elapsed())
     );
 
     // 3. A charge that did the work, then never answered.
@@ -260,7 +262,7 @@ async fn main() -> Result<(), resend::BoxError> {
         }))
         .await
         .expect_err("the server never answers");
-    println!("   -> after {:?}: {}", t.elapsed(), show(&status));
+    println!("   -> after {}: {}", ms(t.elapsed()), show(&status));
     println!(
         "   charges made: {} (sent once: the outcome is unknown, verify before resending)\n",
         charged.load(Ordering::SeqCst) - before
@@ -277,7 +279,7 @@ async fn main() -> Result<(), resend::BoxError> {
         .get_balance(req)
         .await
         .expect_err("the server never answers");
-    println!("   -> after {:?}: {}", t.elapsed(), show(&status));
+    println!("   -> after {}: {}", ms(t.elapsed()), show(&status));
     println!(
         "   the caller's 500 ms is the call's deadline, and went out as what was left of it.\n"
     );
@@ -301,7 +303,7 @@ async fn main() -> Result<(), resend::BoxError> {
         }))
         .await
         .expect_err("nothing listens");
-    println!("   -> after {:?}: {}", t.elapsed(), show(&status));
+    println!("   -> after {}: {}", ms(t.elapsed()), show(&status));
     println!("   the channel could not connect, so nothing was sent: retried although a charge.");
     Ok(())
 }
