@@ -103,7 +103,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .clone()
         .oneshot(Request::get(upstream.uri("/stock")).body(Body::default())?)
         .await?;
-    println!("1. GET /stock -> {} after {}", resp.status(), ms(t.elapsed()));
+    println!(
+        "1. GET /stock -> {} after {}",
+        resp.status(),
+        ms(t.elapsed())
+    );
     println!(
         "   attempts: {}",
         show_attempts(resp.extensions().get::<Attempts>())
@@ -119,7 +123,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .oneshot(Request::post(upstream.uri("/orders")).body(Body::from("{\"item\":7}"))?)
         .await
         .expect_err("the upstream never answers the first POST");
-    println!("2. POST /orders (no key) -> error after {}", ms(t.elapsed()));
+    println!(
+        "2. POST /orders (no key) -> error after {}",
+        ms(t.elapsed())
+    );
     println!("   {}", show_error(&err));
     println!(
         "   outcome unknown: {}; orders created upstream: {} (sent once, never resent)\n",
@@ -137,8 +144,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .max_attempts(4)
         .idempotency_keys()
         .service(client());
-    let mut req = Request::post(format!("{payments_url}/payments"))
-        .body(Body::from("{\"cents\":1250}"))?;
+    let mut req =
+        Request::post(format!("{payments_url}/payments")).body(Body::from("{\"cents\":1250}"))?;
     req.extensions_mut()
         .insert(IdempotencyKey::new("payment:order-7")?);
     let t = Instant::now();

@@ -64,7 +64,10 @@ async fn main() -> Result<(), resend::BoxError> {
     let status = resp.status();
     let attempts = show_attempts(resp.extensions().get::<Attempts>());
     let body = resp.into_body().collect().await?.to_bytes();
-    println!("1. GET /stock -> {status} {body:?} after {}", ms(t.elapsed()));
+    println!(
+        "1. GET /stock -> {status} {body:?} after {}",
+        ms(t.elapsed())
+    );
     println!("   attempts: {attempts}");
     println!("   why: 503 is 'overloaded', GET is idempotent: retried.\n");
 
@@ -75,7 +78,10 @@ async fn main() -> Result<(), resend::BoxError> {
         .oneshot(Request::post(upstream.uri("/orders")).body("{\"item\":7}".to_owned())?)
         .await
         .expect_err("the upstream never answers");
-    println!("2. POST /orders (no key) -> error after {}", ms(t.elapsed()));
+    println!(
+        "2. POST /orders (no key) -> error after {}",
+        ms(t.elapsed())
+    );
     println!("   {}", show_error(&err));
     println!(
         "   outcome unknown: {}; orders created upstream: {} (sent once, never resent)\n",
@@ -91,7 +97,10 @@ async fn main() -> Result<(), resend::BoxError> {
         .oneshot(Request::post(format!("http://{closed}/orders")).body("{}".to_owned())?)
         .await
         .expect_err("nothing listens");
-    println!("3. POST to a closed port -> error after {}", ms(t.elapsed()));
+    println!(
+        "3. POST to a closed port -> error after {}",
+        ms(t.elapsed())
+    );
     println!("   {}", show_error(&err));
     println!(
         "   not sent: {}: safe to retry even a POST without a key.\n",
