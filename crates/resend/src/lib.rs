@@ -134,6 +134,8 @@
 //!   through it.
 //! - `reqwest-middleware` (with `reqwest`): `ResendMiddleware` is a
 //!   `reqwest_middleware::Middleware`, for a `ClientWithMiddleware`.
+//! - `otel`: metrics on the OpenTelemetry API, from the meter you pass
+//!   (`StackBuilder::meter`; see [`telemetry`], whose spans need no feature).
 //! - `tonic`: [`tonic::TonicTransport`], a tonic channel as the transport;
 //!   the stack's errors as `tonic::Status` ([`tonic::into_status`], and
 //!   `From<resend::Error>`). The gRPC rules need no feature: the default
@@ -155,6 +157,7 @@ mod name;
 pub mod reqwest;
 pub mod retry;
 mod stack;
+pub mod telemetry;
 pub mod timeout;
 #[cfg(feature = "tonic")]
 pub mod tonic;

@@ -222,10 +222,12 @@ impl<C, B> StackBuilder<C, B> {
             name: self.name,
             total: self.total,
             attempt_timeout: self.attempt_timeout,
+            // The stack's meter, if it has one, counts the breaker's changes
+            // too (unless the layer has its own).
+            breaker: layer.or_metrics(self.retry.metrics()),
             retry: self.retry,
             keys: self.keys,
             header: self.header,
-            breaker: layer,
             read_ahead: self.read_ahead,
         }
     }
@@ -286,6 +288,47 @@ impl<C, B> StackBuilder<C, B> {
         Stack {
             inner: total.layer(inner),
         }
+    }
+}
+
+#[cfg(feature = "otel")]
+impl<C> StackBuilder<C, NoBreaker> {
+    /// Records the stack's metrics on instruments made from `meter` (your
+    /// meter provider's, or [`global_meter`](crate::telemetry::global_meter)):
+    /// attempts and retries per call, each wait, budget exhaustion,
+    /// outcome-unknown ends, and the circuit breaker's changes of state
+    /// once one is added, named by the stack's [name](Self::name); see the
+    /// [table](crate::telemetry#metrics-feature-otel). Default: none, and
+    /// no cost.
+    ///
+    /// ```
+    /// // `provider.meter("resend")` from your `SdkMeterProvider`; the
+    /// // global provider here, a no-op until one is set.
+    /// let meter = opentelemetry::global::meter("resend");
+    /// let shipping = resend::stack().name("shipping").meter(&meter);
+    /// # let _ = shipping;
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.retry = self.retry.meter(meter);
+        self
+    }
+}
+
+#[cfg(feature = "otel")]
+impl<C, K> StackBuilder<C, CircuitBreakerLayer<K>> {
+    /// Records the stack's metrics on instruments made from `meter`, the
+    /// circuit breaker's changes of state included (unless its layer was
+    /// given a meter of its own); see the `meter` of a stack without a
+    /// breaker, and the [table](crate::telemetry#metrics-feature-otel).
+    /// Default: none, and no cost.
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.retry = self.retry.meter(meter);
+        self.breaker = self.breaker.or_metrics(self.retry.metrics());
+        self
     }
 }
 

@@ -340,6 +340,49 @@ impl<St: Backend> IdempotencyLayer<St> {
     pub fn stats(&self) -> IdempotencyStats {
         self.config.stats.clone()
     }
+
+    /// Records the layer's metrics on instruments made from `meter` (your
+    /// meter provider's), once, shared by every service the layer makes.
+    /// Default: none, and no cost. No attribute carries a key, a scope or
+    /// a path.
+    ///
+    /// | instrument | kind, unit | recorded | attributes |
+    /// |---|---|---|---|
+    /// | `resend.server.idempotency.replays` | counter, `{request}` | a keyed request answered with the stored response | |
+    /// | `resend.server.idempotency.conflicts` | counter, `{request}` | a keyed request refused: 409 (the key still running) or 422 (used with another request) | `resend.idempotency.conflict` (`in_progress`, `mismatch`) |
+    /// | `resend.server.idempotency.lease_takeovers` | counter, `{lease}` | a lease found taken over while its holder still worked ([`IdempotencyStats::leases_lost`]) | |
+    /// | `resend.server.idempotency.stored_late` | counter, `{response}` | [`IdempotencyStats::stored_late`] | |
+    /// | `resend.server.idempotency.unstored` | counter, `{response}` | [`IdempotencyStats::unstored`] | |
+    /// | `resend.server.idempotency.held` | gauge, `{response}` | [`IdempotencyStats::held`], at each collection | |
+    /// | `resend.server.idempotency.store.duration` | histogram, `s` | every store call of a keyed request, timeouts included | `resend.store.operation` (`begin`, `renew`, `complete`, `release`) |
+    /// | `resend.server.idempotency.store.errors` | counter, `{error}` | a store call that failed or timed out | `resend.store.operation` |
+    ///
+    /// Without a meter, tracing still has a span per keyed request,
+    /// `resend.idempotency` at `INFO` (the handler's spans are its
+    /// children), with `http.request.method`, `http.response.status_code`
+    /// and `resend.idempotency.outcome`: `ran`, `replayed`, `in_progress`
+    /// (409), `mismatch` (422), `bad_request` (400: the body could not be
+    /// read), `too_large` (413) or `store_unavailable` (503).
+    ///
+    /// The counts of [`stats`](Self::stats) go on from where they were; a
+    /// handle taken before this call keeps the old counts, so take it after.
+    ///
+    /// ```
+    /// use resend_server::{IdempotencyLayer, MemoryStore};
+    ///
+    /// // `provider.meter("resend-server")` from your `SdkMeterProvider`;
+    /// // the global provider here, a no-op until one is set.
+    /// let meter = opentelemetry::global::meter("resend-server");
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).meter(&meter);
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.config.stats = self.config.stats.with_meter(meter);
+        self
+    }
 }
 
 impl<S, St: Backend> Layer<S> for IdempotencyLayer<St> {

@@ -110,6 +110,7 @@ mod rules;
 mod run;
 mod service;
 mod stats;
+mod telemetry;
 #[cfg(feature = "postgres")]
 mod transactional;
 

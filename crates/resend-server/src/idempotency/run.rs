@@ -26,6 +26,7 @@ use super::request::{self, Key, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
 use super::response::{json_error, retry_later};
 use super::rules::{self, Ended, OnBegin, OnEnd, OnRenew, OnStore};
 use super::service::{with_timeout, Shared};
+use super::telemetry::{self, timed, Op, Outcome};
 use super::NothingDone;
 use crate::body::{read_capped, MaybeBuffered};
 use crate::deadline::Attribution;
@@ -70,6 +71,8 @@ pub(crate) struct LeaseGuard<St: Store> {
     /// of a handler the deadline cuts.
     ledger: Option<TimeLedger>,
     phase: Phase,
+    /// The request's span (disabled without a subscriber that wants it).
+    span: tracing::Span,
 }
 
 impl<St: Store> LeaseGuard<St> {
@@ -93,11 +96,17 @@ impl<St: Store> LeaseGuard<St> {
             grpc,
             ledger: None,
             phase: Phase::Idle,
+            span: tracing::Span::none(),
         }
     }
 
     fn config(&self) -> &Config {
         &self.shared.config
+    }
+
+    /// Records what became of the request, on its span and metrics.
+    fn outcome(&self, outcome: Outcome) {
+        telemetry::outcome(&self.span, self.config().stats.metrics(), outcome);
     }
 
     /// Where the time went, as of now.
@@ -122,11 +131,11 @@ impl<St: Store> LeaseGuard<St> {
     /// Renews the lease, bounded by the store timeout.
     async fn renew(&self) -> Result<LeaseState, StoreError> {
         let claim = self.claim();
-        with_timeout(
+        let renew = with_timeout(
             self.config().store_timeout,
             self.shared.store.renew(&claim, self.ttl),
-        )
-        .await
+        );
+        timed(self.config().stats.metrics(), Op::Renew, renew).await
     }
 
     fn renewed(&self, found: &Result<LeaseState, StoreError>) {
@@ -152,11 +161,11 @@ impl<St: Store> LeaseGuard<St> {
     async fn release(&mut self) {
         self.phase = Phase::Releasing;
         let claim = self.claim();
-        let released = with_timeout(
+        let release = with_timeout(
             self.config().store_timeout,
             self.shared.store.release(&claim),
-        )
-        .await;
+        );
+        let released = timed(self.config().stats.metrics(), Op::Release, release).await;
         if let Err(e) = released {
             tracing::warn!(error = %e, key = self.key.as_str(), "could not drop an idempotency lease; it will expire");
         }
@@ -195,7 +204,9 @@ impl<St: Store> Drop for LeaseGuard<St> {
                 token,
             };
             let timeout = shared.config.store_timeout;
-            if let Err(e) = with_timeout(timeout, shared.store.release(&claim)).await {
+            let release = with_timeout(timeout, shared.store.release(&claim));
+            let metrics = shared.config.stats.metrics();
+            if let Err(e) = timed(metrics, Op::Release, release).await {
                 tracing::warn!(error = %e, "could not drop an idempotency lease; it will expire");
             }
         });
@@ -228,10 +239,16 @@ where
     RB: Body<Data = Bytes> + Send + Unpin + 'static,
     RB::Error: Into<BoxError>,
 {
+    use tracing::Instrument;
+    guard.span = telemetry::request_span(&parts.method);
+    let span = guard.span.clone();
     async move {
         let bytes = match claim(&mut guard, &parts, body).await {
             Claimed::Run(bytes) => bytes,
-            Claimed::Answer(response) => return Ok(response),
+            Claimed::Answer(response) => {
+                telemetry::answered(&guard.span, response.status());
+                return Ok(response);
+            }
         };
         // From here on the work is the layer's: a caller that goes away
         // does not cancel it (see `ResponseFuture`), and the lease is never
@@ -246,8 +263,13 @@ where
             resend::idempotency::derive_keys(scope, key, resend::deadline::carry(inner.call(req)));
         guard.ledger = resend::deadline::current_ledger();
         let ended = Supervised::new(&guard, handler).await;
-        settle(&mut guard, ended).await
+        let result = settle(&mut guard, ended).await;
+        if let Ok(response) = &result {
+            telemetry::answered(&guard.span, response.status());
+        }
+        result
     }
+    .instrument(span)
 }
 
 /// What [`claim`] ends with: the lease taken (and the body read), or an
@@ -276,6 +298,7 @@ where
         let bytes = match read_capped(&mut body, guard.config().request_cap).await {
             Ok((bytes, true)) => bytes,
             Ok((_, false)) => {
+                guard.outcome(Outcome::TooLarge);
                 return Claimed::Answer(json_error(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "request_too_large",
@@ -283,10 +306,11 @@ where
                         "a request with an idempotency key may have at most {} bytes of body",
                         guard.config().request_cap
                     ),
-                ))
+                ));
             }
             Err(e) => {
                 tracing::debug!(error = %e, "request body failed");
+                guard.outcome(Outcome::BadRequest);
                 return Claimed::Answer(json_error(
                     StatusCode::BAD_REQUEST,
                     "request_body_failed",
@@ -302,33 +326,46 @@ where
             None => {
                 guard.phase = Phase::Claiming;
                 let claim = guard.claim();
-                with_timeout(
+                let begin = with_timeout(
                     guard.config().store_timeout,
                     guard.shared.store.begin(&claim, guard.ttl),
-                )
-                .await
+                );
+                timed(guard.config().stats.metrics(), Op::Begin, begin).await
             }
         };
         let answer = match rules::on_begin(found, guard.fingerprint) {
-            OnBegin::Run => return Claimed::Run(bytes),
+            OnBegin::Run => {
+                guard.outcome(Outcome::Ran);
+                return Claimed::Run(bytes);
+            }
             // The store's answer was lost: it may have granted the lease,
             // which the guard releases as it goes (`Claiming`).
-            OnBegin::Unavailable(e) => return Claimed::Answer(unavailable(&e)),
+            OnBegin::Unavailable(e) => {
+                guard.outcome(Outcome::StoreUnavailable);
+                return Claimed::Answer(unavailable(&e));
+            }
             OnBegin::Replay(response) => {
                 tracing::debug!(key = guard.key.as_str(), "replaying a stored response");
+                guard.outcome(Outcome::Replayed);
                 replay(response)
             }
-            OnBegin::InProgress => retry_later(
-                StatusCode::CONFLICT,
-                "idempotency_key_in_progress",
-                "a request with this idempotency key is in progress; retry later",
-                guard.config().retry_after,
-            ),
-            OnBegin::Mismatch => json_error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_key_reused",
-                "this idempotency key was used with another request (method, path or body differ)",
-            ),
+            OnBegin::InProgress => {
+                guard.outcome(Outcome::InProgress);
+                retry_later(
+                    StatusCode::CONFLICT,
+                    "idempotency_key_in_progress",
+                    "a request with this idempotency key is in progress; retry later",
+                    guard.config().retry_after,
+                )
+            }
+            OnBegin::Mismatch => {
+                guard.outcome(Outcome::Mismatch);
+                json_error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reused",
+                    "this idempotency key was used with another request (method, path or body differ)",
+                )
+            }
         };
         guard.phase = Phase::Idle;
         Claimed::Answer(answer)
@@ -538,11 +575,11 @@ where
 /// Stores `done` for the key, and gives it back.
 async fn store<St: Store>(guard: &mut LeaseGuard<St>, done: StoredResponse) -> StoredResponse {
     let claim = guard.claim();
-    let found = with_timeout(
+    let complete = with_timeout(
         guard.config().store_timeout,
         guard.shared.store.complete(&claim, &done, guard.ttl),
-    )
-    .await;
+    );
+    let found = timed(guard.config().stats.metrics(), Op::Complete, complete).await;
     match rules::on_store(&found) {
         OnStore::Stored => {}
         OnStore::LeaseLost => {

@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use super::telemetry::ServerMetrics;
+
 /// Counts kept by an [`IdempotencyLayer`](crate::IdempotencyLayer) and every
 /// service it makes; cheap to clone (the clones share the counts). Each is a
 /// running total since the layer was made, ready for a metrics exporter.
@@ -25,6 +27,8 @@ struct Counts {
     unstored: AtomicU64,
     leases_lost: AtomicU64,
     held: AtomicU64,
+    /// The same events as metrics, if the layer was given a meter.
+    metrics: ServerMetrics,
 }
 
 impl IdempotencyStats {
@@ -58,14 +62,41 @@ impl IdempotencyStats {
 
     pub(crate) fn count_stored_late(&self) {
         self.0.stored_late.fetch_add(1, Relaxed);
+        self.0.metrics.stored_late();
     }
 
     pub(crate) fn count_unstored(&self) {
         self.0.unstored.fetch_add(1, Relaxed);
+        self.0.metrics.unstored();
     }
 
     pub(crate) fn count_lease_lost(&self) {
         self.0.leases_lost.fetch_add(1, Relaxed);
+        self.0.metrics.lease_taken_over();
+    }
+
+    /// The metrics the layer records (none without a meter).
+    pub(crate) fn metrics(&self) -> &ServerMetrics {
+        &self.0.metrics
+    }
+
+    /// These counts, from now on also recorded on instruments made from
+    /// `meter` (and the responses held observed): a new set of counts,
+    /// starting from these.
+    #[cfg(feature = "otel")]
+    pub(crate) fn with_meter(&self, meter: &opentelemetry::metrics::Meter) -> Self {
+        let was = &self.0;
+        Self(Arc::new_cyclic(|counts: &std::sync::Weak<Counts>| {
+            let counts = counts.clone();
+            let held = move || counts.upgrade().map(|c| c.held.load(Relaxed));
+            Counts {
+                stored_late: AtomicU64::new(was.stored_late.load(Relaxed)),
+                unstored: AtomicU64::new(was.unstored.load(Relaxed)),
+                leases_lost: AtomicU64::new(was.leases_lost.load(Relaxed)),
+                held: AtomicU64::new(was.held.load(Relaxed)),
+                metrics: ServerMetrics::new(meter, held),
+            }
+        }))
     }
 
     pub(crate) fn set_held(&self, n: usize) {

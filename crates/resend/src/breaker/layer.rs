@@ -9,6 +9,7 @@ use super::state::{Classes, Rules};
 use super::CircuitBreaker;
 use crate::classify::{Class, HttpClassifier};
 use crate::deadline::clamp;
+use crate::telemetry::ClientMetrics;
 use crate::Name;
 
 /// Default failure ratio that opens the circuit: 10 %.
@@ -72,6 +73,8 @@ pub(crate) struct Config {
     pub(crate) window: Duration,
     pub(crate) failing: Classes,
     pub(crate) upstream: Option<Name>,
+    /// The instruments its changes of state are counted on, if any.
+    pub(crate) metrics: ClientMetrics,
 }
 
 /// Why a circuit breaker setting was refused.
@@ -103,6 +106,7 @@ impl CircuitBreakerLayer<HttpClassifier> {
                 window: DEFAULT_SAMPLING_WINDOW,
                 failing: Classes::DEFAULT,
                 upstream: None,
+                metrics: ClientMetrics::OFF,
             },
         }
     }
@@ -206,6 +210,37 @@ impl<K> CircuitBreakerLayer<K> {
     #[must_use]
     pub fn upstream(mut self, name: impl Into<Name>) -> Self {
         self.config.upstream = Some(name.into());
+        self
+    }
+
+    /// Counts the breaker's changes of state
+    /// (`resend.client.breaker.state_changes`, by the new state and the
+    /// upstream's name) on a counter made from `meter`; see the
+    /// [table](crate::telemetry#metrics-feature-otel). Default: not
+    /// counted (each change is still a tracing event).
+    ///
+    /// ```
+    /// use resend::CircuitBreakerLayer;
+    ///
+    /// let meter = opentelemetry::global::meter("resend");
+    /// let layer = CircuitBreakerLayer::new().upstream("shipping").meter(&meter);
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.config.metrics = ClientMetrics::new(meter);
+        self
+    }
+
+    /// Counts on `metrics` unless the layer has instruments of its own (the
+    /// stack's meter, for a breaker added before or after it).
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn or_metrics(mut self, metrics: &ClientMetrics) -> Self {
+        if !self.config.metrics.is_on() {
+            self.config.metrics = metrics.clone();
+        }
         self
     }
 

@@ -67,7 +67,7 @@
 //! assert_eq!(err.kind(), ErrorKind::CircuitOpen);
 //! assert!(err.is_not_sent());
 //! assert_eq!(err.retry_advice(), RetryAdvice::After(Duration::from_secs(5)));
-//! assert_eq!(err.to_string(), "shipping: circuit open for another 5.0s after 100% of 10 calls failed");
+//! assert_eq!(err.to_string(), "shipping: circuit open for another 5 s after 100% of 10 calls failed");
 //! # }
 //! ```
 //!

@@ -16,6 +16,7 @@ use super::window::Window;
 use super::CircuitState;
 use crate::classify::{Classify, RequestFacts};
 use crate::error::{BoxError, Error};
+use crate::telemetry::BreakerMetrics;
 use crate::Name;
 
 /// One breaker, shared by every clone of the service.
@@ -29,6 +30,8 @@ pub(crate) struct Breaker<K> {
     classifier: K,
     failing: Classes,
     upstream: Option<Name>,
+    /// The state-change counter, if the layer was given a meter.
+    metrics: BreakerMetrics,
     /// What the classifier is shown of the request besides its method: the
     /// breaker keeps no copy of a request's URI or headers.
     uri: Uri,
@@ -64,6 +67,7 @@ impl<K> Breaker<K> {
             window: Window::new(config.window, Instant::now()),
             classifier,
             failing: config.failing,
+            metrics: config.metrics.breaker(config.upstream.as_ref()),
             upstream: config.upstream,
             uri: Uri::default(),
             headers: HeaderMap::new(),
@@ -214,6 +218,7 @@ impl<K> Breaker<K> {
     /// One tracing event per change of state, outside the lock.
     fn announce(&self, change: Option<Change>) {
         let Some(change) = change else { return };
+        self.metrics.changed(change.state());
         let upstream = self.upstream.as_deref().unwrap_or("");
         match change {
             Change::Opened {

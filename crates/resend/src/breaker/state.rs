@@ -249,6 +249,17 @@ pub(crate) enum Change {
     Closed,
 }
 
+impl Change {
+    /// The state it changed to, as the state-change metric names it.
+    pub(crate) const fn state(&self) -> &'static str {
+        match self {
+            Self::Opened { .. } => "open",
+            Self::HalfOpened { .. } => "half_open",
+            Self::Closed => "closed",
+        }
+    }
+}
+
 /// The rules with their memory: the state, and a generation that changes
 /// with every change of state, so that an outcome can be told to belong to
 /// the state its call was let through in.

@@ -15,9 +15,10 @@ use super::head::Head;
 use super::layer::{Shared, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use super::policy::Decision;
 use super::{Attempt, Attempts, ReplayBody, RetryBudget, Stop, Token};
-use crate::classify::{Class, Classification, Classify};
+use crate::classify::{Class, Classification, Classify, RequestFacts};
 use crate::deadline::{context, Deadline};
 use crate::error::{BoxError, Error, ErrorKind, Phase};
+use crate::telemetry::{self, Outcome, WaitReason};
 
 pin_project! {
     /// Response future of [`Retry`](super::Retry).
@@ -89,11 +90,19 @@ pub(crate) struct Retrying<S, B, C> {
     token: Option<Token>,
     history: Attempts,
     rng: Option<fastrand::Rng>,
+    /// The call's span, and the span of the attempt in flight (none
+    /// between attempts).
     span: tracing::Span,
+    attempt: tracing::Span,
+    /// Why the wait before the next attempt waits.
+    wait_reason: WaitReason,
+    /// The call's end has been reported (its span and metrics).
+    ended: bool,
 }
 
 impl<S, B, C> Retrying<S, B, C> {
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn new(
         parts: &http::request::Parts,
         own_deadline: Option<Deadline>,
@@ -105,13 +114,8 @@ impl<S, B, C> Retrying<S, B, C> {
         deadline: Option<Deadline>,
         now: Instant,
     ) -> Box<Self> {
-        let span = tracing::debug_span!(
-            "resend.call",
-            upstream = shared.upstream.as_deref().unwrap_or(""),
-            method = %parts.method,
-            path = parts.uri.path(),
-            replay_safe,
-        );
+        let facts = RequestFacts::new(&parts.method, &parts.uri, &parts.headers);
+        let (span, attempt) = telemetry::spans(shared.upstream.as_deref(), &facts, replay_safe);
         // Boxed where it is made: the state is a few hundred bytes, and
         // boxing it in the caller moved it once more (-64 instructions per
         // call by callgrind).
@@ -134,7 +138,51 @@ impl<S, B, C> Retrying<S, B, C> {
             history: Attempts::new(),
             rng: None,
             span,
+            attempt,
+            wait_reason: WaitReason::Backoff,
+            ended: false,
         })
+    }
+
+    /// The span of the attempt in flight: the first one's, until it is sent.
+    pub(crate) fn attempt_span(&self) -> &tracing::Span {
+        &self.attempt
+    }
+
+    /// Reports the call's end, `result`, on its span and metrics.
+    fn report<R>(&mut self, result: &Result<Response<R>, BoxError>, stop: Stop) {
+        self.ended = true;
+        if self.span.is_disabled() && !self.shared.metrics.is_on() {
+            return;
+        }
+        let (outcome, history) = match result {
+            Ok(resp) => {
+                let history = resp.extensions().get::<Attempts>();
+                let last = history.and_then(Attempts::last);
+                let outcome = Outcome::Response {
+                    class: last.map_or(Class::Success, |a| a.class()),
+                    status: resp.status(),
+                    grpc: last.and_then(|a| a.grpc_code()),
+                };
+                (outcome, history)
+            }
+            Err(e) => match e.downcast_ref::<Error>() {
+                Some(e) => (Outcome::Error(e.kind()), e.history()),
+                None => (Outcome::Error(ErrorKind::Transport), None),
+            },
+        };
+        let none = Attempts::new();
+        let history = history.unwrap_or(&none);
+        telemetry::call_ended(
+            &self.span,
+            outcome,
+            Some(stop),
+            history.len(),
+            history.elapsed(),
+        );
+        self.shared
+            .metrics
+            .call_ended(&self.head.facts(), outcome, Some(stop), history);
     }
 
     /// This request's own settings (a `CallOptions` extension).
@@ -168,12 +216,16 @@ impl<S, B, C> Retrying<S, B, C> {
         match result {
             Ok(mut resp) if stop != Stop::OutcomeUnknown => {
                 resp.extensions_mut().insert(history);
-                Ok(resp)
+                let result = Ok(resp);
+                self.report(&result, stop);
+                result
             }
             Ok(_) => {
                 let mut e = Error::retry(ErrorKind::OutcomeUnknown, history, None);
                 e.set_upstream_if_none(upstream);
-                Err(e.into())
+                let result = Err(e.into());
+                self.report(&result, stop);
+                result
             }
             Err(source) => {
                 // A deadline that ran out stays the reason, whatever else
@@ -201,9 +253,32 @@ impl<S, B, C> Retrying<S, B, C> {
                 if let Some(key) = self.head.generated_key() {
                     e = e.with_generated_key(key);
                 }
-                Err(e.into())
+                let result = Err(e.into());
+                self.report(&result, stop);
+                result
             }
         }
+    }
+}
+
+impl<S, B, C> Drop for Retrying<S, B, C> {
+    /// A call dropped before it ended (its caller went away, or the
+    /// deadline layer outside it fired) still ends its span and counts.
+    fn drop(&mut self) {
+        if self.ended || (self.span.is_disabled() && !self.shared.metrics.is_on()) {
+            return;
+        }
+        let now = Instant::now();
+        let outcome = match self.deadline {
+            Some(d) if d.remaining_at(now).is_zero() => Outcome::Error(ErrorKind::DeadlineExceeded),
+            _ => Outcome::Cancelled,
+        };
+        telemetry::attempt_cut(&self.attempt, outcome);
+        let elapsed = now.saturating_duration_since(self.start);
+        telemetry::call_ended(&self.span, outcome, None, self.history.len(), elapsed);
+        self.shared
+            .metrics
+            .call_ended(&self.head.facts(), outcome, None, &self.history);
     }
 }
 
@@ -241,12 +316,22 @@ where
                 _ => Poll::Ready(Err("retry future polled after completion".into())),
             };
         };
-        let span = r.span.clone();
-        let _entered = span.enter();
+        // An attempt in flight runs in its own span (a child of the call's,
+        // entered around its poll); the call's span is entered for the rest,
+        // the waits and the retries (entering a span is a call into the
+        // subscriber, and tracing-opentelemetry's is not cheap).
+        let span = match &*this.state {
+            State::Calling { .. } => None,
+            _ => Some(r.span.clone()),
+        };
+        let _entered = span.as_ref().map(tracing::Span::enter);
         loop {
             match this.state.as_mut().project() {
                 StateProj::Calling { future } => {
-                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    let result = {
+                        let _attempt = r.attempt.enter();
+                        ready!(future.poll(cx)).map_err(Into::into)
+                    };
                     // One clock read for the attempt's end, the time left
                     // and the call's total.
                     let now = Instant::now();
@@ -259,6 +344,11 @@ where
                         ),
                         Err(e) => (r.shared.classifier.classify_error(&facts, &**e), None),
                     };
+                    if !r.attempt.is_disabled() {
+                        // The attempt's span ends here.
+                        telemetry::attempt_ended(&r.attempt, &result, &c);
+                        r.attempt = tracing::Span::none();
+                    }
                     let made = r.history.len() + 1;
                     r.history.push(
                         Attempt::new(c.class(), status, r.waited, took, c.retry_after())
@@ -319,6 +409,7 @@ where
                         _ => None,
                     };
                     tracing::debug!(
+                        parent: &r.span,
                         attempt = made,
                         class = c.class().as_str(),
                         status = status.map(|s| s.as_u16()),
@@ -357,9 +448,14 @@ where
                             let recheck = Box::pin(tokio::time::sleep_until(recheck_at(
                                 &budget, now, stop_at,
                             )));
-                            tracing::debug!(
-                                attempt = made,
-                                "retry budget empty: waiting for a token"
+                            // (A wait for a token: the retry budget is empty.)
+                            r.wait_reason = WaitReason::Budget;
+                            telemetry::wait_event(
+                                &r.span,
+                                WaitReason::Budget,
+                                wait,
+                                Some(stop_at.saturating_duration_since(now)),
+                                made,
                             );
                             let (ok, error) = match result {
                                 Ok(resp) => (Some(Ok(resp)), None),
@@ -380,6 +476,14 @@ where
                             drop(result);
                             r.token = token.flatten();
                             r.waited = wait;
+                            r.wait_reason = if c.retry_after().is_some() {
+                                WaitReason::RetryAfter
+                            } else if c.class() == Class::Overloaded {
+                                WaitReason::Overloaded
+                            } else {
+                                WaitReason::Backoff
+                            };
+                            telemetry::wait_event(&r.span, r.wait_reason, wait, None, made);
                             this.state.set(State::Waiting {
                                 sleep: Box::pin(tokio::time::sleep(wait)),
                             });
@@ -472,7 +576,11 @@ where
                         return Poll::Ready(Err("retry without a body to send".into()));
                     };
                     let mut req = r.head.request(body);
-                    announce(&mut req, r.history.len(), r.shared.attempt_header.as_ref());
+                    let previous = r.history.len();
+                    announce(&mut req, previous, r.shared.attempt_header.as_ref());
+                    r.shared.metrics.waited(r.wait_reason, r.waited);
+                    r.attempt = telemetry::attempt_span(&r.span, &r.head.facts(), previous);
+                    let _span = r.attempt.enter();
                     r.attempt_start = Instant::now();
                     let _attempt = context::attempt(context::Attempt {
                         limit: r.options.attempt_timeout,

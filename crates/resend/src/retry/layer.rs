@@ -9,6 +9,7 @@ use tower_layer::Layer;
 use super::policy::Policy;
 use super::{Backoff, Retry, RetryBudget};
 use crate::classify::HttpClassifier;
+use crate::telemetry::{CallMetrics, ClientMetrics};
 
 /// The header on which a later attempt of a gRPC call says how many attempts
 /// came before it (gRPC's retry design, A6).
@@ -54,6 +55,7 @@ pub struct RetryLayer<C = HttpClassifier> {
     seed: Option<u64>,
     upstream: Option<Name>,
     attempt_header: Option<HeaderName>,
+    metrics: ClientMetrics,
 }
 
 /// What every clone of one retry service shares.
@@ -72,6 +74,8 @@ pub(crate) struct Shared<S, C> {
     /// Where a later attempt of an HTTP request says how many came before
     /// it (gRPC requests always use `grpc-previous-rpc-attempts`).
     pub(crate) attempt_header: Option<HeaderName>,
+    /// The instruments the calls record on, if the layer was given a meter.
+    pub(crate) metrics: CallMetrics,
 }
 
 impl<S, C: std::fmt::Debug> std::fmt::Debug for Shared<S, C> {
@@ -105,6 +109,7 @@ impl RetryLayer<HttpClassifier> {
             seed: None,
             upstream: None,
             attempt_header: None,
+            metrics: ClientMetrics::OFF,
         }
     }
 }
@@ -125,6 +130,7 @@ impl<C> RetryLayer<C> {
             seed: self.seed,
             upstream: self.upstream,
             attempt_header: self.attempt_header,
+            metrics: self.metrics,
         }
     }
 
@@ -251,6 +257,35 @@ impl<C> RetryLayer<C> {
         self.upstream = Some(name.into());
         self
     }
+
+    /// Records the calls' metrics (attempts, retries, waits, budget
+    /// exhaustion, outcome-unknown ends) on instruments made from `meter`,
+    /// once, and shared by every service this layer makes: see the
+    /// [table](crate::telemetry#metrics-feature-otel). Default: none, and
+    /// no cost.
+    ///
+    /// ```
+    /// use resend::RetryLayer;
+    ///
+    /// // The application's meter provider (here the global one, a no-op
+    /// // until one is set).
+    /// let meter = opentelemetry::global::meter("resend");
+    /// let layer = RetryLayer::new().upstream("shipping").meter(&meter);
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.metrics = ClientMetrics::new(meter);
+        self
+    }
+
+    /// The instruments given, if any (the stack hands them to its breaker).
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) fn metrics(&self) -> &ClientMetrics {
+        &self.metrics
+    }
 }
 
 impl<C> RetryLayer<C> {
@@ -265,6 +300,7 @@ impl<C> RetryLayer<C> {
                 budget: self.budget,
                 seed: self.seed,
                 calls: AtomicU64::new(0),
+                metrics: self.metrics.bind(self.upstream.as_ref()),
                 upstream: self.upstream,
                 attempt_header: self.attempt_header,
             }),

@@ -155,7 +155,12 @@ where
             limit,
             read_ahead: replay_safe && allowed,
         });
-        ResponseFuture::retrying(self.inner.call(attempt), retrying)
+        // The layers below, and the transport, call inside the attempt's span.
+        let future = {
+            let _span = retrying.attempt_span().enter();
+            self.inner.call(attempt)
+        };
+        ResponseFuture::retrying(future, retrying)
     }
 }
 
