@@ -537,6 +537,36 @@ async fn a_post_whose_body_breaks_is_not_resent() {
     assert_eq!(server.arrival_count(), 1);
 }
 
+/// A keyed POST whose first attempt times out while the server works, and
+/// whose retry is told 409 (another attempt holds the key): the server is
+/// well, so the 409 is no failed probe of a failing upstream, and the next
+/// retry goes out after its backoff, with no pause of the budget's floor
+/// (one second) to wait through.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_409_in_progress_is_no_failed_probe_the_next_retry_waits_only_its_backoff() {
+    let payments = server(
+        Script::new()
+            .then(Reply::work_then_hang())
+            .then(Reply::status(409))
+            .otherwise(Reply::status(201)),
+    )
+    .await;
+    let client = stack()
+        .idempotency_keys()
+        .max_attempts(3)
+        .attempt_timeout(500 * MS)
+        .service(transport());
+    let resp = within(client.oneshot(post(payments.uri("/payments"))))
+        .await
+        .expect("the third attempt gets the answer");
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let at: Vec<_> = payments.arrivals().iter().map(|a| a.at).collect();
+    assert_eq!(at.len(), 3);
+    // The second retry's full-jitter backoff is at most 200 ms by default.
+    let gap = at[2] - at[1];
+    assert!(gap <= 250 * MS, "{gap:?}");
+}
+
 /// A POST sent under a key the stack chose, that may have been processed
 /// and has no retry left, ends outcome-unknown, with the key readable and
 /// the advice to retry with that same key — never a bare "retry later",

@@ -657,7 +657,7 @@ impl Error {
         }
         if let Some(s) = &i.source {
             if i.kind != ErrorKind::AttemptTimeout && i.kind != ErrorKind::ConnectTimeout {
-                write_cause(f, &**s, foreign)?;
+                write_cause(f, self, &**s, foreign)?;
             }
         }
         if i.kind == ErrorKind::OutcomeUnknown {
@@ -710,19 +710,25 @@ fn write_ms(f: &mut fmt::Formatter<'_>, ms: u128) -> fmt::Result {
     }
 }
 
-/// ": " and the cause of an error, once: a resend error as it says itself;
-/// any other error's text (when `foreign`), then its own cause when that
-/// text does not already say it (hyper-util's "client error (Connect)" is
+/// ": " and the cause of `outer`, once: a resend error as it says itself
+/// (or only its own cause, when it says what `outer` already said); any
+/// other error's text (when `foreign`), then its own cause when that text
+/// does not already say it (hyper-util's "client error (Connect)" is
 /// skipped for what is under it). Without `foreign`, only a resend error
 /// down the chain is said.
 fn write_cause(
     f: &mut fmt::Formatter<'_>,
+    outer: &Error,
     cause: &(dyn std::error::Error + 'static),
     foreign: bool,
 ) -> fmt::Result {
     let mut next = Some(cause);
     while let Some(e) = next {
         if let Some(ours) = e.downcast_ref::<Error>() {
+            if ours.kind() == outer.kind() && ours.inner.not_sent == outer.inner.not_sent {
+                next = ours.inner.source.as_deref().map(|s| s as _);
+                continue;
+            }
             f.write_str(": ")?;
             return ours.write_sentence(f, foreign);
         }

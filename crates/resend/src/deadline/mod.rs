@@ -29,7 +29,7 @@
 //! assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
 //! assert_eq!(err.phase(), Some(Phase::Attempt));
 //! assert_eq!(err.elapsed(), Some(Duration::from_secs(1)));
-//! assert_eq!(err.to_string(), "shipping: deadline exceeded while an attempt was in flight after 1s");
+//! assert_eq!(err.to_string(), "shipping: deadline exceeded while an attempt was in flight after 1 s");
 //! # }
 //! ```
 

@@ -380,7 +380,12 @@ where
                     // it answers.
                     if let (Some(token), Some(budget)) = (r.token.take(), &r.shared.budget) {
                         match c.class() {
-                            Class::Success => budget.give_back(),
+                            // The upstream answered as a well one does: a
+                            // success, a final refusal, or "another attempt
+                            // holds this key" (409): not a failed probe.
+                            Class::Success | Class::Rejected | Class::InProgress => {
+                                budget.give_back();
+                            }
                             // A probe of a failing upstream failed.
                             _ if token == Token::Floor => budget.floor_failed(),
                             _ => budget.failed(),
