@@ -54,7 +54,12 @@
 //!
 //! - `axum`: `ClientErrorResponse`, a resend client error as an axum response.
 //! - `redis`: `RedisStore`.
-//! - `postgres`: `PostgresStore`.
+//! - `postgres`: `PostgresStore`, and `PostgresTransactional` (the record
+//!   commits with the handler's own transaction).
+//! - `otel`: metrics on the OpenTelemetry API from the meter you pass
+//!   (`IdempotencyLayer::meter`): replays, conflicts, lease take-overs,
+//!   store latency and errors. The spans (`resend.idempotency`) need no
+//!   feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 

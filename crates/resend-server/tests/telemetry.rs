@@ -259,6 +259,28 @@ async fn a_replay_is_counted_and_every_keyed_request_has_a_span_with_its_outcome
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_malformed_key_has_its_span_too_and_runs_nothing() {
+    let t = Telemetry::start();
+    let svc = IdempotencyLayer::new(MemoryStore::new())
+        .meter(&t.meter())
+        .layer(service_fn(handler));
+    let bad = Request::post("/charges")
+        .header("idempotency-key", "")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = svc.oneshot(bad).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let spans = t.named("resend.idempotency");
+    assert_eq!(spans.len(), 1);
+    assert_eq!(
+        attr(&spans[0], "resend.idempotency.outcome").as_deref(),
+        Some("bad_request")
+    );
+    assert_eq!(int(&spans[0], "http.response.status_code"), Some(400));
+    assert!(t.named("charge").is_empty());
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_key_still_running_is_a_conflict() {
     let t = Telemetry::start();
     let go = Arc::new(tokio::sync::Notify::new());

@@ -14,6 +14,7 @@ use super::request;
 use super::response::json_error;
 use super::rules::{self, Admit, KeyHeader};
 use super::stats::IdempotencyStats;
+use super::telemetry::Outcome;
 use crate::body::MaybeBuffered;
 use crate::store::StoreError;
 use crate::IdempotencyLayer;
@@ -119,7 +120,12 @@ where
         let (key, (scope, _)) = match (admitted, key, scope) {
             (Admit::Keyed, Some(key), Some(scope)) => (key, scope),
             (Admit::Refuse(code, message), ..) => {
-                tracing::debug!(code, "keyed request refused");
+                // A malformed, missing (when required) or anonymous key:
+                // its own span and count, as every keyed request's outcome.
+                let span = super::telemetry::request_span(&parts.method);
+                super::telemetry::outcome(&span, config.stats.metrics(), Outcome::BadRequest);
+                super::telemetry::answered(&span, StatusCode::BAD_REQUEST);
+                span.in_scope(|| tracing::debug!(code, "keyed request refused"));
                 return ResponseFuture::ready(json_error(StatusCode::BAD_REQUEST, code, message));
             }
             (Admit::Pass, ..) if St::TAKES_UNKEYED => {

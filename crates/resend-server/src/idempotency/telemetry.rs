@@ -26,7 +26,8 @@ pub(crate) enum Outcome {
     InProgress,
     /// 422: the key was used with another request.
     Mismatch,
-    /// 400: the request's body could not be read.
+    /// 400: a malformed key, a required key missing, an anonymous key
+    /// refused, or a body that could not be read.
     BadRequest,
     /// 413: the request's body was over the cap.
     TooLarge,
