@@ -73,7 +73,7 @@ where
             StateProj::Called { future } => {
                 let result = ready!(future.poll(cx)).map_err(Into::into);
                 if let Some(mut permit) = this.permit.take() {
-                    let outcome = permit.breaker.judge(&permit.method, &result);
+                    let outcome = permit.breaker.judge(&permit.method, permit.grpc, &result);
                     permit.settle(outcome);
                 }
                 Poll::Ready(result)
@@ -92,15 +92,23 @@ pub(crate) struct Permit<K> {
     breaker: Arc<Breaker<K>>,
     ticket: Ticket,
     method: Method,
+    /// The request was gRPC (`content-type: application/grpc…`).
+    grpc: bool,
     settled: bool,
 }
 
 impl<K> Permit<K> {
-    pub(super) fn new(breaker: Arc<Breaker<K>>, ticket: Ticket, method: Method) -> Self {
+    pub(super) fn new(
+        breaker: Arc<Breaker<K>>,
+        ticket: Ticket,
+        method: Method,
+        grpc: bool,
+    ) -> Self {
         Self {
             breaker,
             ticket,
             method,
+            grpc,
             settled: false,
         }
     }

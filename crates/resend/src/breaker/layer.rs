@@ -119,12 +119,14 @@ impl Default for CircuitBreakerLayer<HttpClassifier> {
 }
 
 impl<K> CircuitBreakerLayer<K> {
-    /// Classifies attempts with `classifier` instead (for gRPC,
-    /// `resend::tonic::GrpcClassifier`, from the `tonic` feature). The breaker shows it each attempt's result and the
-    /// request's method; it keeps no copy of the request's URI or headers,
-    /// so that the success path copies nothing, and shows `/` and no
-    /// headers instead. resend's classifiers classify results without them,
-    /// as far as what the breaker counts goes. Default [`HttpClassifier`].
+    /// Classifies attempts with `classifier` instead. The breaker shows it
+    /// each attempt's result, the request's method, and whether the request
+    /// was gRPC (as `content-type: application/grpc`); it keeps no copy of
+    /// the request's URI or headers, so that the success path copies
+    /// nothing, and shows `/` and no other header instead. resend's
+    /// classifiers classify results without them, as far as what the
+    /// breaker counts goes: the default [`HttpClassifier`] reads a gRPC
+    /// answer's `grpc-status`.
     pub fn classifier<K2>(self, classifier: K2) -> CircuitBreakerLayer<K2> {
         CircuitBreakerLayer {
             classifier,

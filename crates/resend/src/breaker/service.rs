@@ -98,7 +98,8 @@ where
         let now = context::current().and_then(|(_, now)| now);
         match breaker.admit(now) {
             Ok(ticket) => {
-                let permit = Permit::new(Arc::clone(breaker), ticket, req.method().clone());
+                let grpc = crate::classify::is_grpc(req.headers());
+                let permit = Permit::new(Arc::clone(breaker), ticket, req.method().clone(), grpc);
                 ResponseFuture::called(self.inner.call(req), permit)
             }
             // Fails at once: the upstream is not called.

@@ -33,9 +33,12 @@ pub(crate) struct Breaker<K> {
     /// The state-change counter, if the layer was given a meter.
     metrics: BreakerMetrics,
     /// What the classifier is shown of the request besides its method: the
-    /// breaker keeps no copy of a request's URI or headers.
+    /// breaker keeps no copy of a request's URI or headers, only whether
+    /// it was gRPC (shown as `content-type: application/grpc`, so that the
+    /// default classifier reads a gRPC answer's status as gRPC).
     uri: Uri,
     headers: HeaderMap,
+    grpc_headers: HeaderMap,
 }
 
 impl<K> std::fmt::Debug for Breaker<K> {
@@ -71,6 +74,10 @@ impl<K> Breaker<K> {
             upstream: config.upstream,
             uri: Uri::default(),
             headers: HeaderMap::new(),
+            grpc_headers: HeaderMap::from_iter([(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            )]),
         }
     }
 
@@ -117,12 +124,18 @@ impl<K> Breaker<K> {
     pub(crate) fn judge<R>(
         &self,
         method: &Method,
+        grpc: bool,
         result: &Result<Response<R>, BoxError>,
     ) -> Outcome
     where
         K: Classify<R>,
     {
-        let facts = RequestFacts::new(method, &self.uri, &self.headers);
+        let headers = if grpc {
+            &self.grpc_headers
+        } else {
+            &self.headers
+        };
+        let facts = RequestFacts::new(method, &self.uri, headers);
         let class = match result {
             Ok(resp) => self.classifier.classify_response(&facts, resp).class(),
             Err(e) if !observes_upstream(&**e) => return Outcome::Ignored,

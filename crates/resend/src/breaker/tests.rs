@@ -481,3 +481,44 @@ async fn every_change_of_state_is_one_tracing_event() {
         );
     }
 }
+
+/// A gRPC upstream answering UNAVAILABLE (HTTP 200, `grpc-status: 14`):
+/// with the default classifier, the breaker reads the gRPC status of a
+/// gRPC request, so the failures open it; the same 200s to plain HTTP
+/// requests are successes.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_default_classifier_reads_a_grpc_answer_as_grpc() {
+    let calls_made = Arc::new(AtomicU32::new(0));
+    let seen = Arc::clone(&calls_made);
+    let unavailable = service_fn(move |_req: Request<()>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        async {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .header("content-type", "application/grpc")
+                    .header("grpc-status", "14")
+                    .body(())
+                    .unwrap(),
+            )
+        }
+    });
+    let grpc = || {
+        Request::post("http://ledger/bank.Ledger/Charge")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+    };
+    let mut svc = small().layer(unavailable.clone());
+    for _ in 0..10 {
+        let _ = svc.ready().await.unwrap().call(grpc()).await;
+    }
+    assert_eq!(svc.state(), CircuitState::Open);
+    let e = open_error(svc.ready().await.unwrap().call(grpc()).await.unwrap_err());
+    assert!(e.is_not_sent());
+    assert_eq!(calls_made.load(Ordering::SeqCst), 10);
+
+    // Plain HTTP requests: a 200 is a success, whatever its headers.
+    let mut svc = small().layer(unavailable);
+    assert_eq!(calls(&mut svc, 20).await, 0);
+    assert_eq!(svc.state(), CircuitState::Closed);
+}
