@@ -24,7 +24,7 @@ use axum::Router;
 use http_body_util::BodyExt;
 use resend_server::idempotency::NothingDone;
 use resend_server::{IdempotencyLayer, IdempotentTx, InboundDeadlineLayer, PostgresStore};
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 use tokio::sync::OnceCell;
 use tower::ServiceExt;
 
@@ -82,11 +82,13 @@ async fn effects(pool: &PgPool, op: &str) -> i64 {
 /// What the handler does, from the query: `op=` names its effect; `ms=`
 /// is how long it works (holding its transaction) after writing it; `then=`
 /// how it ends: `500`, `nothing` (503 marked NothingDone), `429`, `panic`,
-/// or else 201.
+/// `forget` (it deletes its key's claim row through its transaction, then
+/// answers 201), or else 201; `size=` pads a 201's body to that many bytes.
 struct How {
     op: String,
     then: String,
     ms: u64,
+    size: usize,
 }
 
 impl How {
@@ -95,12 +97,14 @@ impl How {
             op: String::new(),
             then: String::new(),
             ms: 0,
+            size: 0,
         };
         for pair in uri.query().unwrap_or("").split('&') {
             match pair.split_once('=') {
                 Some(("op", v)) => how.op = v.to_owned(),
                 Some(("then", v)) => how.then = v.to_owned(),
                 Some(("ms", v)) => how.ms = v.parse().unwrap_or(0),
+                Some(("size", v)) => how.size = v.parse().unwrap_or(0),
                 _ => {}
             }
         }
@@ -108,13 +112,26 @@ impl How {
     }
 }
 
-async fn charge(uri: axum::http::Uri, mut tx: IdempotentTx, body: String) -> Response {
+async fn charge(
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    mut tx: IdempotentTx,
+    body: String,
+) -> Response {
     let how = How::of(&uri);
     sqlx::query("INSERT INTO resend_tx_effects (op) VALUES ($1)")
         .bind(&how.op)
         .execute(&mut *tx)
         .await
         .unwrap();
+    if how.then == "forget" {
+        let key = headers["idempotency-key"].to_str().unwrap();
+        sqlx::query(&format!("DELETE FROM {TABLE} WHERE key = $1"))
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
     if how.ms > 0 {
         tokio::time::sleep(Duration::from_millis(how.ms)).await;
     }
@@ -129,7 +146,13 @@ async fn charge(uri: axum::http::Uri, mut tx: IdempotentTx, body: String) -> Res
             r
         }
         "panic" => panic!("the handler was told to panic"),
-        _ => (StatusCode::CREATED, format!("charged {body} {run}")).into_response(),
+        _ => {
+            let mut text = format!("charged {body} {run}");
+            if text.len() < how.size {
+                text.extend(std::iter::repeat_n('.', how.size - text.len()));
+            }
+            (StatusCode::CREATED, text).into_response()
+        }
     }
 }
 
@@ -576,4 +599,560 @@ async fn a_rolled_back_run_sends_the_same_outbound_keys_again() {
     assert_eq!(sent.len(), 3);
     assert_eq!(sent[0], sent[1], "the re-run sends the same key");
     assert_ne!(sent[0], sent[2], "another operation, another key");
+}
+
+// ---- what the key costs: the claim with the BEGIN, the record with the COMMIT ----
+
+/// The layer's trace events, read back by key: which way a key was claimed
+/// and recorded. One subscriber for the whole test binary, which only
+/// listens to this crate.
+mod traced {
+    use std::sync::{Mutex, Once};
+
+    use tracing::field::{Field, Visit};
+    use tracing::{Event, Metadata, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+    static EVENTS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+    struct Capture;
+
+    #[derive(Default)]
+    struct Fields {
+        key: Option<String>,
+        message: String,
+    }
+
+    impl Visit for Fields {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == "key" {
+                self.key = Some(value.to_owned());
+            }
+        }
+
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.message = format!("{value:?}");
+            }
+        }
+    }
+
+    impl<S: Subscriber> Layer<S> for Capture {
+        fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
+            metadata.target().starts_with("resend_server")
+        }
+
+        fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            if let Some(key) = fields.key {
+                EVENTS.lock().unwrap().push((key, fields.message));
+            }
+        }
+    }
+
+    pub(super) fn install() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
+                .expect("the test binary's only subscriber");
+        });
+    }
+
+    /// What the layer said about `key`, in order.
+    pub(super) fn of(key: &str) -> Vec<String> {
+        EVENTS
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+}
+
+const CLAIMED_WITH_BEGIN: &str = "idempotency key claimed with its transaction's BEGIN";
+const NOT_NEW: &str = "idempotency key not new: claimed the long way";
+const STILL_WAITING: &str = "idempotency key claim still waiting: claimed the long way";
+const RECORDED_WITH_COMMIT: &str = "idempotent response recorded with the COMMIT";
+const RECORDED_THEN_COMMITTED: &str = "idempotent response recorded, then committed";
+
+/// A pool of its own, named so that its connections can be found in
+/// `pg_stat_activity`.
+fn named_pool(name: &str, size: u32) -> PgPool {
+    use std::str::FromStr;
+    let options = sqlx::postgres::PgConnectOptions::from_str(&pg::url())
+        .unwrap()
+        .application_name(name);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy_with(options)
+}
+
+/// How many of the connections named `name` are inside a transaction
+/// (open, or aborted) while idle, once the pool has had a moment to put
+/// them back.
+async fn idle_in_transaction(pool: &PgPool, name: &str) -> i64 {
+    let mut left = 0;
+    for _ in 0..50 {
+        left = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+        )
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    left
+}
+
+/// A new key is claimed in the transaction's first round trip (with its
+/// BEGIN) and recorded in its last (with its COMMIT): the long way is not
+/// taken. The effect and the record still share one transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_key_is_claimed_with_the_begin_and_recorded_with_the_commit() {
+    let Some(pool) = pool().await else { return };
+    traced::install();
+    let (op, key) = (unique("op"), unique("k"));
+    let first = app(&pool)
+        .oneshot(req(Some(&key), &format!("op={op}"), "a"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(
+        traced::of(&key),
+        [CLAIMED_WITH_BEGIN, RECORDED_WITH_COMMIT],
+        "one round trip for the claim, one for the record"
+    );
+    let (done, record_xid): (bool, String) = sqlx::query_as(&format!(
+        "SELECT done, xmin::text FROM {TABLE} WHERE key = $1"
+    ))
+    .bind(&key)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let effect_xid: String =
+        sqlx::query_scalar("SELECT xmin::text FROM resend_tx_effects WHERE op = $1")
+            .bind(&op)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(done);
+    assert_eq!(record_xid, effect_xid);
+}
+
+/// A key that is not new fails the claim in one round trip, and takes the
+/// long way, which answers as before: the replay, 422 for another body, a
+/// run again over an expired record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_is_not_new_takes_the_long_way() {
+    let Some(pool) = pool().await else { return };
+    traced::install();
+    let (op, key) = (unique("op"), unique("k"));
+    let q = format!("op={op}");
+    let first = app(&pool).oneshot(req(Some(&key), &q, "a")).await.unwrap();
+    let body = text(first).await;
+    let again = app(&pool).oneshot(req(Some(&key), &q, "a")).await.unwrap();
+    assert!(replayed(again.headers()));
+    assert_eq!(text(again).await, body);
+    let other = app(&pool).oneshot(req(Some(&key), &q, "b")).await.unwrap();
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(effects(&pool, &op).await, 1);
+    assert_eq!(
+        traced::of(&key),
+        [CLAIMED_WITH_BEGIN, RECORDED_WITH_COMMIT, NOT_NEW, NOT_NEW]
+    );
+    // An expired record: the plain INSERT conflicts with it, and the long
+    // way takes it over; the work runs again, once.
+    sqlx::query(&format!(
+        "UPDATE {TABLE} SET expires_at = clock_timestamp() - interval '1 second' WHERE key = $1"
+    ))
+    .bind(&key)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let after = app(&pool).oneshot(req(Some(&key), &q, "b")).await.unwrap();
+    assert_eq!(after.status(), StatusCode::CREATED);
+    assert!(!replayed(after.headers()));
+    assert_eq!(effects(&pool, &op).await, 2);
+    assert_eq!(traced::of(&key)[4..], [NOT_NEW, RECORDED_WITH_COMMIT]);
+}
+
+/// A claim that fails in its one round trip leaves its connection out of
+/// any transaction: on a pool of one connection, a new key, a duplicate, a
+/// mismatch and a new key again all answer, and the connection is then
+/// idle, in no transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_claim_leaves_its_connection_out_of_any_transaction() {
+    let Some(_) = pool().await else { return };
+    let name = unique("tx-one");
+    let one = named_pool(&name, 1);
+    let (op, key) = (unique("op"), unique("k"));
+    let q = format!("op={op}");
+    let statuses = [
+        (Some(key.clone()), "a"),
+        (Some(key.clone()), "a"),
+        (Some(key.clone()), "b"),
+        (Some(unique("k")), "a"),
+        (None, "a"),
+    ];
+    let mut got = Vec::new();
+    for (key, body) in statuses {
+        let r = app(&one)
+            .oneshot(req(key.as_deref(), &q, body))
+            .await
+            .unwrap();
+        got.push(r.status().as_u16());
+    }
+    assert_eq!(got, [201, 201, 422, 201, 201]);
+    assert_eq!(effects(&one, &op).await, 3);
+    // Outside a transaction, a simple query's statement is its own
+    // transaction: it starts when its transaction does.
+    let alone: bool = sqlx::raw_sql("SELECT now() = statement_timestamp()")
+        .fetch_one(&one)
+        .await
+        .unwrap()
+        .get(0);
+    assert!(alone, "the pool's connection is in no transaction");
+    assert_eq!(idle_in_transaction(&one, &name).await, 0);
+}
+
+/// A claim that waits on a holder beyond its bound, or whose caller goes
+/// away while it waits, is not dropped midway: it is finished on its own,
+/// and when the holder rolls back (so that it does claim the key) it is
+/// rolled back too. The key is free for the retry, and no connection is
+/// left in a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cut_while_it_waits_is_finished_and_rolled_back() {
+    let Some(pool) = pool().await else { return };
+    traced::install();
+    let name = unique("tx-cut");
+    let named = named_pool(&name, 8);
+    let (op, key) = (unique("op"), unique("k"));
+    // The holder works 1 s, then ends with nothing done: rolled back.
+    let q = format!("op={op}&ms=1000&then=nothing");
+    let holder = tokio::spawn({
+        let (app, r) = (app(&named), req(Some(&key), &q, "a"));
+        async move { app.oneshot(r).await.unwrap().status() }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A duplicate with a short deadline: its claim waits on the holder past
+    // its bound, and it is told 409 in time.
+    let mut short = req(Some(&key), &q, "a");
+    short
+        .headers_mut()
+        .insert("grpc-timeout", "300m".parse().unwrap());
+    let busy = app(&named).oneshot(short).await.unwrap();
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    assert!(traced::of(&key).contains(&STILL_WAITING.to_owned()));
+    // A duplicate whose caller goes away while its claim waits.
+    let gone = tokio::time::timeout(
+        Duration::from_millis(100),
+        app(&named).oneshot(req(Some(&key), &q, "a")),
+    )
+    .await;
+    assert!(gone.is_err(), "the caller went away first");
+    assert_eq!(holder.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    // Both waiting claims then get the key, and give it back.
+    assert_eq!(idle_in_transaction(&pool, &name).await, 0);
+    let mut retry = None;
+    for _ in 0..50 {
+        let r = app(&pool)
+            .oneshot(req(Some(&key), &format!("op={op}"), "a"))
+            .await
+            .unwrap();
+        if r.status() != StatusCode::CONFLICT {
+            retry = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retry = retry.expect("the key is free again");
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(!replayed(retry.headers()));
+    assert_eq!(effects(&pool, &op).await, 1);
+    assert_eq!(idle_in_transaction(&pool, &name).await, 0);
+}
+
+/// The COMMIT cannot run without the record: a handler that deletes its
+/// key's claim row through its transaction gets the layer's 500, its work
+/// is rolled back with it, and the key is free. The same for a large
+/// response, recorded by the bound UPDATE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commit_never_runs_without_the_record() {
+    let Some(pool) = pool().await else { return };
+    traced::install();
+    for size in [0, 200_000] {
+        let (op, key) = (unique("op"), unique("k"));
+        let q = format!("op={op}&then=forget&size={size}");
+        let r = app(&pool).oneshot(req(Some(&key), &q, "a")).await.unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{size}");
+        assert!(text(r).await.contains("handler_failed"), "{size}");
+        assert_eq!(effects(&pool, &op).await, 0, "{size}: rolled back");
+        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {TABLE} WHERE key = $1"))
+            .bind(&key)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, 0, "{size}: the key is free");
+        let recorded = traced::of(&key);
+        assert!(
+            !recorded.contains(&RECORDED_WITH_COMMIT.to_owned()),
+            "{recorded:?}"
+        );
+        assert_eq!(
+            recorded.contains(&RECORDED_THEN_COMMITTED.to_owned()),
+            size > 0,
+            "{size}: {recorded:?}"
+        );
+    }
+}
+
+/// A response larger than what goes into the COMMIT's query is recorded by
+/// the bound UPDATE, then committed; it replays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_response_is_recorded_then_committed() {
+    let Some(pool) = pool().await else { return };
+    traced::install();
+    let (op, key) = (unique("op"), unique("k"));
+    let q = format!("op={op}&size=200000");
+    let first = app(&pool).oneshot(req(Some(&key), &q, "a")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let body = text(first).await;
+    assert_eq!(body.len(), 200_000);
+    assert_eq!(
+        traced::of(&key),
+        [CLAIMED_WITH_BEGIN, RECORDED_THEN_COMMITTED]
+    );
+    let again = app(&pool).oneshot(req(Some(&key), &q, "a")).await.unwrap();
+    assert!(replayed(again.headers()));
+    assert_eq!(text(again).await, body);
+    assert_eq!(effects(&pool, &op).await, 1);
+}
+
+/// Keys and scopes go into the one-round-trip statements as literals:
+/// quotes, backslashes, an attempt at SQL, and text beyond ASCII come back
+/// exactly, with `standard_conforming_strings` on or off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_scopes_with_quotes_and_backslashes_round_trip() {
+    use std::str::FromStr;
+    let Some(pool) = pool().await else { return };
+    traced::install();
+    for conforming in ["on", "off"] {
+        let options = sqlx::postgres::PgConnectOptions::from_str(&pg::url())
+            .unwrap()
+            .options([("standard_conforming_strings", conforming)]);
+        let odd = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_lazy_with(options);
+        let scope = format!(
+            "tenant\\'; DROP TABLE {TABLE}; -- ' \\\\ ' naïve 日本 😀 {}",
+            unique("s")
+        );
+        let backend = PostgresStore::with_table(odd.clone(), TABLE)
+            .unwrap()
+            .transactional();
+        let app = Router::new().route("/charges", post(charge)).layer(
+            IdempotencyLayer::new(backend).scope_with({
+                let scope = scope.clone();
+                move |_| scope.clone()
+            }),
+        );
+        let key = format!("it's\\a\\\\'key'--{}", uuid::Uuid::new_v4().simple());
+        let op = unique("op");
+        let q = format!("op={op}");
+        let first = app.clone().oneshot(req(Some(&key), &q, "a")).await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED, "{conforming}");
+        let body = text(first).await;
+        assert_eq!(
+            traced::of(&key),
+            [CLAIMED_WITH_BEGIN, RECORDED_WITH_COMMIT],
+            "{conforming}"
+        );
+        let (stored_scope, done): (String, bool) =
+            sqlx::query_as(&format!("SELECT scope, done FROM {TABLE} WHERE key = $1"))
+                .bind(&key)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(stored_scope, scope, "{conforming}");
+        assert!(done);
+        let again = app.oneshot(req(Some(&key), &q, "a")).await.unwrap();
+        assert!(replayed(again.headers()), "{conforming}");
+        assert_eq!(text(again).await, body);
+        assert_eq!(effects(&pool, &op).await, 1);
+    }
+}
+
+/// A table of its own (made by `PostgresStore::migrate`, without the
+/// record function), dropped with what the migration made when it goes.
+struct OwnTable {
+    pool: PgPool,
+    name: String,
+}
+
+impl OwnTable {
+    async fn new(pool: &PgPool) -> Self {
+        let name = format!("resend_txfn_{}", uuid::Uuid::new_v4().simple());
+        PostgresStore::with_table(pool.clone(), &name)
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap();
+        Self {
+            pool: pool.clone(),
+            name,
+        }
+    }
+
+    fn backend(&self) -> resend_server::PostgresTransactional {
+        PostgresStore::with_table(self.pool.clone(), &self.name)
+            .unwrap()
+            .transactional()
+    }
+
+    async fn has_function(&self) -> bool {
+        sqlx::query_scalar("SELECT to_regprocedure($1) IS NOT NULL")
+            .bind(format!("{}_record(text, text, text, bytea)", self.name))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn drop(self) {
+        sqlx::raw_sql(&format!(
+            "DROP FUNCTION IF EXISTS {0}_record(text, text, text, bytea); DROP TABLE {0}",
+            self.name
+        ))
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+fn app_on(backend: resend_server::PostgresTransactional) -> Router {
+    Router::new()
+        .route("/charges", post(charge))
+        .layer(IdempotencyLayer::new(backend))
+        .layer(InboundDeadlineLayer::new(Duration::from_secs(30)))
+}
+
+/// The record goes with the COMMIT only through the table's record
+/// function. Without it (a table made by `PostgresStore::migrate`, or by
+/// an older migration), the record takes its own round trip, and all else
+/// is the same; `PostgresTransactional::migrate` makes the function, and
+/// the record goes with the COMMIT. A function dropped under a running
+/// layer fails the one record that finds it gone — rolled back, the work
+/// with it, the layer's 500 — and the records after it take their own
+/// round trip again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_goes_with_the_commit_through_the_tables_function() {
+    let Some(pool) = pool().await else { return };
+    traced::install();
+    let table = OwnTable::new(&pool).await;
+    assert!(!table.has_function().await);
+    let backend = table.backend();
+    let (op, key) = (unique("op"), unique("k"));
+    let q = format!("op={op}");
+    let first = app_on(backend.clone())
+        .oneshot(req(Some(&key), &q, "a"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let body = text(first).await;
+    assert_eq!(
+        traced::of(&key),
+        [CLAIMED_WITH_BEGIN, RECORDED_THEN_COMMITTED]
+    );
+    let again = app_on(backend.clone())
+        .oneshot(req(Some(&key), &q, "a"))
+        .await
+        .unwrap();
+    assert!(replayed(again.headers()));
+    assert_eq!(text(again).await, body);
+    assert_eq!(effects(&pool, &op).await, 1);
+
+    // Migrated in transactional mode: the function is there, and used.
+    backend.migrate().await.unwrap();
+    assert!(table.has_function().await);
+    assert!(backend.migration_sql().contains(&format!(
+        "CREATE OR REPLACE FUNCTION {}_record(",
+        table.name
+    )));
+    let key = unique("k");
+    let r = app_on(backend.clone())
+        .oneshot(req(Some(&key), &q, "a"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(traced::of(&key), [CLAIMED_WITH_BEGIN, RECORDED_WITH_COMMIT]);
+    // A layer of its own finds the function by itself.
+    let key = unique("k");
+    let r = app_on(table.backend())
+        .oneshot(req(Some(&key), &q, "a"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(traced::of(&key), [CLAIMED_WITH_BEGIN, RECORDED_WITH_COMMIT]);
+    assert_eq!(effects(&pool, &op).await, 3);
+
+    // Dropped under the running layer.
+    sqlx::query(&format!(
+        "DROP FUNCTION {}_record(text, text, text, bytea)",
+        table.name
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let key = unique("k");
+    let lost = app_on(backend.clone())
+        .oneshot(req(Some(&key), &q, "a"))
+        .await
+        .unwrap();
+    assert_eq!(lost.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(text(lost).await.contains("handler_failed"));
+    assert_eq!(effects(&pool, &op).await, 3, "rolled back");
+    let retry = app_on(backend.clone())
+        .oneshot(req(Some(&key), &q, "a"))
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(!replayed(retry.headers()));
+    assert_eq!(effects(&pool, &op).await, 4);
+    assert_eq!(
+        traced::of(&key),
+        [
+            CLAIMED_WITH_BEGIN,
+            CLAIMED_WITH_BEGIN,
+            RECORDED_THEN_COMMITTED
+        ]
+    );
+    table.drop().await;
+}
+
+/// The transactional migration (the table, its index and the record
+/// function) from several processes at once: each of them succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transactional_migration_runs_from_several_processes_at_once() {
+    let Some(pool) = pool().await else { return };
+    let name = format!("resend_txfn_{}", uuid::Uuid::new_v4().simple());
+    let migrations: Vec<_> = (0..4)
+        .map(|_| {
+            let backend = PostgresStore::with_table(pg::pool(&pg::url(), 1), &name)
+                .unwrap()
+                .transactional();
+            tokio::spawn(async move { backend.migrate().await })
+        })
+        .collect();
+    for m in migrations {
+        m.await.unwrap().unwrap();
+    }
+    let table = OwnTable { pool, name };
+    assert!(table.has_function().await);
+    table.drop().await;
 }

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -28,7 +29,10 @@ use super::run::{answer, deadline_response, poll_catching, replay, stored_header
 use super::service::{with_timeout, Shared};
 use super::NothingDone;
 use crate::body::{read_capped, MaybeBuffered};
-use crate::store::postgres::{found, migrate, migration_sql, millis, pg_error, Sql};
+use crate::store::postgres::{
+    found, migrate, migration_sql, millis, pg_error, record_function_sql, Sql, ROW_GONE,
+    ROW_GONE_CODE,
+};
 use crate::store::{LeaseToken, StoreError, StoredResponse};
 
 /// Transactional idempotency on PostgreSQL (feature `postgres`): the
@@ -42,7 +46,8 @@ use crate::store::{LeaseToken, StoreError, StoredResponse};
 /// response exists without its record, and a retry runs it again. Here a
 /// crash, an error, a panic or the deadline rolls back both the work and the
 /// claim: the retry runs on a clean slate. And the key costs no commit of
-/// its own — only the handler's.
+/// its own — only the handler's — nor, for a new key, a round trip of its
+/// own: the claim goes with the `BEGIN`, the record with the `COMMIT`.
 ///
 /// What it needs: **the handler's writes go through the given
 /// transaction** (`&mut *tx` is a [`PgConnection`]). Work done elsewhere
@@ -52,10 +57,13 @@ use crate::store::{LeaseToken, StoreError, StoredResponse};
 /// derived from the inbound one, so a re-run is deduplicated downstream.
 ///
 /// For an unsafe request (POST, PATCH, …):
-/// - with a key: the transaction begins, and `INSERT ... ON CONFLICT`
-///   claims the key in it. A concurrent request with the same key waits on
-///   that row — until the first commits (then it replays), rolls back (then
-///   it runs), or its own inbound deadline (or, without one, the
+/// - with a key: the transaction begins with the key's claim, in one round
+///   trip (`INSERT ...; BEGIN`: a plain INSERT, which succeeds only for a
+///   new key). A key that is not new takes the long way: a transaction, and
+///   `INSERT ... ON CONFLICT` in it. A concurrent request with the same key
+///   waits on the first one's row — until the first commits (then it
+///   replays), rolls back (then it runs), or its own inbound deadline (or,
+///   without one, the
 ///   [store timeout](crate::IdempotencyLayer::store_timeout)) runs out (then
 ///   409). A finished key replays, another fingerprint gets 422;
 /// - without a key: the handler gets a transaction too, committed by the
@@ -63,10 +71,16 @@ use crate::store::{LeaseToken, StoreError, StoredResponse};
 /// - the end: a response is committed with its record (5xx included, as
 ///   everywhere: the handler may have had effects outside the transaction),
 ///   unless it is marked [`NothingDone`] or is a 429 (rolled back). A
-///   handler error, a panic, a body that fails, or the deadline: rolled
-///   back, and nothing is recorded. A commit whose outcome is unknown (the
-///   connection lost during it) answers 503: retrying with the same key is
-///   safe either way;
+///   response of up to 64 KiB is recorded in the COMMIT's round trip, by
+///   the table's record function (made by [`migrate`](Self::migrate)),
+///   which fails unless it wrote the claimed row, so the COMMIT cannot run
+///   without it; a larger one (or, without the function, any) by an UPDATE
+///   of its own, then the COMMIT. A handler error, a panic, a body that
+///   fails, the deadline, or a claim the handler deleted (or changed)
+///   through its transaction: rolled back, and nothing is recorded (500 of
+///   the layer's own, or the deadline's answer). A commit whose outcome is
+///   unknown (the connection lost during it) answers 503: retrying with the
+///   same key is safe either way;
 /// - a caller that goes away does not cancel the handler: it runs to its
 ///   end, and commits.
 ///
@@ -74,6 +88,17 @@ use crate::store::{LeaseToken, StoreError, StoredResponse};
 ///
 /// The lease settings of the layer do not apply (the open transaction holds
 /// the key); records live [`record_ttl`](crate::IdempotencyLayer::record_ttl).
+///
+/// The claim and the record are simple queries, which bind no parameters:
+/// their values (scope, key, stored response) are written into them as
+/// literals, quoted so that none can end its literal. (A simple query is
+/// planned each time it is sent; the record's UPDATE is therefore in a
+/// function, whose plan PostgreSQL keeps.) sqlx's statement log
+/// shows them as sent (at DEBUG, and at WARN for a statement slower than
+/// its threshold, 1 s by default): set the pool's
+/// [`log_statements`](sqlx::ConnectOptions::log_statements) and
+/// [`log_slow_statements`](sqlx::ConnectOptions::log_slow_statements) if
+/// stored responses must not reach the log.
 ///
 /// ```no_run
 /// use axum::{routing::post, Router};
@@ -103,6 +128,26 @@ pub struct PostgresTransactional {
     pool: PgPool,
     sql: Arc<Sql>,
     prepared: bool,
+    record_fn: Arc<RecordFn>,
+}
+
+/// Whether the table's record function is there (made by
+/// [`PostgresTransactional::migrate`]): the record goes with the COMMIT
+/// only through it. Looked up once, and again now and then while it is
+/// missing (it may be made later, by a migration of your own).
+#[derive(Debug, Default)]
+struct RecordFn {
+    state: AtomicU8,
+    /// Records written the long way since it was last looked up.
+    missed: AtomicU32,
+}
+
+impl RecordFn {
+    const UNKNOWN: u8 = 0;
+    const THERE: u8 = 1;
+    const MISSING: u8 = 2;
+    /// How many records go the long way before it is looked up again.
+    const LOOK_AGAIN: u32 = 1000;
 }
 
 impl std::fmt::Debug for PostgresTransactional {
@@ -119,6 +164,7 @@ impl PostgresTransactional {
             pool,
             sql,
             prepared,
+            record_fn: Arc::default(),
         }
     }
 
@@ -127,16 +173,80 @@ impl PostgresTransactional {
         &self.pool
     }
 
-    /// The table's definition and its purge index, as SQL; see
-    /// [`PostgresStore::migration_sql`](crate::PostgresStore::migration_sql).
+    /// The table's definition and its purge index (see
+    /// [`PostgresStore::migration_sql`](crate::PostgresStore::migration_sql)),
+    /// and the function that records a response in the COMMIT's round trip
+    /// (`<table>_record`, in the table's schema; `CREATE OR REPLACE`), as
+    /// SQL. Without the function the layer works all the same, with one
+    /// round trip more for the record.
     pub fn migration_sql(&self) -> String {
-        migration_sql(&self.sql.table)
+        let table = &self.sql.table;
+        migration_sql(table) + &record_function_sql(table)
     }
 
-    /// Creates the table and its index if they do not exist; see
-    /// [`PostgresStore::migrate`](crate::PostgresStore::migrate).
+    /// Creates the table and its index if they do not exist, and the
+    /// record function (see [`migration_sql`](Self::migration_sql)). Safe
+    /// to run from several processes at once. A failure's message carries
+    /// the database's reason.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        migrate(&self.pool, &self.sql.table).await
+        migrate(&self.pool, &self.sql.table, true).await?;
+        self.record_fn
+            .state
+            .store(RecordFn::THERE, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether the record can go with the COMMIT, through the table's
+    /// record function: looked up (in `tx`) the first time, then known;
+    /// while it is missing, looked up again every
+    /// [`LOOK_AGAIN`](RecordFn::LOOK_AGAIN) records.
+    async fn record_fn_there(&self, tx: &mut Transaction<'static, Postgres>) -> bool {
+        let known = &self.record_fn;
+        match known.state.load(Ordering::Relaxed) {
+            RecordFn::THERE => return true,
+            RecordFn::UNKNOWN => {}
+            _ => {
+                let missed = known.missed.fetch_add(1, Ordering::Relaxed);
+                if missed % RecordFn::LOOK_AGAIN != RecordFn::LOOK_AGAIN - 1 {
+                    return false;
+                }
+            }
+        }
+        let there = self
+            .query("SELECT to_regprocedure($1) IS NOT NULL")
+            .bind(self.sql.record_fn_signature())
+            .fetch_one(&mut **tx)
+            .await
+            .and_then(|row| sqlx::Row::try_get::<bool, _>(&row, 0));
+        match there {
+            Ok(there) => {
+                if !there {
+                    tracing::warn!(
+                        function = %self.sql.record_fn,
+                        "the table's record function is missing (PostgresTransactional::migrate makes it): each record takes a round trip of its own"
+                    );
+                }
+                let state = if there {
+                    RecordFn::THERE
+                } else {
+                    RecordFn::MISSING
+                };
+                known.state.store(state, Ordering::Relaxed);
+                there
+            }
+            // The transaction is unusable (the handler left it failed, say):
+            // the long way finds out, and says so.
+            Err(_) => false,
+        }
+    }
+
+    /// The record function turned out to be missing (dropped since it was
+    /// looked up).
+    fn record_fn_missing(&self) {
+        self.record_fn.missed.store(0, Ordering::Relaxed);
+        self.record_fn
+            .state
+            .store(RecordFn::MISSING, Ordering::Relaxed);
     }
 
     fn query<'q>(
@@ -309,10 +419,136 @@ enum Claimed<RB> {
     Answer(Response<MaybeBuffered<RB>>),
 }
 
-/// Begins the transaction and claims the key in it: `INSERT ... ON
-/// CONFLICT` on the primary key, which waits on a concurrent holder's
-/// uncommitted row (bounded by `wait`).
+/// Begins the transaction and claims the key in it: in one round trip if
+/// the key is new ([`claim_new`]); else, or if that did not end within
+/// half the wait, the long way ([`claim_long`]), which decides by the
+/// rules in what is left of it. A concurrent holder is waited on for
+/// `wait` in all; each wait for the store is bounded by its timeout.
 async fn claim<RB>(
+    backend: &PostgresTransactional,
+    config: &super::layer::Config,
+    scope: &str,
+    key: &str,
+    token: &str,
+    fingerprint: crate::store::Fingerprint,
+    wait: Duration,
+) -> Claimed<RB> {
+    let started = Instant::now();
+    let ttl = millis(config.ttl.record);
+    if let Some(sql) = backend
+        .sql
+        .claim_then_begin(scope, key, &fingerprint, token, ttl)
+    {
+        // Half the wait at most: were it spent waiting for a connection
+        // rather than on a holder, the long way still has time to look.
+        let bound = (wait / 2).min(config.store_timeout);
+        match claim_new(backend, key, sql, bound).await {
+            OneTrip::Claimed(tx) => return Claimed::Run(tx),
+            OneTrip::Unavailable(e) => return Claimed::Answer(unavailable(&e)),
+            OneTrip::LongWay => {}
+        }
+    }
+    let wait = wait.saturating_sub(started.elapsed());
+    claim_long(backend, config, scope, key, token, fingerprint, wait).await
+}
+
+/// What the claim in one round trip found.
+enum OneTrip {
+    /// The key was new, and is ours: the transaction is begun, with the
+    /// claim in it.
+    Claimed(Transaction<'static, Postgres>),
+    /// The key is not new (a record, a live or an expired claim), the
+    /// database refused the claim for another reason, or the claim did not
+    /// end within its bound: the long way decides. Nothing of it is left
+    /// (see [`Claiming`]).
+    LongWay,
+    /// No transaction could be begun.
+    Unavailable(StoreError),
+}
+
+/// The claim and the `BEGIN` in one round trip: `INSERT ...; BEGIN` as the
+/// transaction's first statement (`Pool::begin_with`), which succeeds only
+/// if the key is new. Bounded by `bound`: the time it may wait for a
+/// connection and on a concurrent holder's uncommitted row.
+async fn claim_new(
+    backend: &PostgresTransactional,
+    key: &str,
+    sql: String,
+    bound: Duration,
+) -> OneTrip {
+    let pool = backend.pool.clone();
+    let claiming = Claiming(Some(Box::pin(async move { pool.begin_with(sql).await })));
+    match tokio::time::timeout(bound, claiming).await {
+        Ok(Ok(tx)) => {
+            tracing::trace!(key, "idempotency key claimed with its transaction's BEGIN");
+            OneTrip::Claimed(tx)
+        }
+        // The INSERT failed, and with it the query: its implicit
+        // transaction is rolled back, and the connection went back to the
+        // pool out of any transaction.
+        Ok(Err(sqlx::Error::Database(e))) => {
+            tracing::trace!(key, reason = %e, "idempotency key not new: claimed the long way");
+            OneTrip::LongWay
+        }
+        Ok(Err(e)) => OneTrip::Unavailable(pg_error("cannot begin a transaction")(e)),
+        // Waiting on a holder, or for a connection: the long way tells
+        // which (and the claim, finished on its own, is rolled back).
+        Err(_) => {
+            tracing::trace!(
+                key,
+                "idempotency key claim still waiting: claimed the long way"
+            );
+            OneTrip::LongWay
+        }
+    }
+}
+
+type Beginning =
+    Pin<Box<dyn Future<Output = Result<Transaction<'static, Postgres>, sqlx::Error>> + Send>>;
+
+/// A claim's `begin_with` in flight, which is never dropped unfinished:
+/// sqlx counts a transaction as begun only once its statement has
+/// answered, so a `begin_with` dropped midway would let its connection go
+/// back to the pool inside the transaction it may yet begin, the claim in
+/// it. Dropped before it ends (its bound ran out, or the caller went away
+/// before the handler started), it is finished in a task of its own, and
+/// the transaction it began, if any, is rolled back.
+struct Claiming(Option<Beginning>);
+
+impl Future for Claiming {
+    type Output = Result<Transaction<'static, Postgres>, sqlx::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(beginning) = self.0.as_mut() else {
+            return Poll::Pending;
+        };
+        let begun = std::task::ready!(beginning.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(begun)
+    }
+}
+
+impl Drop for Claiming {
+    fn drop(&mut self) {
+        let Some(beginning) = self.0.take() else {
+            return;
+        };
+        // (Without a runtime sqlx cannot release a connection at all.)
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                // A transaction begun, dropped, queues its ROLLBACK, which
+                // sqlx sends before the connection goes back to the pool.
+                drop(beginning.await);
+            });
+        }
+    }
+}
+
+/// Begins the transaction and claims the key in it, the long way: `INSERT
+/// ... ON CONFLICT` on the primary key, which waits on a concurrent
+/// holder's uncommitted row (bounded by `wait`), then reads what holds the
+/// key.
+async fn claim_long<RB>(
     backend: &PostgresTransactional,
     config: &super::layer::Config,
     scope: &str,
@@ -333,6 +569,20 @@ async fn claim<RB>(
         Ok(tx) => tx,
         Err(e) => return Claimed::Answer(unavailable(&e)),
     };
+    let in_progress = || {
+        retry_later(
+            StatusCode::CONFLICT,
+            "idempotency_key_in_progress",
+            "a request with this idempotency key is in progress; retry later",
+            config.retry_after,
+        )
+    };
+    if wait.is_zero() {
+        // The wait went by (in the claim in one round trip, then here),
+        // and the store answers: another request holds the key.
+        let _ = tx.rollback().await;
+        return Claimed::Answer(in_progress());
+    }
     for _ in 0..3 {
         let inserted = tokio::time::timeout(
             wait,
@@ -350,14 +600,7 @@ async fn claim<RB>(
             // Another request holds the key and has not ended within our
             // wait: 409. (The transaction, its statement cut, is dropped:
             // sqlx rolls it back or closes the connection.)
-            Err(_) => {
-                return Claimed::Answer(retry_later(
-                    StatusCode::CONFLICT,
-                    "idempotency_key_in_progress",
-                    "a request with this idempotency key is in progress; retry later",
-                    config.retry_after,
-                ))
-            }
+            Err(_) => return Claimed::Answer(in_progress()),
             Ok(Err(e)) => return Claimed::Answer(unavailable(&pg_error("claim failed")(e))),
             Ok(Ok(Some(_))) => return Claimed::Run(tx),
             Ok(Ok(None)) => {
@@ -379,12 +622,7 @@ async fn claim<RB>(
             OnBegin::Run => continue,
             OnBegin::Unavailable(e) => unavailable(&e),
             OnBegin::Replay(response) => replay(response),
-            OnBegin::InProgress => retry_later(
-                StatusCode::CONFLICT,
-                "idempotency_key_in_progress",
-                "a request with this idempotency key is in progress; retry later",
-                config.retry_after,
-            ),
+            OnBegin::InProgress => in_progress(),
             OnBegin::Mismatch => json_error(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency_key_reused",
@@ -676,17 +914,24 @@ impl Run<'_> {
                 )));
             }
         };
-        let committed = self
+        match self
             .commit(tx, record.as_ref(), status, headers, &bytes, whole)
-            .await;
-        if let Err(e) = committed {
-            tracing::error!(error = %e, "the transaction of a keyed request may not have committed");
-            return Ok(retry_later(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "commit_outcome_unknown",
-                "the operation's transaction may or may not have committed; send it again with the same key: it is replayed if it did",
-                Duration::from_secs(1),
-            ));
+            .await
+        {
+            Commit::Done => {}
+            Commit::RolledBack(e) => {
+                tracing::error!(error = %e, "the response of a keyed request could not be recorded: its transaction is rolled back");
+                return Ok(rolled_back("handler_failed"));
+            }
+            Commit::Unknown(e) => {
+                tracing::error!(error = %e, "the transaction of a keyed request may not have committed");
+                return Ok(retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "commit_outcome_unknown",
+                    "the operation's transaction may or may not have committed; send it again with the same key: it is replayed if it did",
+                    Duration::from_secs(1),
+                ));
+            }
         }
         result.map(|resp| {
             let (parts, body) = resp.into_parts();
@@ -699,7 +944,9 @@ impl Run<'_> {
     }
 
     /// Writes the key's record (if any) in `tx`, and commits: the work and
-    /// its record together.
+    /// its record together. A response of at most [`ONE_ROUND_TRIP_RECORD`]
+    /// encoded bytes is recorded and committed in one round trip; a larger
+    /// one by a bound UPDATE, then the COMMIT.
     async fn commit(
         &self,
         mut tx: Transaction<'static, Postgres>,
@@ -708,34 +955,125 @@ impl Run<'_> {
         headers: http::HeaderMap,
         bytes: &Bytes,
         whole: bool,
-    ) -> Result<(), StoreError> {
-        if let Some(record) = record {
-            let done = StoredResponse {
-                status,
-                headers,
-                body: if whole { bytes.clone() } else { Bytes::new() },
-                body_omitted: !whole,
-            };
-            let written = self
-                .backend
-                .query(&self.backend.sql.record)
-                .bind(record.scope)
-                .bind(record.key)
-                .bind(record.token)
-                .bind(done.encode())
-                .execute(&mut *tx)
-                .await
-                .map_err(pg_error("storing the response failed"))
-                .and_then(|done| match done.rows_affected() {
-                    1 => Ok(()),
-                    _ => Err(StoreError::new("the claimed row is gone")),
-                });
-            if let Err(e) = written {
-                let _ = tx.rollback().await;
-                return Err(e);
+    ) -> Commit {
+        let Some(record) = record else {
+            return committed(tx).await;
+        };
+        let done = StoredResponse {
+            status,
+            headers,
+            body: if whole { bytes.clone() } else { Bytes::new() },
+            body_omitted: !whole,
+        }
+        .encode();
+        if done.len() <= ONE_ROUND_TRIP_RECORD && self.backend.record_fn_there(&mut tx).await {
+            let sql =
+                self.backend
+                    .sql
+                    .record_then_commit(record.scope, record.key, record.token, &done);
+            if let Some(sql) = sql {
+                return record_then_commit(self.backend, tx, record.key, &sql).await;
             }
         }
-        tx.commit().await.map_err(pg_error("commit failed"))
+        tracing::trace!(
+            key = record.key,
+            bytes = done.len(),
+            "idempotent response recorded, then committed"
+        );
+        let written = self
+            .backend
+            .query(&self.backend.sql.record)
+            .bind(record.scope)
+            .bind(record.key)
+            .bind(record.token)
+            .bind(done)
+            .execute(&mut *tx)
+            .await
+            .map(|done| done.rows_affected());
+        // No COMMIT is sent unless the record was written.
+        match written {
+            Ok(1) => committed(tx).await,
+            Ok(_) => {
+                let _ = tx.rollback().await;
+                Commit::RolledBack(StoreError::new(GONE))
+            }
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Commit::Unknown(pg_error("storing the response failed")(e))
+            }
+        }
+    }
+}
+
+/// The largest response (encoded) recorded in the COMMIT's own round trip:
+/// 64 KiB. It goes into the query as text (twice as long, in hex); a larger
+/// one is bound as a parameter, in a round trip of its own.
+const ONE_ROUND_TRIP_RECORD: usize = 64 * 1024;
+
+/// How the end of a request's transaction went.
+enum Commit {
+    Done,
+    /// Nothing was committed: the claimed row was gone when the record was
+    /// to be written (changed or deleted through the handler's own
+    /// transaction, as nothing else can see it), and the transaction is
+    /// rolled back.
+    RolledBack(StoreError),
+    /// The commit may or may not have happened: it, or the record before
+    /// it, failed (the connection lost during it, say).
+    Unknown(StoreError),
+}
+
+const GONE: &str = "the claimed row is gone: changed or deleted through the handler's transaction";
+
+/// `tx` committed.
+async fn committed(tx: Transaction<'static, Postgres>) -> Commit {
+    match tx.commit().await {
+        Ok(()) => Commit::Done,
+        Err(e) => Commit::Unknown(pg_error("commit failed")(e)),
+    }
+}
+
+/// The record and the COMMIT in one round trip: `sql` is
+/// [`record_then_commit`](crate::store::postgres::Sql::record_then_commit)'s,
+/// whose COMMIT runs only if its record function wrote the claimed row.
+async fn record_then_commit(
+    backend: &PostgresTransactional,
+    mut tx: Transaction<'static, Postgres>,
+    key: &str,
+    sql: &str,
+) -> Commit {
+    // (Through `Executor` itself, whose boxed future is plainly `Send`.)
+    match sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(sql)).await {
+        Ok(_) => {
+            tracing::trace!(key, "idempotent response recorded with the COMMIT");
+            // Committed; the query's last statement began an empty
+            // transaction, the one `tx` still counts as open. Dropped, it
+            // queues a ROLLBACK of that one, which sqlx sends with its check
+            // of the connection on the way back to the pool: no round trip
+            // of its own, and the connection is back out of any transaction.
+            drop(tx);
+            Commit::Done
+        }
+        // The record function failed, and said why: the rest of the query
+        // (the COMMIT) was skipped.
+        Err(sqlx::Error::Database(e))
+            if e.code().as_deref() == Some(ROW_GONE_CODE) && e.message() == ROW_GONE =>
+        {
+            let _ = tx.rollback().await;
+            Commit::RolledBack(StoreError::new(GONE))
+        }
+        // The function is gone (dropped since it was looked up): the first
+        // statement failed, and the COMMIT was skipped as well.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42883") => {
+            backend.record_fn_missing();
+            let _ = tx.rollback().await;
+            Commit::RolledBack(StoreError::with_source(
+                "the record function is missing",
+                sqlx::Error::Database(e),
+            ))
+        }
+        // Any other failure may have come from the COMMIT or after it.
+        Err(e) => Commit::Unknown(pg_error("storing the response and committing failed")(e)),
     }
 }
 
