@@ -56,15 +56,19 @@ const TABLE: &str = "resend_idempotency_bench_tx_ff";
 
 type Client = resend::HyperClient;
 
+/// The handler's work: one INSERT, in `conn`'s transaction.
+async fn insert_order(conn: &mut sqlx::PgConnection, body: &[u8]) -> i64 {
+    sqlx::query_scalar("INSERT INTO resend_bench_orders (body) VALUES ($1) RETURNING id")
+        .bind(body)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
 /// The handler without the layer: its own transaction.
 async fn own(State(pool): State<PgPool>, body: Bytes) -> String {
     let mut tx = pool.begin().await.unwrap();
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO resend_bench_orders (body) VALUES ($1) RETURNING id")
-            .bind(&body[..])
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+    let id = insert_order(&mut tx, &body).await;
     tx.commit().await.unwrap();
     format!("order {id}")
 }
@@ -88,12 +92,7 @@ async fn by_hand(State(pool): State<PgPool>, headers: http::HeaderMap, body: Byt
         ))
         .await
         .unwrap();
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO resend_bench_orders (body) VALUES ($1) RETURNING id")
-            .bind(&body[..])
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+    let id = insert_order(&mut tx, &body).await;
     let answer = format!("order {id}");
     let response: String = answer.bytes().map(|b| format!("{b:02x}")).collect();
     let record = format!(
@@ -134,12 +133,7 @@ async fn by_hand_plain(
     .await
     .unwrap();
     assert!(claimed.is_some());
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO resend_bench_orders (body) VALUES ($1) RETURNING id")
-            .bind(&body[..])
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+    let id = insert_order(&mut tx, &body).await;
     let answer = format!("order {id}");
     let written = sqlx::query(&format!(
         "UPDATE {TABLE} SET done = true, response = $3 WHERE scope = 'anonymous' AND key = $1 AND token = $2"
@@ -162,12 +156,7 @@ fn literal(s: &str) -> String {
 
 /// The same handler under the transactional layer: the layer's transaction.
 async fn lent(mut tx: IdempotentTx, body: Bytes) -> String {
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO resend_bench_orders (body) VALUES ($1) RETURNING id")
-            .bind(&body[..])
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
+    let id = insert_order(&mut tx, &body).await;
     format!("order {id}")
 }
 

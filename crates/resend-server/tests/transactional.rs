@@ -174,6 +174,27 @@ fn req(key: Option<&str>, query: &str, body: &'static str) -> Request<Body> {
     b.body(Body::from(body)).unwrap()
 }
 
+/// `req` with an inbound deadline of `timeout` (a `grpc-timeout` value).
+fn req_within(
+    key: Option<&str>,
+    query: &str,
+    body: &'static str,
+    timeout: &'static str,
+) -> Request<Body> {
+    let mut r = req(key, query, body);
+    r.headers_mut().insert(
+        "grpc-timeout",
+        axum::http::HeaderValue::from_static(timeout),
+    );
+    r
+}
+
+/// A keyed request through `app` in a task of its own: the key's holder.
+fn hold(app: Router, key: &str, query: &str) -> tokio::task::JoinHandle<StatusCode> {
+    let r = req(Some(key), query, "a");
+    tokio::spawn(async move { app.oneshot(r).await.unwrap().status() })
+}
+
 async fn text(resp: Response) -> String {
     String::from_utf8(
         resp.into_body()
@@ -275,9 +296,7 @@ async fn what_commits_and_what_rolls_back() {
     // The deadline cuts the handler: rolled back (the effect written before
     // the cut is undone), 504 naming where the time went.
     let (op, key) = (unique("op"), unique("k"));
-    let mut r = req(Some(&key), &format!("op={op}&ms=1000"), "a");
-    r.headers_mut()
-        .insert("grpc-timeout", "300m".parse().unwrap());
+    let r = req_within(Some(&key), &format!("op={op}&ms=1000"), "a", "300m");
     let cut = app(&pool).oneshot(r).await.unwrap();
     assert_eq!(cut.status(), StatusCode::GATEWAY_TIMEOUT);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -348,15 +367,9 @@ async fn concurrent_duplicates_wait_then_replay_or_409_in_time() {
     // within its deadline.
     let (op, key) = (unique("op"), unique("k"));
     let q = format!("op={op}&ms=1500");
-    let holder = tokio::spawn({
-        let (app, r) = (app(&pool), req(Some(&key), &q, "a"));
-        async move { app.oneshot(r).await.unwrap().status() }
-    });
+    let holder = hold(app(&pool), &key, &q);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut short = req(Some(&key), &q, "a");
-    short
-        .headers_mut()
-        .insert("grpc-timeout", "400m".parse().unwrap());
+    let short = req_within(Some(&key), &q, "a", "400m");
     let start = tokio::time::Instant::now();
     let busy = app(&pool).oneshot(short).await.unwrap();
     let took = start.elapsed();
@@ -836,17 +849,11 @@ async fn a_claim_cut_while_it_waits_is_finished_and_rolled_back() {
     let (op, key) = (unique("op"), unique("k"));
     // The holder works 1 s, then ends with nothing done: rolled back.
     let q = format!("op={op}&ms=1000&then=nothing");
-    let holder = tokio::spawn({
-        let (app, r) = (app(&named), req(Some(&key), &q, "a"));
-        async move { app.oneshot(r).await.unwrap().status() }
-    });
+    let holder = hold(app(&named), &key, &q);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A duplicate with a short deadline: its claim waits on the holder past
     // its bound, and it is told 409 in time.
-    let mut short = req(Some(&key), &q, "a");
-    short
-        .headers_mut()
-        .insert("grpc-timeout", "300m".parse().unwrap());
+    let short = req_within(Some(&key), &q, "a", "300m");
     let busy = app(&named).oneshot(short).await.unwrap();
     assert_eq!(busy.status(), StatusCode::CONFLICT);
     assert!(traced::of(&key).contains(&STILL_WAITING.to_owned()));
