@@ -1,7 +1,7 @@
-//! In-process overhead as interleaved ratios: criterion's `overhead` runs
-//! one function after another, so drift on a shared machine lands between
-//! the two sides of a ratio; here every round times each variant in turn
-//! (rotating which goes first) and the ratios are taken within the round.
+//! In-process overhead as interleaved ratios: every round times each
+//! variant in turn (rotating which goes first) and the ratios are taken
+//! within the round, so that drift on a shared machine hits both sides of a
+//! ratio alike (one variant after another, it lands between them).
 //!
 //! `cargo bench -p resend-benches --bench overhead_ratio`
 //! (`RESEND_BENCH_ROUNDS=n` sets the rounds, default 21)
