@@ -429,3 +429,114 @@ async fn a_lease_taken_over_is_counted() {
         Some("ran")
     );
 }
+
+/// The transactional mode on PostgreSQL tells the same: a span per keyed
+/// request with its outcome, the handler's spans under it, the replay and
+/// the conflict counted, the claim and the commit timed as the store calls
+/// that begin and complete a keyed request.
+#[cfg(all(feature = "postgres", feature = "axum"))]
+#[path = "support/pg.rs"]
+mod pg;
+
+#[cfg(all(feature = "postgres", feature = "axum"))]
+mod transactional {
+    use super::*;
+
+    use super::pg;
+    use axum::routing::post;
+    use resend_server::{IdempotentTx, PostgresStore};
+
+    const TABLE: &str = "resend_idempotency_tx_telemetry";
+
+    /// A handler that works in the layer's transaction, in a span of its own.
+    async fn charge_in_tx(mut tx: IdempotentTx, body: String) -> (StatusCode, String) {
+        let span = tracing::info_span!("charge");
+        let _entered = span.enter();
+        let one: i32 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("the layer's transaction");
+        (StatusCode::CREATED, format!("charged {body} {one}"))
+    }
+
+    // Not on the paused clock: PostgreSQL answers in real time, and a
+    // paused clock would run the store's timeouts out while it is asked.
+    #[allow(clippy::print_stderr)] // the skip's warning, outside CI
+    #[tokio::test(flavor = "current_thread")]
+    async fn transactional_requests_have_their_spans_and_counts() {
+        let url = pg::url();
+        let pool = pg::pool(&url, 4);
+        let backend = PostgresStore::with_table(pool, TABLE)
+            .expect("a valid table name")
+            .transactional();
+        match tokio::time::timeout(std::time::Duration::from_secs(5), backend.migrate()).await {
+            Ok(Ok(())) => {}
+            other if std::env::var_os("CI").is_some() => {
+                panic!("PostgreSQL at {url}: {other:?}, and CI is set")
+            }
+            other => {
+                eprintln!("WARNING: PostgreSQL at {url} is unusable ({other:?}): test SKIPPED");
+                return;
+            }
+        }
+        let t = Telemetry::start();
+        let app = axum::Router::new()
+            .route("/charges", post(charge_in_tx))
+            .layer(IdempotencyLayer::new(backend).meter(&t.meter()));
+        let key = format!("order-{}", uuid::Uuid::new_v4().simple());
+
+        let first = app.clone().oneshot(charge(&key, "10")).await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED);
+        let again = app.clone().oneshot(charge(&key, "10")).await.unwrap();
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let other = app.clone().oneshot(charge(&key, "99")).await.unwrap();
+        assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+        let spans = t.named("resend.idempotency");
+        let outcomes: Vec<_> = spans
+            .iter()
+            .map(|s| attr(s, "resend.idempotency.outcome"))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                Some("ran".into()),
+                Some("replayed".into()),
+                Some("mismatch".into())
+            ]
+        );
+        let statuses: Vec<_> = spans
+            .iter()
+            .map(|s| int(s, "http.response.status_code"))
+            .collect();
+        assert_eq!(statuses, [Some(201), Some(201), Some(422)]);
+        assert!(spans
+            .iter()
+            .flat_map(|s| &s.attributes)
+            .all(|kv| !kv.value.to_string().contains(&key)));
+        let handlers = t.named("charge");
+        assert_eq!(handlers.len(), 1, "the handler ran once");
+        assert_eq!(handlers[0].parent_span_id, spans[0].span_context.span_id());
+
+        assert_eq!(sum_of(&t, "resend.server.idempotency.replays", None), 1.0);
+        assert_eq!(
+            sum_of(
+                &t,
+                "resend.server.idempotency.conflicts",
+                Some(("resend.idempotency.conflict", "mismatch"))
+            ),
+            1.0
+        );
+        assert_eq!(
+            count_of(&t, "resend.server.idempotency.store.duration", "begin"),
+            3
+        );
+        assert_eq!(
+            count_of(&t, "resend.server.idempotency.store.duration", "complete"),
+            1
+        );
+        assert!(t
+            .points("resend.server.idempotency.store.errors")
+            .is_empty());
+    }
+}

@@ -364,6 +364,12 @@ impl<St: Backend> IdempotencyLayer<St> {
     /// (409), `mismatch` (422), `bad_request` (400: the body could not be
     /// read), `too_large` (413) or `store_unavailable` (503).
     ///
+    /// On `PostgresTransactional` (feature `postgres`) the same
+    /// span and counts; its store calls are the claim (`begin`, the
+    /// transaction begun with the key's row) and the commit with the record
+    /// (`complete`). It holds no lease, so it neither renews, releases nor
+    /// holds responses.
+    ///
     /// The counts of [`stats`](Self::stats) go on from where they were; a
     /// handle taken before this call keeps the old counts, so take it after.
     ///

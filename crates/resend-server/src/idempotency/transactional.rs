@@ -27,6 +27,7 @@ use super::response::{json_error, retry_later};
 use super::rules::{self, Ended, OnBegin, OnEnd};
 use super::run::{answer, deadline_response, poll_catching, replay, stored_headers, unavailable};
 use super::service::{with_timeout, Shared};
+use super::telemetry::{self, Op, Outcome};
 use super::NothingDone;
 use crate::body::{read_capped, MaybeBuffered};
 use crate::store::postgres::{
@@ -391,7 +392,9 @@ impl Sealed for PostgresTransactional {
         RB: Body<Data = Bytes> + Send + Unpin + 'static,
         RB::Error: Into<BoxError>,
     {
-        Box::pin(run_keyed(shared, keyed, inner, parts, body))
+        use tracing::Instrument;
+        let span = telemetry::request_span(&parts.method);
+        Box::pin(run_keyed(shared, keyed, inner, parts, body, span.clone()).instrument(span))
     }
 
     fn unkeyed<S, B, RB>(
@@ -416,7 +419,9 @@ impl Sealed for PostgresTransactional {
 /// What claiming the key found.
 enum Claimed<RB> {
     Run(Transaction<'static, Postgres>),
-    Answer(Response<MaybeBuffered<RB>>),
+    /// The request is answered without running: what became of it, and
+    /// the answer.
+    Answer(Outcome, Response<MaybeBuffered<RB>>),
 }
 
 /// Begins the transaction and claims the key in it: in one round trip if
@@ -444,7 +449,9 @@ async fn claim<RB>(
         let bound = (wait / 2).min(config.store_timeout);
         match claim_new(backend, key, sql, bound).await {
             OneTrip::Claimed(tx) => return Claimed::Run(tx),
-            OneTrip::Unavailable(e) => return Claimed::Answer(unavailable(&e)),
+            OneTrip::Unavailable(e) => {
+                return Claimed::Answer(Outcome::StoreUnavailable, unavailable(&e))
+            }
             OneTrip::LongWay => {}
         }
     }
@@ -567,7 +574,7 @@ async fn claim_long<RB>(
     .await;
     let mut tx = match begun {
         Ok(tx) => tx,
-        Err(e) => return Claimed::Answer(unavailable(&e)),
+        Err(e) => return Claimed::Answer(Outcome::StoreUnavailable, unavailable(&e)),
     };
     let in_progress = || {
         retry_later(
@@ -581,7 +588,7 @@ async fn claim_long<RB>(
         // The wait went by (in the claim in one round trip, then here),
         // and the store answers: another request holds the key.
         let _ = tx.rollback().await;
-        return Claimed::Answer(in_progress());
+        return Claimed::Answer(Outcome::InProgress, in_progress());
     }
     for _ in 0..3 {
         let inserted = tokio::time::timeout(
@@ -600,8 +607,13 @@ async fn claim_long<RB>(
             // Another request holds the key and has not ended within our
             // wait: 409. (The transaction, its statement cut, is dropped:
             // sqlx rolls it back or closes the connection.)
-            Err(_) => return Claimed::Answer(in_progress()),
-            Ok(Err(e)) => return Claimed::Answer(unavailable(&pg_error("claim failed")(e))),
+            Err(_) => return Claimed::Answer(Outcome::InProgress, in_progress()),
+            Ok(Err(e)) => {
+                return Claimed::Answer(
+                    Outcome::StoreUnavailable,
+                    unavailable(&pg_error("claim failed")(e)),
+                )
+            }
             Ok(Ok(Some(_))) => return Claimed::Run(tx),
             Ok(Ok(None)) => {
                 let row = backend
@@ -620,21 +632,25 @@ async fn claim_long<RB>(
         };
         let answer = match rules::on_begin(found, fingerprint) {
             OnBegin::Run => continue,
-            OnBegin::Unavailable(e) => unavailable(&e),
-            OnBegin::Replay(response) => replay(response),
-            OnBegin::InProgress => in_progress(),
-            OnBegin::Mismatch => json_error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_key_reused",
-                "this idempotency key was used with another request (method, path or body differ)",
+            OnBegin::Unavailable(e) => (Outcome::StoreUnavailable, unavailable(&e)),
+            OnBegin::Replay(response) => (Outcome::Replayed, replay(response)),
+            OnBegin::InProgress => (Outcome::InProgress, in_progress()),
+            OnBegin::Mismatch => (
+                Outcome::Mismatch,
+                json_error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reused",
+                    "this idempotency key was used with another request (method, path or body differ)",
+                ),
             ),
         };
         let _ = tx.rollback().await;
-        return Claimed::Answer(answer);
+        return Claimed::Answer(answer.0, answer.1);
     }
-    Claimed::Answer(unavailable(&StoreError::new(
-        "PostgreSQL record kept vanishing",
-    )))
+    Claimed::Answer(
+        Outcome::StoreUnavailable,
+        unavailable(&StoreError::new("PostgreSQL record kept vanishing")),
+    )
 }
 
 async fn run_keyed<S, B, RB>(
@@ -643,6 +659,7 @@ async fn run_keyed<S, B, RB>(
     inner: S,
     parts: http::request::Parts,
     body: B,
+    span: tracing::Span,
 ) -> Result<Response<MaybeBuffered<RB>>, S::Error>
 where
     S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
@@ -655,25 +672,38 @@ where
 {
     let started_at = Instant::now();
     let config = &shared.config;
+    let metrics = config.stats.metrics();
+    // What became of the request (on its span, and counted), and its answer.
+    let answered = |outcome: Outcome, response: Response<MaybeBuffered<RB>>| {
+        telemetry::outcome(&span, metrics, outcome);
+        telemetry::answered(&span, response.status());
+        response
+    };
     let mut body = std::pin::pin!(body);
     let bytes = match read_capped(&mut body, config.request_cap).await {
         Ok((bytes, true)) => bytes,
         Ok((_, false)) => {
-            return Ok(json_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                &format!(
-                    "a request with an idempotency key may have at most {} bytes of body",
-                    config.request_cap
+            return Ok(answered(
+                Outcome::TooLarge,
+                json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request_too_large",
+                    &format!(
+                        "a request with an idempotency key may have at most {} bytes of body",
+                        config.request_cap
+                    ),
                 ),
             ))
         }
         Err(e) => {
             tracing::debug!(error = %e, "request body failed");
-            return Ok(json_error(
-                StatusCode::BAD_REQUEST,
-                "request_body_failed",
-                "the request body could not be read",
+            return Ok(answered(
+                Outcome::BadRequest,
+                json_error(
+                    StatusCode::BAD_REQUEST,
+                    "request_body_failed",
+                    "the request body could not be read",
+                ),
             ));
         }
     };
@@ -690,9 +720,19 @@ where
         fingerprint,
         wait,
     );
-    let tx = match claimed.await {
-        Claimed::Run(tx) => tx,
-        Claimed::Answer(answer) => return Ok(answer),
+    // The claim is the store call that begins a keyed request.
+    let timing = metrics.is_on().then(Instant::now);
+    let claimed = claimed.await;
+    if let Some(start) = timing {
+        let reached = !matches!(claimed, Claimed::Answer(Outcome::StoreUnavailable, _));
+        metrics.store_call(Op::Begin, start.elapsed(), reached);
+    }
+    let tx = match claimed {
+        Claimed::Run(tx) => {
+            telemetry::outcome(&span, metrics, Outcome::Ran);
+            tx
+        }
+        Claimed::Answer(outcome, response) => return Ok(answered(outcome, response)),
     };
     let record = Record {
         scope: &keyed.scope,
@@ -716,7 +756,11 @@ where
         grpc: keyed.grpc,
         started_at,
     };
-    run.handle(tx, Some(record), handler, parts, bytes).await
+    let result = run.handle(tx, Some(record), handler, parts, bytes).await;
+    if let Ok(response) = &result {
+        telemetry::answered(&span, response.status());
+    }
+    result
 }
 
 fn inner_call<S, R>(mut inner: S, req: R) -> S::Future
@@ -914,10 +958,18 @@ impl Run<'_> {
                 )));
             }
         };
-        match self
+        // The record's commit is the store call that completes a keyed
+        // request.
+        let metrics = self.config.stats.metrics();
+        let timing = (record.is_some() && metrics.is_on()).then(Instant::now);
+        let committed = self
             .commit(tx, record.as_ref(), status, headers, &bytes, whole)
-            .await
-        {
+            .await;
+        if let Some(start) = timing {
+            let reached = !matches!(committed, Commit::Unknown(_));
+            metrics.store_call(Op::Complete, start.elapsed(), reached);
+        }
+        match committed {
             Commit::Done => {}
             Commit::RolledBack(e) => {
                 tracing::error!(error = %e, "the response of a keyed request could not be recorded: its transaction is rolled back");
