@@ -71,6 +71,29 @@ async fn pool() -> Option<PgPool> {
     ready.then(|| pg::pool(&url, 24))
 }
 
+/// `key`'s record is final, and was written by the very transaction that
+/// wrote `op`'s effect (the same xmin): no commit of its own.
+async fn assert_committed_together(pool: &PgPool, key: &str, op: &str) {
+    let (done, record_xid): (bool, String) = sqlx::query_as(&format!(
+        "SELECT done, xmin::text FROM {TABLE} WHERE key = $1"
+    ))
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(done);
+    let effect_xid: String =
+        sqlx::query_scalar("SELECT xmin::text FROM resend_tx_effects WHERE op = $1")
+            .bind(op)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        record_xid, effect_xid,
+        "the record and the work share one transaction"
+    );
+}
+
 async fn effects(pool: &PgPool, op: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM resend_tx_effects WHERE op = $1")
         .bind(op)
@@ -235,24 +258,7 @@ async fn the_record_commits_with_the_work() {
     // The record is in the table, done, with the response — written by the
     // very transaction that wrote the effect (the same xmin): no commit of
     // its own.
-    let (done, record_xid): (bool, String) = sqlx::query_as(&format!(
-        "SELECT done, xmin::text FROM {TABLE} WHERE key = $1"
-    ))
-    .bind(&key)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert!(done);
-    let effect_xid: String =
-        sqlx::query_scalar("SELECT xmin::text FROM resend_tx_effects WHERE op = $1")
-            .bind(&op)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        record_xid, effect_xid,
-        "the record and the work share one transaction"
-    );
+    assert_committed_together(&pool, &key, &op).await;
 }
 
 /// What is kept: a final response commits with its work (5xx included);
@@ -742,21 +748,7 @@ async fn a_new_key_is_claimed_with_the_begin_and_recorded_with_the_commit() {
         [CLAIMED_WITH_BEGIN, RECORDED_WITH_COMMIT],
         "one round trip for the claim, one for the record"
     );
-    let (done, record_xid): (bool, String) = sqlx::query_as(&format!(
-        "SELECT done, xmin::text FROM {TABLE} WHERE key = $1"
-    ))
-    .bind(&key)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    let effect_xid: String =
-        sqlx::query_scalar("SELECT xmin::text FROM resend_tx_effects WHERE op = $1")
-            .bind(&op)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert!(done);
-    assert_eq!(record_xid, effect_xid);
+    assert_committed_together(&pool, &key, &op).await;
 }
 
 /// A key that is not new fails the claim in one round trip, and takes the
