@@ -26,6 +26,10 @@
 //! `RESEND_PG_DELAY_MS=0.5` (say) puts a relay between the rows' pools and
 //! the database that holds each answer that long, as a network would: the
 //! rows then differ by their round trips more than by their CPU.
+//! `RESEND_PG_COMMIT_DELAY_US=2000` (say) sets the rows' sessions'
+//! `commit_delay` (a superuser setting), which holds each commit's flush of
+//! the log that long (while other transactions run, as under load here), as
+//! a slower disk would: the rows then differ by their commits.
 //!
 //! Each round gives every row a slice of load (`RESEND_BENCH_SECS`, 1 s),
 //! in an order that turns from round to round (`RESEND_BENCH_ROUNDS`, 9);
@@ -299,6 +303,17 @@ async fn main() {
             let relay = delayed(upstream, delay);
             direct.host("127.0.0.1").port(relay.port())
         }
+    };
+    // `RESEND_PG_COMMIT_DELAY_US`: each commit's flush held that long.
+    let options = match std::env::var("RESEND_PG_COMMIT_DELAY_US") {
+        Ok(us) => {
+            let us: u32 = us.parse().expect("RESEND_PG_COMMIT_DELAY_US: microseconds");
+            options.options([
+                ("commit_delay", us.to_string()),
+                ("commit_siblings", "1".into()),
+            ])
+        }
+        Err(_) => options,
     };
     let pool = |n| {
         sqlx::postgres::PgPoolOptions::new()
