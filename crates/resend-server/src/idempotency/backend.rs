@@ -29,6 +29,53 @@ pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {}
 
 impl<St: Store> Backend for St {}
 
+/// The handler a backend runs a request through: the inner service, on
+/// the request with its body read (or not), sent to other tasks.
+pub(crate) trait Handler<B, RB>:
+    Service<
+        Request<MaybeBuffered<B>>,
+        Response = Response<RB>,
+        Future: Send + 'static,
+        Error: Send + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<T, B, RB> Handler<B, RB> for T
+where
+    T: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Send + 'static,
+{
+}
+
+/// A request body the layer takes: bytes, with an error it can box.
+pub(crate) trait RequestBody:
+    Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+impl<T> RequestBody for T
+where
+    T: Body<Data = Bytes> + Send + 'static,
+    T::Error: Into<BoxError>,
+{
+}
+
+/// A handler's response body, which the layer reads to store it.
+pub(crate) trait ResponseBody:
+    Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
+{
+}
+
+impl<T> ResponseBody for T
+where
+    T: Body<Data = Bytes> + Send + Unpin + 'static,
+    T::Error: Into<BoxError>,
+{
+}
+
 /// What the layer knows of a keyed request when it hands it to the backend.
 pub(crate) struct Keyed {
     pub(crate) scope: Cow<'static, str>,
@@ -39,7 +86,7 @@ pub(crate) struct Keyed {
 
 // The sealed trait names crate-private types: it cannot be named, nor
 // implemented, outside the crate, which is its point.
-#[allow(private_interfaces)]
+#[allow(private_interfaces, private_bounds)]
 pub(crate) mod sealed {
     use super::*;
 
@@ -59,13 +106,9 @@ pub(crate) mod sealed {
             body: B,
         ) -> Slow<RB, S::Error>
         where
-            S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-            S::Future: Send + 'static,
-            S::Error: Send + 'static,
-            B: Body<Data = Bytes> + Send + 'static,
-            B::Error: Into<BoxError>,
-            RB: Body<Data = Bytes> + Send + Unpin + 'static,
-            RB::Error: Into<BoxError>;
+            S: Handler<B, RB>,
+            B: RequestBody,
+            RB: ResponseBody;
 
         /// An unsafe request without a key, when [`TAKES_UNKEYED`](Self::TAKES_UNKEYED).
         fn unkeyed<S, B, RB>(
@@ -75,13 +118,9 @@ pub(crate) mod sealed {
             req: Request<MaybeBuffered<B>>,
         ) -> Slow<RB, S::Error>
         where
-            S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-            S::Future: Send + 'static,
-            S::Error: Send + 'static,
-            B: Body<Data = Bytes> + Send + 'static,
-            B::Error: Into<BoxError>,
-            RB: Body<Data = Bytes> + Send + Unpin + 'static,
-            RB::Error: Into<BoxError>;
+            S: Handler<B, RB>,
+            B: RequestBody,
+            RB: ResponseBody;
     }
 
     impl<St: Store> Sealed for St {
@@ -95,13 +134,9 @@ pub(crate) mod sealed {
             body: B,
         ) -> Slow<RB, S::Error>
         where
-            S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-            S::Future: Send + 'static,
-            S::Error: Send + 'static,
-            B: Body<Data = Bytes> + Send + 'static,
-            B::Error: Into<BoxError>,
-            RB: Body<Data = Bytes> + Send + Unpin + 'static,
-            RB::Error: Into<BoxError>,
+            S: Handler<B, RB>,
+            B: RequestBody,
+            RB: ResponseBody,
         {
             let guard = LeaseGuard::new(shared, keyed);
             Box::pin(run(inner, guard, parts, body))
@@ -114,13 +149,9 @@ pub(crate) mod sealed {
             req: Request<MaybeBuffered<B>>,
         ) -> Slow<RB, S::Error>
         where
-            S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-            S::Future: Send + 'static,
-            S::Error: Send + 'static,
-            B: Body<Data = Bytes> + Send + 'static,
-            B::Error: Into<BoxError>,
-            RB: Body<Data = Bytes> + Send + Unpin + 'static,
-            RB::Error: Into<BoxError>,
+            S: Handler<B, RB>,
+            B: RequestBody,
+            RB: ResponseBody,
         {
             // (Not called: a store leaves unkeyed requests alone.)
             let fut = inner.call(req);

@@ -16,9 +16,8 @@ use http_body::Body;
 use resend::deadline::{Snapshot, TimeLedger};
 use resend::{BoxError, Deadline};
 use tokio::time::{Instant, Sleep};
-use tower_service::Service;
 
-use super::backend::Keyed;
+use super::backend::{Handler, Keyed, RequestBody, ResponseBody};
 use super::future::handler_started;
 use super::held;
 use super::layer::Config;
@@ -230,14 +229,10 @@ pub(crate) fn run<S, St, B, RB>(
     body: B,
 ) -> impl Future<Output = Result<Response<MaybeBuffered<RB>>, S::Error>> + Send
 where
-    S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send,
+    S: Handler<B, RB>,
     St: Store,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-    RB: Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<BoxError>,
+    B: RequestBody,
+    RB: ResponseBody,
 {
     use tracing::Instrument;
     guard.span = telemetry::request_span(&parts.method);
@@ -279,6 +274,43 @@ enum Claimed<RB> {
     Answer(Response<MaybeBuffered<RB>>),
 }
 
+/// A keyed request's body, read whole (up to `cap` bytes) before its key is
+/// claimed: the fingerprint hashes it, and the handler gets it from memory.
+/// Or what the request is answered with when it cannot be: 413 over the
+/// cap, 400 when the body fails; nothing has run.
+pub(super) async fn read_keyed_body<B, RB>(
+    body: B,
+    cap: usize,
+) -> Result<Bytes, (Outcome, Response<MaybeBuffered<RB>>)>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(body);
+    match read_capped(&mut body, cap).await {
+        Ok((bytes, true)) => Ok(bytes),
+        Ok((_, false)) => Err((
+            Outcome::TooLarge,
+            json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                &format!("a request with an idempotency key may have at most {cap} bytes of body"),
+            ),
+        )),
+        Err(e) => {
+            tracing::debug!(error = %e, "request body failed");
+            Err((
+                Outcome::BadRequest,
+                json_error(
+                    StatusCode::BAD_REQUEST,
+                    "request_body_failed",
+                    "the request body could not be read",
+                ),
+            ))
+        }
+    }
+}
+
 /// Reads the request's body (up to the cap), and claims its key.
 // An async block rather than an `async fn`: an `async fn` moves its
 // parameters into locals of its own, which would hold their room twice.
@@ -294,28 +326,11 @@ where
     B::Error: Into<BoxError>,
 {
     async move {
-        let mut body = std::pin::pin!(body);
-        let bytes = match read_capped(&mut body, guard.config().request_cap).await {
-            Ok((bytes, true)) => bytes,
-            Ok((_, false)) => {
-                guard.outcome(Outcome::TooLarge);
-                return Claimed::Answer(json_error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request_too_large",
-                    &format!(
-                        "a request with an idempotency key may have at most {} bytes of body",
-                        guard.config().request_cap
-                    ),
-                ));
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "request body failed");
-                guard.outcome(Outcome::BadRequest);
-                return Claimed::Answer(json_error(
-                    StatusCode::BAD_REQUEST,
-                    "request_body_failed",
-                    "the request body could not be read",
-                ));
+        let bytes = match read_keyed_body(body, guard.config().request_cap).await {
+            Ok(bytes) => bytes,
+            Err((outcome, answer)) => {
+                guard.outcome(outcome);
+                return Claimed::Answer(answer);
             }
         };
         guard.fingerprint = request::fingerprint(parts, &bytes);

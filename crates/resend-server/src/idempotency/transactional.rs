@@ -20,12 +20,14 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::backend::{sealed::Sealed, Backend, Keyed};
+use super::backend::{sealed::Sealed, Backend, Handler, Keyed, RequestBody, ResponseBody};
 use super::future::{handler_started, Slow};
 use super::request;
 use super::response::{json_error, retry_later};
 use super::rules::{self, Ended, OnBegin, OnEnd};
-use super::run::{answer, deadline_response, poll_catching, replay, stored_headers, unavailable};
+use super::run::{
+    answer, deadline_response, poll_catching, read_keyed_body, replay, stored_headers, unavailable,
+};
 use super::service::{with_timeout, Shared};
 use super::telemetry::{self, Op, Outcome};
 use super::NothingDone;
@@ -372,7 +374,7 @@ fn wait_for(config: &super::layer::Config, deadline: Option<Deadline>) -> Durati
 }
 
 // The sealed trait names crate-private types.
-#[allow(private_interfaces)]
+#[allow(private_interfaces, private_bounds)]
 impl Sealed for PostgresTransactional {
     const TAKES_UNKEYED: bool = true;
 
@@ -384,13 +386,9 @@ impl Sealed for PostgresTransactional {
         body: B,
     ) -> Slow<RB, S::Error>
     where
-        S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-        RB: Body<Data = Bytes> + Send + Unpin + 'static,
-        RB::Error: Into<BoxError>,
+        S: Handler<B, RB>,
+        B: RequestBody,
+        RB: ResponseBody,
     {
         use tracing::Instrument;
         let span = telemetry::request_span(&parts.method);
@@ -404,13 +402,9 @@ impl Sealed for PostgresTransactional {
         req: Request<MaybeBuffered<B>>,
     ) -> Slow<RB, S::Error>
     where
-        S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-        RB: Body<Data = Bytes> + Send + Unpin + 'static,
-        RB::Error: Into<BoxError>,
+        S: Handler<B, RB>,
+        B: RequestBody,
+        RB: ResponseBody,
     {
         Box::pin(run_unkeyed(shared, deadline, inner, req))
     }
@@ -662,13 +656,9 @@ async fn run_keyed<S, B, RB>(
     span: tracing::Span,
 ) -> Result<Response<MaybeBuffered<RB>>, S::Error>
 where
-    S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-    RB: Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<BoxError>,
+    S: Handler<B, RB>,
+    B: RequestBody,
+    RB: ResponseBody,
 {
     let started_at = Instant::now();
     let config = &shared.config;
@@ -679,33 +669,9 @@ where
         telemetry::answered(&span, response.status());
         response
     };
-    let mut body = std::pin::pin!(body);
-    let bytes = match read_capped(&mut body, config.request_cap).await {
-        Ok((bytes, true)) => bytes,
-        Ok((_, false)) => {
-            return Ok(answered(
-                Outcome::TooLarge,
-                json_error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request_too_large",
-                    &format!(
-                        "a request with an idempotency key may have at most {} bytes of body",
-                        config.request_cap
-                    ),
-                ),
-            ))
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "request body failed");
-            return Ok(answered(
-                Outcome::BadRequest,
-                json_error(
-                    StatusCode::BAD_REQUEST,
-                    "request_body_failed",
-                    "the request body could not be read",
-                ),
-            ));
-        }
+    let bytes = match read_keyed_body(body, config.request_cap).await {
+        Ok(bytes) => bytes,
+        Err((outcome, response)) => return Ok(answered(outcome, response)),
     };
     let fingerprint = request::fingerprint(&parts, &bytes);
     let wait = wait_for(config, keyed.deadline);
@@ -777,13 +743,9 @@ async fn run_unkeyed<S, B, RB>(
     req: Request<MaybeBuffered<B>>,
 ) -> Result<Response<MaybeBuffered<RB>>, S::Error>
 where
-    S: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-    RB: Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<BoxError>,
+    S: Handler<B, RB>,
+    B: RequestBody,
+    RB: ResponseBody,
 {
     let started_at = Instant::now();
     let config = &shared.config;
