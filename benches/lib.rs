@@ -227,3 +227,85 @@ where
     }
     start.elapsed()
 }
+
+/// Keyed POSTs on loopback for the server benches: an axum server on
+/// 127.0.0.1, and tasks that send to it, each request with a fresh key.
+pub mod keyed {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
+    use tokio::net::TcpListener;
+    use tokio::task::JoinHandle;
+    use tower::ServiceExt;
+
+    /// Serves `app` on 127.0.0.1 (a port of its own); its `/orders` URL.
+    pub async fn serve(app: axum::Router) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/orders")
+    }
+
+    /// `concurrency` tasks POSTing to a URL through a client, one after the
+    /// other each, until stopped; every key new (unique to this load:
+    /// stores keep the earlier ones), every answer a success, read whole.
+    #[derive(Debug)]
+    pub struct Load {
+        count: Arc<AtomicU64>,
+        stop: Arc<AtomicBool>,
+        tasks: Vec<JoinHandle<()>>,
+    }
+
+    impl Load {
+        /// Starts the senders.
+        pub fn start(client: &resend::HyperClient, url: &str, concurrency: usize) -> Self {
+            let count = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let run = uuid::Uuid::new_v4().simple().to_string();
+            let tasks = (0..concurrency)
+                .map(|w| {
+                    let (client, count, stop, url, run) = (
+                        client.clone(),
+                        count.clone(),
+                        stop.clone(),
+                        url.to_owned(),
+                        run.clone(),
+                    );
+                    tokio::spawn(async move {
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            i += 1;
+                            let req = Request::post(&url)
+                                .header("idempotency-key", format!("{run}-{w}-{i}"))
+                                .body(Full::new(Bytes::from_static(
+                                    b"{\"sku\":\"abc\",\"qty\":1}",
+                                )))
+                                .expect("a request");
+                            let resp = client.clone().oneshot(req).await.expect("an answer");
+                            assert!(resp.status().is_success(), "{url}: {}", resp.status());
+                            resp.into_body().collect().await.expect("its body");
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            Self { count, stop, tasks }
+        }
+
+        /// The answers so far.
+        pub fn answered(&self) -> u64 {
+            self.count.load(Ordering::Relaxed)
+        }
+
+        /// Stops the tasks, once their requests in flight are answered.
+        pub async fn stop(self) {
+            self.stop.store(true, Ordering::Relaxed);
+            for t in self.tasks {
+                t.await.expect("a sender");
+            }
+        }
+    }
+}

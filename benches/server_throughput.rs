@@ -14,17 +14,15 @@
 //! rows whose name holds `text`.
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use http::Request;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
+use resend_benches::keyed::{serve, Load};
 use resend_server::{IdempotencyLayer, MemoryStore, Store};
-use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
@@ -42,13 +40,6 @@ type Client = resend::HyperClient;
 
 async fn handler(body: Bytes) -> String {
     format!("ok {}", body.len())
-}
-
-async fn spawn(app: Router) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}/orders")
 }
 
 fn plain() -> Router {
@@ -86,40 +77,11 @@ fn cpu_seconds() -> Option<(f64, f64)> {
 /// and in all), which the other load on a shared machine disturbs less than
 /// the rate.
 async fn load(client: &Client, url: &str, warmup: Duration, measure: Duration) -> Slice {
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    // Keys unique to this slice: the stores keep every earlier one.
-    let run = uuid::Uuid::new_v4().simple().to_string();
-    let mut tasks = Vec::new();
-    for w in 0..CONCURRENCY {
-        let (client, count, stop, url, run) = (
-            client.clone(),
-            count.clone(),
-            stop.clone(),
-            url.to_owned(),
-            run.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                i += 1;
-                let req = Request::post(&url)
-                    .header("idempotency-key", format!("{run}-{w}-{i}"))
-                    .body(Full::new(Bytes::from_static(
-                        b"{\"sku\":\"abc\",\"qty\":1}",
-                    )))
-                    .unwrap();
-                let resp = client.clone().oneshot(req).await.unwrap();
-                assert!(resp.status().is_success(), "{url}: {}", resp.status());
-                resp.into_body().collect().await.unwrap();
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
+    let load = Load::start(client, url, CONCURRENCY);
     tokio::time::sleep(warmup).await;
-    let (start, before, cpu) = (Instant::now(), count.load(Ordering::Relaxed), cpu_seconds());
+    let (start, before, cpu) = (Instant::now(), load.answered(), cpu_seconds());
     tokio::time::sleep(measure).await;
-    let done = count.load(Ordering::Relaxed) - before;
+    let done = load.answered() - before;
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu.zip(cpu_seconds()).map(|(a, b)| {
         let per = |x: f64, y: f64| (y - x) * 1e6 / done as f64;
@@ -128,10 +90,7 @@ async fn load(client: &Client, url: &str, warmup: Duration, measure: Duration) -
             total: per(a.1, b.1),
         }
     });
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
+    load.stop().await;
     Slice {
         rate: done as f64 / secs,
         cpu,
@@ -182,18 +141,18 @@ async fn main() {
     let memory_only = std::env::var_os("RESEND_BENCH_MEMORY_ONLY").is_some();
 
     let mut targets: Vec<(&str, String)> = vec![
-        ("axum, no layer", spawn(plain()).await),
+        ("axum, no layer", serve(plain()).await),
         (
             // What any layer costs on an axum route: `Router::layer` boxes
             // the layered service again, and each request clones it.
             "axum, a layer that does nothing",
-            spawn(plain().layer(tower::layer::util::Identity::new())).await,
+            serve(plain().layer(tower::layer::util::Identity::new())).await,
         ),
         (
             // A store filling up from empty: every request leaves a record
             // (24 h), each in memory never used before.
             "IdempotencyLayer + MemoryStore, filling",
-            spawn(with_store(
+            serve(with_store(
                 MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30),
             ))
             .await,
@@ -203,7 +162,7 @@ async fn main() {
             // default bounds (100 000 records), records kept 1 s, so that
             // as many expire as come and their memory is used again.
             "IdempotencyLayer + MemoryStore, steady",
-            spawn(plain().layer(
+            serve(plain().layer(
                 IdempotencyLayer::new(MemoryStore::new()).record_ttl(Duration::from_secs(1)),
             ))
             .await,
@@ -218,7 +177,7 @@ async fn main() {
             .prefix(format!("resend-bench:{}:", uuid::Uuid::new_v4().simple()));
         targets.push((
             "IdempotencyLayer + RedisStore",
-            spawn(with_store(store)).await,
+            serve(with_store(store)).await,
         ));
     }
     #[cfg(feature = "postgres")]
@@ -234,7 +193,7 @@ async fn main() {
         match store.migrate().await {
             Ok(()) => targets.push((
                 "IdempotencyLayer + PostgresStore",
-                spawn(with_store(store)).await,
+                serve(with_store(store)).await,
             )),
             Err(e) => eprintln!("PostgreSQL unusable, row skipped: {e}"),
         }

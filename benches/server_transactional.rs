@@ -37,21 +37,16 @@
 //! baseline's slice of the same round.
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use http::Request;
-use http_body_util::{BodyExt, Full};
+use resend_benches::keyed::{serve, Load};
 use resend_server::{IdempotencyLayer, IdempotentTx, PostgresStore};
 use sqlx::PgPool;
-use tokio::net::TcpListener;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 const CONCURRENCY: usize = 16;
 const ROUNDS: usize = 9;
@@ -214,52 +209,15 @@ fn relay(mut from: std::net::TcpStream, mut to: std::net::TcpStream, delay: Dura
     }
 }
 
-async fn spawn(app: Router) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}/orders")
-}
-
+/// Requests per second over `measure`, after `warmup`.
 async fn load(client: &Client, url: &str, warmup: Duration, measure: Duration) -> f64 {
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let run = uuid::Uuid::new_v4().simple().to_string();
-    let mut tasks = Vec::new();
-    for w in 0..CONCURRENCY {
-        let (client, count, stop, url, run) = (
-            client.clone(),
-            count.clone(),
-            stop.clone(),
-            url.to_owned(),
-            run.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                i += 1;
-                let req = Request::post(&url)
-                    .header("idempotency-key", format!("{run}-{w}-{i}"))
-                    .body(Full::new(Bytes::from_static(
-                        b"{\"sku\":\"abc\",\"qty\":1}",
-                    )))
-                    .unwrap();
-                let resp = client.clone().oneshot(req).await.unwrap();
-                assert!(resp.status().is_success(), "{url}: {}", resp.status());
-                resp.into_body().collect().await.unwrap();
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
+    let load = Load::start(client, url, CONCURRENCY);
     tokio::time::sleep(warmup).await;
-    let (start, before) = (Instant::now(), count.load(Ordering::Relaxed));
+    let (start, before) = (Instant::now(), load.answered());
     tokio::time::sleep(measure).await;
-    let done = count.load(Ordering::Relaxed) - before;
+    let done = load.answered() - before;
     let secs = start.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
+    load.stop().await;
     done as f64 / secs
 }
 
@@ -342,7 +300,7 @@ async fn main() {
     let targets: Vec<(&str, String)> = vec![
         (
             "handler's own transaction, no layer",
-            spawn(
+            serve(
                 Router::new()
                     .route("/orders", post(own))
                     .with_state(pool(size)),
@@ -351,7 +309,7 @@ async fn main() {
         ),
         (
             "PostgresTransactional (the handler's transaction, lent)",
-            spawn(
+            serve(
                 Router::new()
                     .route("/orders", post(lent))
                     .layer(IdempotencyLayer::new(
@@ -364,7 +322,7 @@ async fn main() {
         ),
         (
             "the same claim and record written by hand in the handler's transaction",
-            spawn(
+            serve(
                 Router::new()
                     .route("/orders", post(by_hand))
                     .with_state(by_hand_pool.clone()),
@@ -373,7 +331,7 @@ async fn main() {
         ),
         (
             "the same by hand, one statement per round trip",
-            spawn(
+            serve(
                 Router::new()
                     .route("/orders", post(by_hand_plain))
                     .with_state(by_hand_pool),
@@ -382,7 +340,7 @@ async fn main() {
         ),
         (
             "PostgresStore around the handler's own transaction",
-            spawn(
+            serve(
                 Router::new()
                     .route("/orders", post(own))
                     .with_state(pool(size))
