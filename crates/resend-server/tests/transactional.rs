@@ -305,7 +305,6 @@ async fn what_commits_and_what_rolls_back() {
     let r = req_within(Some(&key), &format!("op={op}&ms=1000"), "a", "300m");
     let cut = app(&pool).oneshot(r).await.unwrap();
     assert_eq!(cut.status(), StatusCode::GATEWAY_TIMEOUT);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(effects(&pool, &op).await, 0);
     let retry = app(&pool)
         .oneshot(req(Some(&key), &format!("op={op}&ms=1000"), "a"))
@@ -373,8 +372,9 @@ async fn concurrent_duplicates_wait_then_replay_or_409_in_time() {
     // within its deadline.
     let (op, key) = (unique("op"), unique("k"));
     let q = format!("op={op}&ms=1500");
-    let holder = hold(app(&pool), &key, &q);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let name = unique("tx-holder");
+    let holder = hold(app(&named_pool(&name, 2)), &key, &q);
+    until_claimed(&pool, &name).await;
     let short = req_within(Some(&key), &q, "a", "400m");
     let start = tokio::time::Instant::now();
     let busy = app(&pool).oneshot(short).await.unwrap();
@@ -709,25 +709,42 @@ fn named_pool(name: &str, size: u32) -> PgPool {
         .connect_lazy_with(options)
 }
 
-/// How many of the connections named `name` are inside a transaction
-/// (open, or aborted) while idle, once the pool has had a moment to put
-/// them back.
+/// How many of the connections named `name` are idle inside a transaction
+/// (open, or aborted).
+async fn in_transaction(pool: &PgPool, name: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+    )
+    .bind(name)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// How many of the connections named `name` are idle inside a transaction,
+/// once the pool has had a moment (up to a second) to put them back.
 async fn idle_in_transaction(pool: &PgPool, name: &str) -> i64 {
     let mut left = 0;
     for _ in 0..50 {
-        left = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
-        )
-        .bind(name)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+        left = in_transaction(pool, name).await;
         if left == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     left
+}
+
+/// Waits (up to 5 s) until a connection named `name` holds an open
+/// transaction: a keyed request's claim is made, and its handler works.
+async fn until_claimed(pool: &PgPool, name: &str) {
+    for _ in 0..500 {
+        if in_transaction(pool, name).await > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no connection named {name} claimed a key within 5 s");
 }
 
 /// A new key is claimed in the transaction's first round trip (with its
@@ -842,7 +859,7 @@ async fn a_claim_cut_while_it_waits_is_finished_and_rolled_back() {
     // The holder works 1 s, then ends with nothing done: rolled back.
     let q = format!("op={op}&ms=1000&then=nothing");
     let holder = hold(app(&named), &key, &q);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_claimed(&pool, &name).await;
     // A duplicate with a short deadline: its claim waits on the holder past
     // its bound, and it is told 409 in time.
     let short = req_within(Some(&key), &q, "a", "300m");
