@@ -272,6 +272,88 @@ enum Outcome {
     Error(Error),
 }
 
+/// Serves `app` behind the fault proxy and sends it the [`CALLS`] logical
+/// POSTs (`order-N`, [`CONCURRENCY`] at a time) through a resend client
+/// stack (a key per call, retries, the [`ATTEMPT_TIMEOUT`]); then waits
+/// until no handler is `working` (work detached from a caller that went
+/// away may still run, and a late second run must be seen too). How each
+/// call ended, in order, and the proxy's plan. Bounded by [`RUN_BOUND`].
+async fn send_through_faults(
+    name: &str,
+    app: Router,
+    working: &AtomicUsize,
+) -> (Vec<Outcome>, Arc<Plan>) {
+    let server = serve(app).await;
+    let plan = Arc::new(Plan::default());
+    let proxy = FaultProxy::start(server, {
+        let plan = plan.clone();
+        move |index| plan.fault(index)
+    })
+    .await
+    .unwrap();
+    let addr = proxy.addr();
+    let client = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(25)).upstream("payments"))
+        .layer(IdempotencyKeyLayer::new())
+        .layer(
+            RetryLayer::new()
+                .no_budget()
+                .seed(7)
+                .max_attempts(12)
+                .backoff(
+                    Backoff::new(Duration::from_millis(5), 2.0, Duration::from_millis(100))
+                        .unwrap(),
+                ),
+        )
+        .layer(AttemptTimeoutLayer::new(ATTEMPT_TIMEOUT))
+        .service(resend::hyper_client(Duration::from_secs(1)));
+    let limit = Arc::new(Semaphore::new(CONCURRENCY));
+    let calls = async {
+        let mut tasks = Vec::with_capacity(CALLS);
+        for i in 0..CALLS {
+            let (client, limit) = (client.clone(), limit.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = limit.acquire_owned().await.unwrap();
+                let req = Request::post(format!("http://{addr}/charges"))
+                    .body(Full::new(Bytes::from(format!("order-{i}"))))
+                    .unwrap();
+                match client.oneshot(req).await {
+                    Ok(resp) if resp.status().is_success() => {
+                        let replayed = resp.headers().contains_key("idempotent-replayed");
+                        let attempts = resp.extensions().get::<Attempts>().map_or(0, Attempts::len);
+                        match resp.into_body().collect().await {
+                            Ok(body) => Outcome::Success {
+                                body: body.to_bytes(),
+                                replayed,
+                                attempts,
+                            },
+                            Err(e) => Outcome::Error(Error::from_box(e)),
+                        }
+                    }
+                    Ok(resp) => Outcome::Status(resp.status()),
+                    Err(e) => Outcome::Error(Error::from_box(e)),
+                }
+            }));
+        }
+        let mut outcomes = Vec::with_capacity(CALLS);
+        for t in tasks {
+            outcomes.push(t.await.unwrap());
+        }
+        while working.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        outcomes
+    };
+    match tokio::time::timeout(RUN_BOUND, calls).await {
+        Ok(outcomes) => (outcomes, plan),
+        Err(_) => panic!(
+            "{name}: {CALLS} calls did not end within {RUN_BOUND:?} (handlers still working: {}; {})",
+            working.load(Ordering::SeqCst),
+            plan.summary()
+        ),
+    }
+}
+
 /// The whole chaos run on `store`.
 async fn run<St: Store>(name: &str, store: St) {
     let started = Instant::now();
@@ -295,81 +377,7 @@ async fn run<St: Store>(name: &str, store: St) {
         .route("/charges", post(charge))
         .with_state(effects.clone())
         .layer(layer);
-    let server = serve(app).await;
-    let plan = Arc::new(Plan::default());
-    let proxy = FaultProxy::start(server, {
-        let plan = plan.clone();
-        move |index| plan.fault(index)
-    })
-    .await
-    .unwrap();
-    let addr = proxy.addr();
-
-    let client = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(25)).upstream("payments"))
-        .layer(IdempotencyKeyLayer::new())
-        .layer(
-            RetryLayer::new()
-                .no_budget()
-                .seed(7)
-                .max_attempts(12)
-                .backoff(
-                    Backoff::new(Duration::from_millis(5), 2.0, Duration::from_millis(100))
-                        .unwrap(),
-                ),
-        )
-        .layer(AttemptTimeoutLayer::new(ATTEMPT_TIMEOUT))
-        .service(resend::hyper_client(Duration::from_secs(1)));
-
-    let limit = Arc::new(Semaphore::new(CONCURRENCY));
-    let calls = async {
-        let mut tasks = Vec::with_capacity(CALLS);
-        for i in 0..CALLS {
-            let client = client.clone();
-            let limit = limit.clone();
-            tasks.push(tokio::spawn(async move {
-                let _permit = limit.acquire_owned().await.unwrap();
-                let req = Request::post(format!("http://{addr}/charges"))
-                    .body(Full::new(Bytes::from(format!("order-{i}"))))
-                    .unwrap();
-                match client.oneshot(req).await {
-                    Ok(resp) if resp.status().is_success() => {
-                        let replayed = resp.headers().contains_key("idempotent-replayed");
-                        let attempts = resp.extensions().get::<Attempts>().map_or(0, Attempts::len);
-                        let body = resp.into_body().collect().await;
-                        match body {
-                            Ok(body) => Outcome::Success {
-                                body: body.to_bytes(),
-                                replayed,
-                                attempts,
-                            },
-                            Err(e) => Outcome::Error(Error::from_box(e)),
-                        }
-                    }
-                    Ok(resp) => Outcome::Status(resp.status()),
-                    Err(e) => Outcome::Error(Error::from_box(e)),
-                }
-            }));
-        }
-        let mut outcomes = Vec::with_capacity(CALLS);
-        for t in tasks {
-            outcomes.push(t.await.unwrap());
-        }
-        // Work detached from a caller that went away may still run: wait
-        // for it, so that a late second run is seen too.
-        while effects.working.load(Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        outcomes
-    };
-    let outcomes = match tokio::time::timeout(RUN_BOUND, calls).await {
-        Ok(outcomes) => outcomes,
-        Err(_) => panic!(
-            "{name}: {CALLS} calls did not end within {RUN_BOUND:?} (handlers still working: {}; {}; {stats:?})",
-            effects.working.load(Ordering::SeqCst),
-            plan.summary()
-        ),
-    };
+    let (outcomes, plan) = send_through_faults(name, app, &effects.working).await;
     let elapsed = started.elapsed();
     let report = Report {
         effects: &effects,
@@ -607,74 +615,7 @@ async fn postgres_transactional_one_effect_per_key_under_chaos() {
         .store_timeout(Duration::from_secs(2));
     let stats = layer.stats();
     let app = Router::new().route("/charges", post(charge)).layer(layer);
-    let server = serve(app).await;
-    let plan = Arc::new(Plan::default());
-    let proxy = FaultProxy::start(server, {
-        let plan = plan.clone();
-        move |index| plan.fault(index)
-    })
-    .await
-    .unwrap();
-    let addr = proxy.addr();
-    let client = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(25)).upstream("payments"))
-        .layer(IdempotencyKeyLayer::new())
-        .layer(
-            RetryLayer::new()
-                .no_budget()
-                .seed(7)
-                .max_attempts(12)
-                .backoff(
-                    Backoff::new(Duration::from_millis(5), 2.0, Duration::from_millis(100))
-                        .unwrap(),
-                ),
-        )
-        .layer(AttemptTimeoutLayer::new(ATTEMPT_TIMEOUT))
-        .service(resend::hyper_client(Duration::from_secs(1)));
-    let limit = Arc::new(Semaphore::new(CONCURRENCY));
-    let calls = async {
-        let mut tasks = Vec::with_capacity(CALLS);
-        for i in 0..CALLS {
-            let (client, limit) = (client.clone(), limit.clone());
-            tasks.push(tokio::spawn(async move {
-                let _permit = limit.acquire_owned().await.unwrap();
-                let req = Request::post(format!("http://{addr}/charges"))
-                    .body(Full::new(Bytes::from(format!("order-{i}"))))
-                    .unwrap();
-                match client.oneshot(req).await {
-                    Ok(resp) if resp.status().is_success() => {
-                        let replayed = resp.headers().contains_key("idempotent-replayed");
-                        match resp.into_body().collect().await {
-                            Ok(body) => Outcome::Success {
-                                body: body.to_bytes(),
-                                replayed,
-                                attempts: 0,
-                            },
-                            Err(e) => Outcome::Error(Error::from_box(e)),
-                        }
-                    }
-                    Ok(resp) => Outcome::Status(resp.status()),
-                    Err(e) => Outcome::Error(Error::from_box(e)),
-                }
-            }));
-        }
-        let mut outcomes = Vec::with_capacity(CALLS);
-        for t in tasks {
-            outcomes.push(t.await.unwrap());
-        }
-        while working.load(Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        outcomes
-    };
-    let outcomes = tokio::time::timeout(RUN_BOUND, calls)
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "postgres-tx: {CALLS} calls did not end within {RUN_BOUND:?}; {}",
-                plan.summary()
-            )
-        });
+    let (outcomes, plan) = send_through_faults("postgres-tx", app, &working).await;
     let elapsed = started.elapsed();
     // What committed: one row per order, at most.
     let rows: Vec<(String, String)> =
