@@ -193,6 +193,12 @@ impl<St: Backend> IdempotencyLayer<St> {
         }
     }
 
+    /// The configuration (for the crate's tests).
+    #[cfg(test)]
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// How long a lease holds without renewal. The holder renews it every
     /// third of it while the handler runs, so no second run starts however
     /// long the first takes; a holder that died (the process crashed) is

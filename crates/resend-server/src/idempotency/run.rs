@@ -31,7 +31,8 @@ use crate::body::{read_capped, MaybeBuffered};
 use crate::deadline::Attribution;
 use crate::problems::Problem;
 use crate::store::{
-    Claim, Fingerprint, LeaseState, LeaseToken, RecordKey, Store, StoreError, StoredResponse, Ttl,
+    Begin, Claim, Fingerprint, LeaseState, LeaseToken, RecordKey, Store, StoreError,
+    StoredResponse, Ttl,
 };
 
 /// Where a keyed request stands with its lease.
@@ -213,17 +214,23 @@ impl<St: Store> Drop for LeaseGuard<St> {
 }
 
 /// A keyed request, start to end: the body read and the key claimed
-/// ([`claim`]), the handler run under its lease ([`Supervised`]), its end
-/// kept ([`settle`]). Its state is what is boxed per request, so it is kept
-/// small: a function returning an async block (an `async fn` would hold each
-/// parameter twice), the store, the scope and the key held once (in the
-/// guard), and the steps in futures of their own, each awaited once, so
-/// their states share room.
+/// ([`claim`]), then the handler run and its end kept ([`work`]).
+///
+/// What is boxed per request is kept small, in two boxes of under 1 KiB
+/// each rather than one of 2 KiB: this one (the request's head, the guard,
+/// the claim) and `work`'s (the handler's future, then the storing of its
+/// response), made once the key is claimed. An allocator serves small
+/// blocks from a per-thread cache; glibc's serves none over 1,032 bytes
+/// that way, and a larger block costs a pass over its free lists under the
+/// arena's lock, shared with the other threads: more, on a busy two-core
+/// server, than the second box costs. Each step is a function returning an
+/// async block (an `async fn` would hold each parameter twice), and each
+/// is awaited once, so their states share room.
 // An async block rather than an `async fn`: an `async fn` moves its
 // parameters into locals of its own, which would hold their room twice.
 #[allow(clippy::manual_async_fn)]
 pub(crate) fn run<S, St, B, RB>(
-    mut inner: S,
+    inner: S,
     mut guard: LeaseGuard<St>,
     parts: http::request::Parts,
     body: B,
@@ -245,6 +252,33 @@ where
                 return Ok(response);
             }
         };
+        let result = Box::pin(work::<S, St, B, RB>(&mut guard, inner, parts, bytes)).await;
+        if let Ok(response) = &result {
+            telemetry::answered(&guard.span, response.status());
+        }
+        result
+    }
+    .instrument(span)
+}
+
+/// The handler run under its lease ([`Supervised`]), and its end kept
+/// ([`settle`]; the unusual ends by [`settle_otherwise`]).
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
+fn work<'a, S, St, B, RB>(
+    guard: &'a mut LeaseGuard<St>,
+    mut inner: S,
+    parts: http::request::Parts,
+    bytes: Bytes,
+) -> impl Future<Output = Result<Response<MaybeBuffered<RB>>, S::Error>> + Send + 'a
+where
+    S: Handler<B, RB>,
+    St: Store,
+    B: RequestBody,
+    RB: ResponseBody,
+{
+    async move {
         // From here on the work is the layer's: a caller that goes away
         // does not cancel it (see `ResponseFuture`), and the lease is never
         // given back on a drop.
@@ -257,14 +291,38 @@ where
         let handler =
             resend::idempotency::derive_keys(scope, key, resend::deadline::carry(inner.call(req)));
         guard.ledger = resend::deadline::current_ledger();
-        let ended = Supervised::new(&guard, handler).await;
-        let result = settle(&mut guard, ended).await;
-        if let Ok(response) = &result {
-            telemetry::answered(&guard.span, response.status());
-        }
-        result
+        let ended = Supervised::new(guard, handler).await;
+        // (The handler's end is taken apart by functions that consume it,
+        // so that no part of it is kept while the rest is awaited.)
+        let resp = match to_store(ended) {
+            Ok(resp) => resp,
+            // Rarer ends, in a box of their own when they come.
+            Err(ended) => return Box::pin(settle_otherwise(guard, ended)).await,
+        };
+        settle(guard, resp).await
     }
-    .instrument(span)
+}
+
+/// The handler's response, when it is one to store ([`OnEnd::StoreResponse`]);
+/// otherwise how the handler ended.
+#[allow(clippy::type_complexity)]
+fn to_store<RB, E>(
+    ended: Supervision<Result<Response<RB>, E>>,
+) -> Result<Response<RB>, Supervision<Result<Response<RB>, E>>> {
+    match ended {
+        Supervision::Done(Ok(resp)) if rules::on_end(answered(&resp)) == OnEnd::StoreResponse => {
+            Ok(resp)
+        }
+        ended => Err(ended),
+    }
+}
+
+/// How a handler that answered `resp` ended, for [`rules::on_end`].
+fn answered<RB>(resp: &Response<RB>) -> Ended {
+    Ended::Answered {
+        status: resp.status(),
+        nothing_done: resp.extensions().get::<NothingDone>().is_some(),
+    }
 }
 
 /// What [`claim`] ends with: the lease taken (and the body read), or an
@@ -334,20 +392,7 @@ where
             }
         };
         guard.fingerprint = request::fingerprint(parts, &bytes);
-        // A response this process holds for a store that did not take it
-        // answers first; otherwise the store.
-        let found = match guard.config().held.answer(&guard.claim().key) {
-            Some(held) => Ok(held),
-            None => {
-                guard.phase = Phase::Claiming;
-                let claim = guard.claim();
-                let begin = with_timeout(
-                    guard.config().store_timeout,
-                    guard.shared.store.begin(&claim, guard.ttl),
-                );
-                timed(guard.config().stats.metrics(), Op::Begin, begin).await
-            }
-        };
+        let found = begin(guard).await;
         let answer = match rules::on_begin(found, guard.fingerprint) {
             OnBegin::Run => {
                 guard.outcome(Outcome::Ran);
@@ -384,6 +429,31 @@ where
         };
         guard.phase = Phase::Idle;
         Claimed::Answer(answer)
+    }
+}
+
+/// What the key holds: a response this process holds for a store that did
+/// not take it answers first; otherwise the store, asked for the lease
+/// (bounded by the store timeout).
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
+fn begin<St: Store>(
+    guard: &mut LeaseGuard<St>,
+) -> impl Future<Output = Result<Begin, StoreError>> + Send + '_ {
+    async move {
+        // (A statement of its own, so that the answer it looked for is not
+        // kept while the store is awaited.)
+        if let Some(held) = guard.config().held.answer(&guard.claim().key) {
+            return Ok(held);
+        }
+        guard.phase = Phase::Claiming;
+        let claim = guard.claim();
+        let begin = with_timeout(
+            guard.config().store_timeout,
+            guard.shared.store.begin(&claim, guard.ttl),
+        );
+        timed(guard.config().stats.metrics(), Op::Begin, begin).await
     }
 }
 
@@ -484,55 +554,24 @@ impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
     }
 }
 
-/// The end of a keyed request: what the handler's end means for the key
-/// ([`rules::on_end`]), done: the lease released, or the final response
-/// stored (held and stored later if the store does not take it). The
-/// response is worked on where it lies, and taken apart only once nothing is
-/// awaited any more.
+/// The end of a keyed request whose handler answered a response to keep
+/// ([`OnEnd::StoreResponse`]): its body read (up to the cap, under the
+/// lease and the deadline), then the response stored (held and stored later
+/// if the store does not take it), and passed on. It is worked on where it
+/// lies, and taken apart only once nothing is awaited any more.
 // An async block rather than an `async fn`: an `async fn` moves its
 // parameters into locals of its own, which would hold their room twice.
 #[allow(clippy::manual_async_fn)]
 fn settle<'a, St, RB, E>(
     guard: &'a mut LeaseGuard<St>,
-    ended: Supervision<Result<Response<RB>, E>>,
+    mut resp: Response<RB>,
 ) -> impl Future<Output = Result<Response<MaybeBuffered<RB>>, E>> + Send + 'a
 where
     St: Store,
-    RB: Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<BoxError>,
+    RB: ResponseBody,
     E: Send + 'a,
 {
     async move {
-        let end = match &ended {
-            Supervision::Done(Ok(resp)) => Ended::Answered {
-                status: resp.status(),
-                nothing_done: resp.extensions().get::<NothingDone>().is_some(),
-            },
-            Supervision::Done(Err(_)) => Ended::Failed,
-            Supervision::Panicked => Ended::Panicked,
-            Supervision::DeadlineCut(_) => Ended::DeadlineCut,
-        };
-        let mut result = match (rules::on_end(end), ended) {
-            (OnEnd::StoreResponse, Supervision::Done(result)) => result,
-            (OnEnd::Release, Supervision::Done(result)) => {
-                guard.release().await;
-                return result.map(|resp| resp.map(MaybeBuffered::inner));
-            }
-            (kept, ended) => {
-                let (cut, error) = match ended {
-                    Supervision::DeadlineCut(cut) => (cut, None),
-                    Supervision::Done(Err(e)) => (Snapshot::default(), Some(e)),
-                    _ => (Snapshot::default(), None),
-                };
-                let answer = keep(guard, kept, cut).await;
-                // A handler's error still reaches its first caller as it is.
-                return error.map_or(Ok(answer), Err);
-            }
-        };
-        let Ok(resp) = &mut result else {
-            // (`on_end` stores a handler's response only when there is one.)
-            return result.map(|resp| resp.map(MaybeBuffered::inner));
-        };
         let status = resp.status();
         // Usually no header is left out of the record: then the response's
         // own headers are lent to it while it is stored, and no copy is
@@ -546,18 +585,9 @@ where
         };
         let cap = guard.config().response_cap;
         let read = Supervised::new(guard, read_capped(resp.body_mut(), cap)).await;
-        let end = match read {
-            Supervision::Done(Ok(read)) => Ok(read),
-            Supervision::Done(Err(e)) => {
-                tracing::warn!(error = %e, key = guard.key.as_str(), "a keyed response's body failed after its head");
-                Err((Ended::BodyFailed, Snapshot::default()))
-            }
-            Supervision::Panicked => Err((Ended::Panicked, Snapshot::default())),
-            Supervision::DeadlineCut(cut) => Err((Ended::DeadlineCut, cut)),
-        };
-        let (bytes, whole) = match end {
+        let (bytes, whole) = match body_read(read, &guard.key) {
             Ok(read) => read,
-            Err((end, cut)) => return Ok(keep(guard, rules::on_end(end), cut).await),
+            Err((end, cut)) => return Ok(Box::pin(keep(guard, rules::on_end(end), cut)).await),
         };
         // The body is lent to the record too (a clone of `Bytes` made from a
         // `Vec` would allocate), and taken back below; a body past the cap
@@ -574,49 +604,114 @@ where
             body_omitted: !whole,
         };
         let done = store(guard, done).await;
-        result.map(|resp| {
-            let (mut parts, body) = resp.into_parts();
-            if lent {
-                parts.headers = done.headers;
-            }
-            if whole {
-                return Response::from_parts(parts, MaybeBuffered::full(done.body));
-            }
-            Response::from_parts(parts, MaybeBuffered::chain(prefix, body))
-        })
+        let (mut parts, body) = resp.into_parts();
+        if lent {
+            parts.headers = done.headers;
+        }
+        if whole {
+            return Ok(Response::from_parts(parts, MaybeBuffered::full(done.body)));
+        }
+        Ok(Response::from_parts(
+            parts,
+            MaybeBuffered::chain(prefix, body),
+        ))
+    }
+}
+
+/// The body of a response to store, read (and whether it ended within the
+/// cap); or how its reading ended, and when the deadline cut it, as of when.
+#[allow(clippy::type_complexity)]
+fn body_read(
+    read: Supervision<Result<(Bytes, bool), BoxError>>,
+    key: &Key,
+) -> Result<(Bytes, bool), (Ended, Snapshot)> {
+    match read {
+        Supervision::Done(Ok(read)) => Ok(read),
+        Supervision::Done(Err(e)) => {
+            tracing::warn!(error = %e, key = key.as_str(), "a keyed response's body failed after its head");
+            Err((Ended::BodyFailed, Snapshot::default()))
+        }
+        Supervision::Panicked => Err((Ended::Panicked, Snapshot::default())),
+        Supervision::DeadlineCut(cut) => Err((Ended::DeadlineCut, cut)),
+    }
+}
+
+/// The end of a keyed request whose handler did not answer a response to
+/// keep: the lease released (nothing was done), or a response of the
+/// layer's own kept ([`keep`]) for a handler that failed, panicked or was
+/// cut by the deadline.
+async fn settle_otherwise<St, RB, E>(
+    guard: &mut LeaseGuard<St>,
+    ended: Supervision<Result<Response<RB>, E>>,
+) -> Result<Response<MaybeBuffered<RB>>, E>
+where
+    St: Store,
+    RB: ResponseBody,
+{
+    let end = match &ended {
+        Supervision::Done(Ok(resp)) => answered(resp),
+        Supervision::Done(Err(_)) => Ended::Failed,
+        Supervision::Panicked => Ended::Panicked,
+        Supervision::DeadlineCut(_) => Ended::DeadlineCut,
+    };
+    match (rules::on_end(end), ended) {
+        (OnEnd::Release, Supervision::Done(result)) => {
+            guard.release().await;
+            result.map(|resp| resp.map(MaybeBuffered::inner))
+        }
+        (kept, ended) => {
+            let (cut, error) = match ended {
+                Supervision::DeadlineCut(cut) => (cut, None),
+                Supervision::Done(Err(e)) => (Snapshot::default(), Some(e)),
+                _ => (Snapshot::default(), None),
+            };
+            let answer = keep(guard, kept, cut).await;
+            // A handler's error still reaches its first caller as it is.
+            error.map_or(Ok(answer), Err)
+        }
     }
 }
 
 /// Stores `done` for the key, and gives it back.
-async fn store<St: Store>(guard: &mut LeaseGuard<St>, done: StoredResponse) -> StoredResponse {
-    let claim = guard.claim();
-    let complete = with_timeout(
-        guard.config().store_timeout,
-        guard.shared.store.complete(&claim, &done, guard.ttl),
-    );
-    let found = timed(guard.config().stats.metrics(), Op::Complete, complete).await;
-    match rules::on_store(&found) {
-        OnStore::Stored => {}
-        OnStore::LeaseLost => {
-            guard.config().stats.count_lease_lost();
-            tracing::error!(key = guard.key.as_str(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
-        }
-        OnStore::Hold => {
-            if let Err(e) = &found {
-                tracing::warn!(error = %e, key = guard.key.as_str(), "could not store an idempotent response: it is held, and stored in the background");
-            }
+// An async block rather than an `async fn`: an `async fn` moves its
+// parameters into locals of its own, which would hold their room twice.
+#[allow(clippy::manual_async_fn)]
+fn store<St: Store>(
+    guard: &mut LeaseGuard<St>,
+    done: StoredResponse,
+) -> impl Future<Output = StoredResponse> + Send + '_ {
+    async move {
+        let found = {
             let claim = guard.claim();
-            held::store_later(
-                &guard.shared.store,
-                guard.config(),
-                &claim,
-                done.clone(),
-                guard.ttl,
+            let complete = with_timeout(
+                guard.config().store_timeout,
+                guard.shared.store.complete(&claim, &done, guard.ttl),
             );
+            timed(guard.config().stats.metrics(), Op::Complete, complete).await
+        };
+        match rules::on_store(&found) {
+            OnStore::Stored => {}
+            OnStore::LeaseLost => {
+                guard.config().stats.count_lease_lost();
+                tracing::error!(key = guard.key.as_str(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
+            }
+            OnStore::Hold => {
+                if let Err(e) = &found {
+                    tracing::warn!(error = %e, key = guard.key.as_str(), "could not store an idempotent response: it is held, and stored in the background");
+                }
+                let claim = guard.claim();
+                held::store_later(
+                    &guard.shared.store,
+                    guard.config(),
+                    &claim,
+                    done.clone(),
+                    guard.ttl,
+                );
+            }
         }
+        guard.phase = Phase::Idle;
+        done
     }
-    guard.phase = Phase::Idle;
-    done
 }
 
 /// Keeps a response of the layer's own as the key's end (`kept`: a failure
@@ -746,11 +841,11 @@ pub(crate) fn stored_headers(headers: &HeaderMap, per_caller: &[HeaderName]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Begin;
+    use crate::idempotency::backend::Keyed;
     use crate::{IdempotencyLayer, MemoryStore};
     use http::Request;
     use http_body_util::{BodyExt, Full};
-    use tower::{Layer, ServiceExt};
+    use tower::{Layer, Service, ServiceExt};
 
     /// A response with `content-length` and `extra` as headers, through the
     /// layer (response cap `cap`), then replayed.
@@ -894,6 +989,64 @@ mod tests {
             assert_eq!(resp.status(), StatusCode::OK);
         }
         assert_eq!(clones.load(std::sync::atomic::Ordering::Relaxed), before);
+    }
+
+    /// What a keyed request boxes is two blocks of at most 1 KiB each (the
+    /// claim's, then the handler's), with a handler whose future takes as
+    /// much room as an axum route's: glibc serves blocks of up to 1,032
+    /// bytes from a per-thread cache, and a larger one (the 2 KiB of one box)
+    /// from its shared lists, under a lock, which cost a two-core server
+    /// more than the second box does.
+    #[tokio::test]
+    async fn a_keyed_requests_boxes_stay_within_a_kibibyte() {
+        let layer = IdempotencyLayer::new(MemoryStore::new());
+        let shared = Arc::new(Shared {
+            store: MemoryStore::new(),
+            config: layer.config().clone(),
+        });
+        let request = || {
+            Request::post("/x")
+                .header("idempotency-key", "k")
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+                .into_parts()
+        };
+        let guard = |parts: &http::request::Parts| {
+            let keyed = Keyed {
+                scope: Cow::Borrowed("anonymous"),
+                key: request::key(parts).unwrap().unwrap(),
+                deadline: None,
+                grpc: false,
+            };
+            LeaseGuard::new(Arc::clone(&shared), keyed)
+        };
+        // An axum route's future holds the request until it is first polled:
+        // 480 bytes in all.
+        let handler = tower::service_fn(|req: Request<MaybeBuffered<Full<Bytes>>>| async move {
+            let room = [0u8; 200];
+            tokio::task::yield_now().await;
+            std::hint::black_box((&room, &req));
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+        let (parts, body) = request();
+        let mut probe = handler;
+        let handler_room = std::mem::size_of_val(&probe.call(Request::from_parts(
+            parts,
+            MaybeBuffered::full(Bytes::new()),
+        )));
+        assert!(handler_room >= 480, "{handler_room}");
+
+        let (parts, _) = request();
+        let claim = run(handler, guard(&parts), parts, body);
+        let (parts, _) = request();
+        let mut held = guard(&parts);
+        let work = work::<_, _, Full<Bytes>, _>(&mut held, handler, parts, Bytes::new());
+        for (what, room) in [
+            ("claim", std::mem::size_of_val(&claim)),
+            ("work", std::mem::size_of_val(&work)),
+        ] {
+            assert!(room <= 1024, "{what}: {room} bytes");
+        }
     }
 
     #[test]

@@ -75,24 +75,33 @@ impl fmt::Debug for Fingerprint {
 ///
 /// 128 random bits; stores that keep text use its [`Display`](fmt::Display)
 /// form, 32 lower-case hex digits.
+///
+/// Kept as two `u64`s (high, low) rather than a `u128`: a `u128` is aligned
+/// to 16 bytes, and so would be every request's state that holds a token,
+/// with padding to match.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LeaseToken(u128);
+pub struct LeaseToken([u64; 2]);
 
 impl LeaseToken {
     /// A fresh random token. Unique, not secret: it never leaves the server.
     pub fn random() -> Self {
-        Self(fastrand::u128(..))
+        Self([fastrand::u64(..), fastrand::u64(..)])
+    }
+
+    #[cfg(test)]
+    const fn from_u128(n: u128) -> Self {
+        Self([(n >> 64) as u64, n as u64])
     }
 
     /// The token as a number, for stores that keep it as one.
     pub const fn as_u128(self) -> u128 {
-        self.0
+        ((self.0[0] as u128) << 64) | self.0[1] as u128
     }
 
     /// The token as 32 lower-case hex digits, without allocating.
     pub fn to_hex(self) -> [u8; 32] {
         let mut out = [0; 32];
-        for (pair, b) in out.chunks_exact_mut(2).zip(self.0.to_be_bytes()) {
+        for (pair, b) in out.chunks_exact_mut(2).zip(self.as_u128().to_be_bytes()) {
             pair.copy_from_slice(&hex_pair(b));
         }
         out
@@ -107,7 +116,7 @@ pub(crate) fn hex_pair(b: u8) -> [u8; 2] {
 
 impl fmt::Display for LeaseToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        write!(f, "{:032x}", self.as_u128())
     }
 }
 
@@ -395,7 +404,7 @@ mod tests {
     #[test]
     fn a_lease_token_reads_the_same_as_hex_and_as_text() {
         // Redis keeps `to_hex`, PostgreSQL the `Display` form: the same text.
-        let t = LeaseToken(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+        let t = LeaseToken::from_u128(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
         assert_eq!(&t.to_hex(), b"0123456789abcdeffedcba9876543210");
         assert_eq!(t.to_string().as_bytes(), &t.to_hex());
         let r = LeaseToken::random();
