@@ -139,7 +139,7 @@ pub(crate) mod sealed {
             RB: ResponseBody,
         {
             let guard = LeaseGuard::new(shared, keyed);
-            Box::pin(run(inner, guard, parts, body))
+            run(inner, guard, parts, body)
         }
 
         fn unkeyed<S, B, RB>(

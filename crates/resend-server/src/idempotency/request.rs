@@ -140,6 +140,14 @@ pub(crate) fn scope(parts: &Parts, scope: &Scope) -> (Cow<'static, str>, bool) {
 /// A hash of the credential headers present (name and every value, in
 /// order); `None` when there is none.
 fn credentials(parts: &Parts, api_keys: &[HeaderName]) -> Option<Cow<'static, str>> {
+    // Most requests' few headers hold no credential: one pass over them,
+    // comparing names (a standard name compares as a number), tells, where
+    // a lookup of each credential name would hash it.
+    let is_credential =
+        |name: &HeaderName| CREDENTIAL_HEADERS.contains(name) || api_keys.contains(name);
+    if !parts.headers.keys().any(is_credential) {
+        return None;
+    }
     let mut h: Option<Sha256> = None;
     for name in CREDENTIAL_HEADERS.iter().chain(api_keys) {
         for value in parts.headers.get_all(name) {

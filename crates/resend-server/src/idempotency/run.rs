@@ -18,7 +18,7 @@ use resend::{BoxError, Deadline};
 use tokio::time::{Instant, Sleep};
 
 use super::backend::{Handler, Keyed, RequestBody, ResponseBody};
-use super::future::handler_started;
+use super::future::{handler_started, Slow};
 use super::held;
 use super::layer::Config;
 use super::request::{self, Key, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
@@ -234,7 +234,7 @@ pub(crate) fn run<S, St, B, RB>(
     mut guard: LeaseGuard<St>,
     parts: http::request::Parts,
     body: B,
-) -> impl Future<Output = Result<Response<MaybeBuffered<RB>>, S::Error>> + Send
+) -> Slow<RB, S::Error>
 where
     S: Handler<B, RB>,
     St: Store,
@@ -244,7 +244,7 @@ where
     use tracing::Instrument;
     guard.span = telemetry::request_span(&parts.method);
     let span = guard.span.clone();
-    async move {
+    let run = async move {
         let bytes = match claim(&mut guard, &parts, body).await {
             Claimed::Run(bytes) => bytes,
             Claimed::Answer(response) => {
@@ -257,8 +257,16 @@ where
             telemetry::answered(&guard.span, response.status());
         }
         result
+    };
+    // A span no subscriber wants is not entered and left on every poll.
+    // (With tracing's `log` feature, which sqlx turns on, a disabled span
+    // would still be entered, to tell the `log` crate at TRACE: those lines
+    // are all that is left out. The layer's events still reach it.)
+    if span.is_disabled() {
+        Box::pin(run)
+    } else {
+        Box::pin(run.instrument(span))
     }
-    .instrument(span)
 }
 
 /// The handler run under its lease ([`Supervised`]), and its end kept
@@ -442,13 +450,15 @@ fn begin<St: Store>(
     guard: &mut LeaseGuard<St>,
 ) -> impl Future<Output = Result<Begin, StoreError>> + Send + '_ {
     async move {
-        // (A statement of its own, so that the answer it looked for is not
-        // kept while the store is awaited.)
-        if let Some(held) = guard.config().held.answer(&guard.claim().key) {
-            return Ok(held);
-        }
+        // (`Claiming` from here: an answer held here is a replay, which
+        // sets the phase back.)
         guard.phase = Phase::Claiming;
         let claim = guard.claim();
+        // (A statement of its own, so that the answer it looked for is not
+        // kept while the store is awaited.)
+        if let Some(held) = guard.config().held.answer(&claim.key) {
+            return Ok(held);
+        }
         let begin = with_timeout(
             guard.config().store_timeout,
             guard.shared.store.begin(&claim, guard.ttl),
@@ -573,16 +583,7 @@ where
 {
     async move {
         let status = resp.status();
-        // Usually no header is left out of the record: then the response's
-        // own headers are lent to it while it is stored, and no copy is
-        // made.
-        let per_caller = &guard.config().per_caller;
-        let lent = !resp.headers().keys().any(|n| is_unstored(n, per_caller));
-        let headers = if lent {
-            std::mem::take(resp.headers_mut())
-        } else {
-            stored_headers(resp.headers(), per_caller)
-        };
+        let (headers, lent) = lend_headers(resp.headers_mut(), &guard.config().per_caller);
         let cap = guard.config().response_cap;
         let read = Supervised::new(guard, read_capped(resp.body_mut(), cap)).await;
         let (bytes, whole) = match body_read(read, &guard.key) {
@@ -605,8 +606,11 @@ where
         };
         let done = store(guard, done).await;
         let (mut parts, body) = resp.into_parts();
-        if lent {
+        if let Lent::Yes { length } = lent {
             parts.headers = done.headers;
+            if let Some(length) = length {
+                parts.headers.insert(http::header::CONTENT_LENGTH, length);
+            }
         }
         if whole {
             return Ok(Response::from_parts(parts, MaybeBuffered::full(done.body)));
@@ -616,6 +620,39 @@ where
             MaybeBuffered::chain(prefix, body),
         ))
     }
+}
+
+/// Whether a response's headers were lent to its record (and its
+/// `content-length` set aside meanwhile), or copied.
+enum Lent {
+    Yes { length: Option<HeaderValue> },
+    No,
+}
+
+/// The headers a response is stored with. Usually no header but
+/// `content-length` (which axum sets on every body of known size) is left
+/// out: then the response's own headers are lent to the record while it is
+/// stored, that one set aside, and no copy is made. Otherwise a copy
+/// without the ones left out.
+fn lend_headers(headers: &mut HeaderMap, per_caller: &[HeaderName]) -> (HeaderMap, Lent) {
+    let mut length = false;
+    for name in headers.keys() {
+        if !is_unstored(name, per_caller) {
+            continue;
+        }
+        // (One value: `remove` below takes them all, and gives back one.)
+        if name != http::header::CONTENT_LENGTH || headers.get_all(name).iter().nth(1).is_some() {
+            return (stored_headers(headers, per_caller), Lent::No);
+        }
+        length = true;
+    }
+    let mut lent = std::mem::take(headers);
+    let length = if length {
+        lent.remove(http::header::CONTENT_LENGTH)
+    } else {
+        None
+    };
+    (lent, Lent::Yes { length })
 }
 
 /// The body of a response to store, read (and whether it ended within the
@@ -891,10 +928,9 @@ mod tests {
         assert_eq!(first.headers()["content-type"], "text/plain");
         assert_eq!(first.headers()["x-a"], "1");
         assert_eq!(first.body().size_hint().exact(), Some(5));
-        assert!(first
-            .headers()
-            .get("content-length")
-            .is_none_or(|v| v == "5"));
+        // Its `content-length`, set aside while the record was made, is
+        // given back.
+        assert_eq!(first.headers()["content-length"], "5");
         assert_eq!(body(first).await, "hello");
         assert_eq!(again.headers()["idempotent-replayed"], "true");
         assert_eq!(again.headers()["x-a"], "1");
@@ -1038,6 +1074,7 @@ mod tests {
 
         let (parts, _) = request();
         let claim = run(handler, guard(&parts), parts, body);
+        let claim = &*claim;
         let (parts, _) = request();
         let mut held = guard(&parts);
         let work = work::<_, _, Full<Bytes>, _>(&mut held, handler, parts, Bytes::new());
