@@ -64,7 +64,9 @@ pub(crate) struct LeaseGuard<St: Store> {
     /// The lease, sized from the deadline, and the record's life.
     ttl: Ttl,
     deadline: Option<Deadline>,
-    started_at: Instant,
+    /// When it began, for the 504 of a handler the deadline cuts: read
+    /// only when there is a deadline (no clock is read otherwise).
+    started_at: Option<Instant>,
     /// A gRPC request: its deadline's end is said the gRPC way.
     grpc: bool,
     /// Where the request's time goes (its deadline scope's), for the 504
@@ -92,7 +94,7 @@ impl<St: Store> LeaseGuard<St> {
             fingerprint: Fingerprint([0; 32]),
             ttl,
             deadline,
-            started_at: Instant::now(),
+            started_at: deadline.map(|_| Instant::now()),
             grpc,
             ledger: None,
             phase: Phase::Idle,
@@ -252,7 +254,13 @@ where
                 return Ok(response);
             }
         };
-        let result = Box::pin(work::<S, St, B, RB>(&mut guard, inner, parts, bytes)).await;
+        // (Written into its box where it is made, rather than made on the
+        // stack and copied in.)
+        let work = Box::write(
+            Box::new_uninit(),
+            work::<S, St, B, RB>(&mut guard, inner, parts, bytes),
+        );
+        let result = Pin::from(work).await;
         if let Ok(response) = &result {
             telemetry::answered(&guard.span, response.status());
         }
@@ -263,7 +271,7 @@ where
     // would still be entered, to tell the `log` crate at TRACE: those lines
     // are all that is left out. The layer's events still reach it.)
     if span.is_disabled() {
-        Box::pin(run)
+        Pin::from(Box::write(Box::new_uninit(), run))
     } else {
         Box::pin(run.instrument(span))
     }
@@ -786,7 +794,8 @@ fn deadline_cut<St: Store>(guard: &LeaseGuard<St>, cut: Snapshot) -> StoredRespo
         key = guard.key.as_str(),
         "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
     );
-    deadline_response(guard.started_at, guard.deadline, guard.grpc, cut)
+    let started_at = guard.started_at.unwrap_or_else(Instant::now);
+    deadline_response(started_at, guard.deadline, guard.grpc, cut)
 }
 
 /// The 504 of a request that began at `started_at` and whose `deadline`
@@ -1079,7 +1088,7 @@ mod tests {
         let mut held = guard(&parts);
         let work = work::<_, _, Full<Bytes>, _>(&mut held, handler, parts, Bytes::new());
         for (what, room) in [
-            ("claim", std::mem::size_of_val(&claim)),
+            ("claim", std::mem::size_of_val(claim)),
             ("work", std::mem::size_of_val(&work)),
         ] {
             assert!(room <= 1024, "{what}: {room} bytes");

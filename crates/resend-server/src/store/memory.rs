@@ -39,9 +39,14 @@ const SHARDS: usize = 16;
 /// keys. Only a store full of *live leases* (work in progress) refuses new
 /// keys (the layer answers 503).
 ///
-/// A record is one allocation of its exact size: 65 bytes, its scope and
-/// key, and its stored response; with its slot in the table, a UUID key
-/// with a small JSON answer takes about 200 bytes.
+/// A record is 65 bytes, its scope and key, and its stored response; with
+/// its slot in the table, a UUID key with a small JSON answer takes about
+/// 200 bytes. Finished records of up to 4 KiB are kept in blocks of 16 KiB
+/// per shard, in the order they come, and a block is freed once its last
+/// record has gone: records kept as long as each other (one layer's record
+/// TTL) free their blocks in turn. A record kept much longer than those
+/// around it (two layers with different TTLs on one store) keeps its block,
+/// whose unused room `max_bytes` does not count.
 ///
 /// The records are split into 16 shards by the hash of their key (randomly
 /// seeded), each behind its own lock, so concurrent requests seldom wait for
@@ -127,12 +132,8 @@ struct Shard {
     /// record's expiry, lowered whenever one is set), so a sweep before it
     /// would free nothing. `None` when there is no record to expire.
     next_expiry: Option<u64>,
-}
-
-impl Shard {
-    fn expires_at(&mut self, until: u64) {
-        self.next_expiry = Some(self.next_expiry.map_or(until, |t| t.min(until)));
-    }
+    /// Where its records' bytes are.
+    blocks: Blocks,
 }
 
 /// A slot of a shard's table: 24 bytes, the record itself out of line.
@@ -141,13 +142,7 @@ impl Shard {
 /// the CPU's caches, and growing it moves 24 bytes per record.
 struct Slot {
     hash: u64,
-    record: Record,
-}
-
-impl Slot {
-    fn is(&self, hash: u64, key: &RecordKey<'_>) -> bool {
-        self.hash == hash && self.record.is(key)
-    }
+    place: Place,
 }
 
 // A record's bytes: its header, then its scope's and its key's bytes, then,
@@ -167,13 +162,174 @@ const HEADER: usize = 65;
 const LEASED: u8 = 0;
 const DONE: u8 = 1;
 
-/// A record, in one allocation of its exact size: a lease holds its header
-/// and its scope and key (~110 bytes for a UUID key), a finished record
-/// those and its response. So a record at rest is one allocation, not
-/// two, and a lease, made again as the finished record replaces it, is
-/// freed while it is still in the CPU's caches, and its memory is the next
-/// lease's.
-struct Record(Box<[u8]>);
+/// The bytes of a shard's blocks of finished records.
+const BLOCK: usize = 16 * 1024;
+/// Finished records up to this size go in a shared block; larger ones in a
+/// block of their own.
+const SHARED_MAX: usize = BLOCK / 4;
+
+/// Where a record's bytes are: a block of its shard, and where in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Place {
+    block: u32,
+    at: u32,
+    len: u32,
+}
+
+/// A block of records: a shared one, which finished records are appended
+/// to, or one record's own (a lease, or a large finished record).
+struct Block {
+    bytes: Box<[u8]>,
+    /// Bytes taken, from the start.
+    used: usize,
+    /// Records in it that are still in the table.
+    live: u32,
+}
+
+/// The records of a shard.
+///
+/// A finished record lives as long as its TTL, while everything else a
+/// request allocates goes within the request: a finished record of its own
+/// allocation is carved out of the heap among short-lived blocks (a
+/// server's buffers), which, with glibc's allocator, sends allocations of
+/// every size down its slow paths and over cold memory (measured: about a
+/// microsecond per request, against a third of one with jemalloc). So
+/// finished records are appended to shared blocks of 16 KiB, one allocation
+/// per ~80 records, written in order; a block is freed (or kept as the next
+/// one) when its last record goes. Records of one store share its record
+/// TTL and so leave a block in the order they came; a record kept much
+/// longer than its neighbours (a layer with another TTL on the same store)
+/// keeps its block, whose unused room is not counted in
+/// [`max_bytes`](MemoryStore::max_bytes).
+///
+/// Leases, which live as long as a handler, are blocks of their own: an
+/// allocation made and freed by one request, which the allocator's
+/// per-thread cache serves.
+#[derive(Default)]
+struct Blocks {
+    blocks: Vec<Option<Block>>,
+    /// Indices of `blocks` that hold none.
+    free: Vec<u32>,
+    /// The shared block finished records are appended to.
+    current: Option<u32>,
+    /// A shared block emptied, kept to be the next one.
+    spare: Option<Box<[u8]>>,
+}
+
+impl Blocks {
+    fn get(&self, place: Place) -> Rec<'_> {
+        let bytes = match self.blocks.get(place.block as usize) {
+            Some(Some(block)) => {
+                let at = place.at as usize;
+                block.bytes.get(at..at + place.len as usize)
+            }
+            _ => None,
+        };
+        // (Every place in the table is one `put` made and `remove` not yet
+        // unmade; an empty record reads as an expired lease.)
+        Rec(bytes.unwrap_or_default())
+    }
+
+    fn get_mut(&mut self, place: Place) -> &mut [u8] {
+        let bytes = match self.blocks.get_mut(place.block as usize) {
+            Some(Some(block)) => {
+                let at = place.at as usize;
+                block.bytes.get_mut(at..at + place.len as usize)
+            }
+            _ => None,
+        };
+        bytes.unwrap_or_default()
+    }
+
+    /// An index for a new block.
+    fn add(&mut self, block: Block) -> Result<u32, StoreError> {
+        if let Some(i) = self.free.pop() {
+            self.blocks[i as usize] = Some(block);
+            return Ok(i);
+        }
+        let i = u32::try_from(self.blocks.len())
+            .map_err(|_| StoreError::new("memory store shard holds 2^32 blocks"))?;
+        self.blocks.push(Some(block));
+        Ok(i)
+    }
+
+    /// Puts a record: a finished one of up to [`SHARED_MAX`] bytes at the
+    /// end of the shared block, any other in a block of its own.
+    fn put(&mut self, record: Vec<u8>) -> Result<Place, StoreError> {
+        let len = u32::try_from(record.len())
+            .map_err(|_| StoreError::new("an idempotency record of 4 GiB or more"))?;
+        let shared = record.len() <= SHARED_MAX && Rec(&record).is_done();
+        if !shared {
+            let used = record.len();
+            let block = self.add(Block {
+                bytes: record.into_boxed_slice(),
+                used,
+                live: 1,
+            })?;
+            return Ok(Place { block, at: 0, len });
+        }
+        let room = self
+            .current
+            .and_then(|i| self.blocks.get(i as usize)?.as_ref())
+            .is_some_and(|b| b.used + record.len() <= b.bytes.len());
+        if !room {
+            let bytes = self
+                .spare
+                .take()
+                .unwrap_or_else(|| vec![0; BLOCK].into_boxed_slice());
+            let old = self.current.take();
+            self.current = Some(self.add(Block {
+                bytes,
+                used: 0,
+                live: 0,
+            })?);
+            // The old block goes once its records have.
+            if let Some(old) = old {
+                self.release_if_empty(old);
+            }
+        }
+        let i = self.current.unwrap_or_default();
+        let Some(Some(block)) = self.blocks.get_mut(i as usize) else {
+            return Err(StoreError::new("memory store block missing"));
+        };
+        let at = block.used;
+        block.bytes[at..at + record.len()].copy_from_slice(&record);
+        block.used += record.len();
+        block.live += 1;
+        let at = u32::try_from(at).unwrap_or_default();
+        Ok(Place { block: i, at, len })
+    }
+
+    /// Takes a record out: its block goes with its last record (the shared
+    /// block being filled starts again from the start).
+    fn remove(&mut self, place: Place) {
+        if let Some(Some(block)) = self.blocks.get_mut(place.block as usize) {
+            block.live = block.live.saturating_sub(1);
+        }
+        self.release_if_empty(place.block);
+    }
+
+    fn release_if_empty(&mut self, i: u32) {
+        let Some(slot) = self.blocks.get_mut(i as usize) else {
+            return;
+        };
+        if slot.as_ref().is_none_or(|b| b.live > 0) {
+            return;
+        }
+        if self.current == Some(i) {
+            if let Some(block) = slot {
+                block.used = 0;
+            }
+            return;
+        }
+        if let Some(block) = slot.take() {
+            if block.bytes.len() == BLOCK && self.spare.is_none() {
+                self.spare = Some(block.bytes);
+            }
+            self.free.push(i);
+        }
+    }
+}
 
 /// The length of a scope or key as the header keeps it.
 fn len32(bytes: &[u8]) -> Result<[u8; 4], StoreError> {
@@ -182,63 +338,95 @@ fn len32(bytes: &[u8]) -> Result<[u8; 4], StoreError> {
         .map_err(|_| StoreError::new("an idempotency scope of 4 GiB or more"))
 }
 
-impl Record {
-    /// A record's header and key, with room for `extra` bytes more.
-    fn start(
-        key: &RecordKey<'_>,
-        state: u8,
-        token: u128,
-        fingerprint: &Fingerprint,
-        until: u64,
-        extra: usize,
-    ) -> Result<Vec<u8>, StoreError> {
-        let (scope, k) = (key.scope.as_bytes(), key.key.as_bytes());
-        let (scope_len, key_len) = (len32(scope)?, len32(k)?);
-        let mut header = [0; HEADER];
-        header[UNTIL].copy_from_slice(&until.to_le_bytes());
-        header[STATE] = state;
-        header[TOKEN].copy_from_slice(&token.to_le_bytes());
-        header[FINGERPRINT].copy_from_slice(&fingerprint.0);
-        header[SCOPE_LEN].copy_from_slice(&scope_len);
-        header[KEY_LEN].copy_from_slice(&key_len);
-        let mut out = Vec::with_capacity(HEADER + scope.len() + k.len() + extra);
-        out.extend_from_slice(&header);
-        out.extend_from_slice(scope);
-        out.extend_from_slice(k);
-        Ok(out)
-    }
+/// A record's header and key, with room for `extra` bytes more.
+fn start(
+    key: &RecordKey<'_>,
+    state: u8,
+    token: u128,
+    fingerprint: &Fingerprint,
+    until: u64,
+    extra: usize,
+) -> Result<Vec<u8>, StoreError> {
+    let (scope, k) = (key.scope.as_bytes(), key.key.as_bytes());
+    let (scope_len, key_len) = (len32(scope)?, len32(k)?);
+    let mut header = [0; HEADER];
+    header[UNTIL].copy_from_slice(&until.to_le_bytes());
+    header[STATE] = state;
+    header[TOKEN].copy_from_slice(&token.to_le_bytes());
+    header[FINGERPRINT].copy_from_slice(&fingerprint.0);
+    header[SCOPE_LEN].copy_from_slice(&scope_len);
+    header[KEY_LEN].copy_from_slice(&key_len);
+    let mut out = Vec::with_capacity(HEADER + scope.len() + k.len() + extra);
+    out.extend_from_slice(&header);
+    out.extend_from_slice(scope);
+    out.extend_from_slice(k);
+    Ok(out)
+}
 
-    fn lease(
-        key: &RecordKey<'_>,
-        fingerprint: &Fingerprint,
-        token: &LeaseToken,
-        until: u64,
-    ) -> Result<Self, StoreError> {
-        let bytes = Self::start(key, LEASED, token.as_u128(), fingerprint, until, 0)?;
-        Ok(Self(bytes.into_boxed_slice()))
-    }
+/// A lease's record: its header, and its scope and key (~110 bytes for a
+/// UUID key).
+fn lease(
+    key: &RecordKey<'_>,
+    fingerprint: &Fingerprint,
+    token: &LeaseToken,
+    until: u64,
+) -> Result<Vec<u8>, StoreError> {
+    start(key, LEASED, token.as_u128(), fingerprint, until, 0)
+}
 
-    /// A finished record for the claim (its key, fingerprint and token),
-    /// holding `response` (or, with `slim`, its status and headers only).
-    fn done(
-        claim: &Claim<'_>,
-        response: &StoredResponse,
-        slim: bool,
-        until: u64,
-    ) -> Result<Self, StoreError> {
-        let body: &[u8] = if slim { &[] } else { &response.body };
-        let (headers, omitted) = (&response.headers, slim || response.body_omitted);
-        let extra = super::encoded_len(headers, body);
-        let token = claim.token.as_u128();
-        let mut bytes = Self::start(&claim.key, DONE, token, &claim.fingerprint, until, extra)?;
-        super::encode_into(&mut bytes, response.status, headers, omitted, body);
-        Ok(Self(bytes.into_boxed_slice()))
+/// A finished record for the claim (its key, fingerprint and token),
+/// holding `response` (or, with `slim`, its status and headers only).
+fn done(
+    claim: &Claim<'_>,
+    response: &StoredResponse,
+    slim: bool,
+    until: u64,
+) -> Result<Vec<u8>, StoreError> {
+    let body: &[u8] = if slim { &[] } else { &response.body };
+    let (headers, omitted) = (&response.headers, slim || response.body_omitted);
+    let extra = super::encoded_len(headers, body);
+    let token = claim.token.as_u128();
+    let mut bytes = start(&claim.key, DONE, token, &claim.fingerprint, until, extra)?;
+    super::encode_into(&mut bytes, response.status, headers, omitted, body);
+    Ok(bytes)
+}
+
+/// A lease's record taken over by `token`, in place (a lease and a new one
+/// for the same key have the same size).
+fn lease_again(bytes: &mut [u8], fingerprint: &Fingerprint, token: &LeaseToken, until: u64) {
+    set_until(bytes, until);
+    if let Some(t) = bytes.get_mut(TOKEN) {
+        t.copy_from_slice(&token.as_u128().to_le_bytes());
+    }
+    if let Some(f) = bytes.get_mut(FINGERPRINT) {
+        f.copy_from_slice(&fingerprint.0);
+    }
+}
+
+fn set_until(bytes: &mut [u8], until: u64) {
+    if let Some(u) = bytes.get_mut(UNTIL) {
+        u.copy_from_slice(&until.to_le_bytes());
+    }
+}
+
+/// A record's bytes, read (see the layout above). The store made them,
+/// with their header: a short one reads as an expired lease.
+#[derive(Clone, Copy)]
+struct Rec<'a>(&'a [u8]);
+
+impl Rec<'_> {
+    fn array<const N: usize>(&self, at: std::ops::Range<usize>) -> [u8; N] {
+        let mut b = [0; N];
+        if let Some(s) = self.0.get(at) {
+            if s.len() == N {
+                b.copy_from_slice(s);
+            }
+        }
+        b
     }
 
     fn u32_at(&self, at: std::ops::Range<usize>) -> usize {
-        let mut b = [0; 4];
-        b.copy_from_slice(&self.0[at]);
-        u32::from_le_bytes(b) as usize
+        u32::from_le_bytes(self.array(at)) as usize
     }
 
     /// Where the scope and key end and the response begins.
@@ -253,23 +441,19 @@ impl Record {
     }
 
     fn until(&self) -> u64 {
-        let mut b = [0; 8];
-        b.copy_from_slice(&self.0[UNTIL]);
-        u64::from_le_bytes(b)
-    }
-
-    fn set_until(&mut self, until: u64) {
-        self.0[UNTIL].copy_from_slice(&until.to_le_bytes());
+        u64::from_le_bytes(self.array(UNTIL))
     }
 
     fn fingerprint(&self) -> Fingerprint {
-        let mut f = [0; 32];
-        f.copy_from_slice(&self.0[FINGERPRINT]);
-        Fingerprint(f)
+        Fingerprint(self.array(FINGERPRINT))
     }
 
     fn is_lease(&self) -> bool {
-        self.0[STATE] == LEASED
+        self.0.get(STATE) != Some(&DONE)
+    }
+
+    fn is_done(&self) -> bool {
+        !self.is_lease()
     }
 
     fn is_leased_by(&self, token: &LeaseToken) -> bool {
@@ -277,15 +461,7 @@ impl Record {
     }
 
     fn is_by(&self, token: &LeaseToken) -> bool {
-        self.0[TOKEN] == token.as_u128().to_le_bytes()
-    }
-
-    /// A lease's record taken over by `token`, in place (a lease and a new
-    /// one for the same key have the same size).
-    fn lease_again(&mut self, fingerprint: &Fingerprint, token: &LeaseToken, until: u64) {
-        self.set_until(until);
-        self.0[TOKEN].copy_from_slice(&token.as_u128().to_le_bytes());
-        self.0[FINGERPRINT].copy_from_slice(&fingerprint.0);
+        self.array::<16>(TOKEN) == token.as_u128().to_le_bytes()
     }
 
     /// The bytes of its stored response: 0 for a lease.
@@ -293,7 +469,7 @@ impl Record {
         if self.is_lease() {
             0
         } else {
-            self.0.len() - self.key_end()
+            self.0.len().saturating_sub(self.key_end())
         }
     }
 
@@ -303,7 +479,11 @@ impl Record {
         if self.is_lease() {
             return Ok(Begin::InProgress { fingerprint });
         }
-        match StoredResponse::decode(&self.0[self.key_end()..]) {
+        match self
+            .0
+            .get(self.key_end()..)
+            .and_then(StoredResponse::decode)
+        {
             Some(response) => Ok(Begin::Completed {
                 fingerprint,
                 response,
@@ -409,19 +589,26 @@ impl MemoryStore {
         let mut tries = 0;
         loop {
             let mut guard = self.shard(hash);
-            let shard = &mut *guard;
-            let full = match shard.table.entry(hash, |s| s.is(hash, key), |s| s.hash) {
+            let Shard {
+                table,
+                blocks,
+                next_expiry,
+            } = &mut *guard;
+            let found = table.entry(hash, |s| is(s, hash, key, blocks), |s| s.hash);
+            let full = match found {
                 Entry::Occupied(mut e) => {
-                    let r = &mut e.get_mut().record;
+                    let place = e.get().place;
+                    let r = blocks.get(place);
                     if r.until() > now {
                         return r.answer();
                     }
                     // Expired: a dead holder's lease, or an old record. Take it over.
                     if r.is_lease() {
-                        r.lease_again(&fingerprint, token, until);
+                        lease_again(blocks.get_mut(place), &fingerprint, token, until);
                     } else {
                         let size = r.size();
-                        *r = Record::lease(key, &fingerprint, token, until)?;
+                        e.get_mut().place = blocks.put(lease(key, &fingerprint, token, until)?)?;
+                        blocks.remove(place);
                         self.shared.bytes.fetch_sub(size, Relaxed);
                     }
                     false
@@ -430,13 +617,14 @@ impl MemoryStore {
                     if self.shared.bytes.load(Relaxed) > self.max_bytes || !self.reserve_record() {
                         true
                     } else {
-                        self.insert(e, hash, Record::lease(key, &fingerprint, token, until))?;
+                        let record = lease(key, &fingerprint, token, until);
+                        self.insert(e, blocks, hash, record)?;
                         false
                     }
                 }
             };
             if !full {
-                shard.expires_at(until);
+                expires_at(next_expiry, until);
                 return Ok(Begin::Acquired);
             }
             drop(guard);
@@ -456,12 +644,13 @@ impl MemoryStore {
     fn insert(
         &self,
         slot: hashbrown::hash_table::VacantEntry<'_, Slot>,
+        blocks: &mut Blocks,
         hash: u64,
-        record: Result<Record, StoreError>,
+        record: Result<Vec<u8>, StoreError>,
     ) -> Result<(), StoreError> {
-        match record {
-            Ok(record) => {
-                slot.insert(Slot { hash, record });
+        match record.and_then(|r| blocks.put(r)) {
+            Ok(place) => {
+                slot.insert(Slot { hash, place });
                 Ok(())
             }
             Err(err) => {
@@ -476,14 +665,18 @@ impl MemoryStore {
         let until = after(self.now(), ttl.lease);
         let hash = self.hash(key);
         let mut guard = self.shard(hash);
-        let shard = &mut *guard;
-        match shard.table.entry(hash, |s| s.is(hash, key), |s| s.hash) {
-            Entry::Occupied(mut e) => {
-                let r = &mut e.get_mut().record;
-                if !r.is_leased_by(&claim.token) {
+        let Shard {
+            table,
+            blocks,
+            next_expiry,
+        } = &mut *guard;
+        match table.entry(hash, |s| is(s, hash, key, blocks), |s| s.hash) {
+            Entry::Occupied(e) => {
+                let place = e.get().place;
+                if !blocks.get(place).is_leased_by(&claim.token) {
                     return Ok(LeaseState::Lost);
                 }
-                r.set_until(until);
+                set_until(blocks.get_mut(place), until);
             }
             Entry::Vacant(e) => {
                 // The record is gone (swept after it expired unrenewed):
@@ -491,11 +684,11 @@ impl MemoryStore {
                 if !self.reserve_record() {
                     return Err(StoreError::new("memory store is full"));
                 }
-                let record = Record::lease(key, &claim.fingerprint, &claim.token, until);
-                self.insert(e, hash, record)?;
+                let record = lease(key, &claim.fingerprint, &claim.token, until);
+                self.insert(e, blocks, hash, record)?;
             }
         }
-        shard.expires_at(until);
+        expires_at(next_expiry, until);
         Ok(LeaseState::Held)
     }
 
@@ -509,21 +702,25 @@ impl MemoryStore {
         let until = after(self.now(), ttl.record);
         let hash = self.hash(key);
         // Made before the lock is taken.
-        let mut full = Record::done(claim, response, false, until)?;
+        let mut full = done(claim, response, false, until)?;
         let mut guard = self.shard(hash);
-        let shard = &mut *guard;
-        let fits = |this: &Self, record: &Record| {
+        let Shard {
+            table,
+            blocks,
+            next_expiry,
+        } = &mut *guard;
+        let fits = |this: &Self, size: usize| {
             this.shared
                 .bytes
                 .fetch_update(Relaxed, Relaxed, |b| {
-                    b.checked_add(record.size())
-                        .filter(|&total| total <= this.max_bytes)
+                    b.checked_add(size).filter(|&total| total <= this.max_bytes)
                 })
                 .is_ok()
         };
-        match shard.table.entry(hash, |s| s.is(hash, key), |s| s.hash) {
+        match table.entry(hash, |s| is(s, hash, key, blocks), |s| s.hash) {
             Entry::Occupied(mut e) => {
-                let r = &mut e.get_mut().record;
+                let place = e.get().place;
+                let r = blocks.get(place);
                 if !r.is_lease() && r.is_by(&claim.token) {
                     // Stored already: this is the holder's `complete` again.
                     return Ok(LeaseState::Held);
@@ -531,14 +728,15 @@ impl MemoryStore {
                 if !r.is_leased_by(&claim.token) {
                     return Ok(LeaseState::Lost);
                 }
-                if !fits(self, &full) {
+                if !fits(self, Rec(&full).size()) {
                     // Keep the operation's outcome, without its body, rather
                     // than forget that it ran.
-                    full = Record::done(claim, response, true, until)?;
-                    self.shared.bytes.fetch_add(full.size(), Relaxed);
+                    full = done(claim, response, true, until)?;
+                    self.shared.bytes.fetch_add(Rec(&full).size(), Relaxed);
                 }
                 // The lease's record is freed here, while it is in the caches.
-                *r = full;
+                e.get_mut().place = blocks.put(full)?;
+                blocks.remove(place);
             }
             Entry::Vacant(e) => {
                 // The lease is gone (swept after it expired unrenewed): the
@@ -546,25 +744,28 @@ impl MemoryStore {
                 if !self.reserve_record() {
                     return Err(StoreError::new("memory store is full"));
                 }
-                if !fits(self, &full) {
-                    full = Record::done(claim, response, true, until)?;
-                    self.shared.bytes.fetch_add(full.size(), Relaxed);
+                if !fits(self, Rec(&full).size()) {
+                    full = done(claim, response, true, until)?;
+                    self.shared.bytes.fetch_add(Rec(&full).size(), Relaxed);
                 }
-                self.insert(e, hash, Ok(full))?;
+                self.insert(e, blocks, hash, Ok(full))?;
             }
         }
-        shard.expires_at(until);
+        expires_at(next_expiry, until);
         Ok(LeaseState::Held)
     }
 
     fn release_now(&self, claim: &Claim<'_>) {
         let key = &claim.key;
         let hash = self.hash(key);
-        let mut shard = self.shard(hash);
-        if let Ok(e) = shard.table.find_entry(hash, |s| s.is(hash, key)) {
-            if e.get().record.is_leased_by(&claim.token) {
+        let mut guard = self.shard(hash);
+        let Shard { table, blocks, .. } = &mut *guard;
+        if let Ok(e) = table.find_entry(hash, |s| is(s, hash, key, blocks)) {
+            let place = e.get().place;
+            if blocks.get(place).is_leased_by(&claim.token) {
                 // A lease holds no bytes.
                 e.remove();
+                blocks.remove(place);
                 self.shared.records.fetch_sub(1, Relaxed);
             }
         }
@@ -589,8 +790,9 @@ impl MemoryStore {
                 shard
                     .table
                     .iter()
-                    .filter(|s| !s.record.is_lease())
-                    .map(|s| (s.record.until(), s.record.size())),
+                    .map(|s| shard.blocks.get(s.place))
+                    .filter(|r| !r.is_lease())
+                    .map(|r| (r.until(), r.size())),
             );
         }
         if untils.is_empty() {
@@ -611,12 +813,15 @@ impl MemoryStore {
         let threshold = untils[n - 1].0;
         let (mut freed, mut removed) = (0, 0);
         for shard in &self.shared.shards {
-            let mut shard = lock(shard);
-            shard.table.retain(|Slot { record: r, .. }| {
+            let mut guard = lock(shard);
+            let Shard { table, blocks, .. } = &mut *guard;
+            table.retain(|s| {
+                let r = blocks.get(s.place);
                 let evict = !r.is_lease() && r.until() <= threshold;
                 if evict {
                     freed += r.size();
                     removed += 1;
+                    blocks.remove(s.place);
                 }
                 !evict
             });
@@ -634,14 +839,20 @@ impl MemoryStore {
     /// Drops the expired records of every shard, one shard at a time.
     fn sweep(&self, now: u64) {
         for shard in &self.shared.shards {
-            let mut shard = lock(shard);
-            if shard.next_expiry.is_none_or(|t| t > now) {
+            let mut guard = lock(shard);
+            let Shard {
+                table,
+                blocks,
+                next_expiry,
+            } = &mut *guard;
+            if next_expiry.is_none_or(|t| t > now) {
                 // Nothing has expired yet: spare the full scan.
                 continue;
             }
             let (mut freed, mut removed) = (0, 0);
             let mut next: Option<u64> = None;
-            shard.table.retain(|Slot { record: r, .. }| {
+            table.retain(|s| {
+                let r = blocks.get(s.place);
                 let until = r.until();
                 let keep = until > now;
                 if keep {
@@ -649,14 +860,25 @@ impl MemoryStore {
                 } else {
                     freed += r.size();
                     removed += 1;
+                    blocks.remove(s.place);
                 }
                 keep
             });
-            shard.next_expiry = next;
+            *next_expiry = next;
             self.shared.bytes.fetch_sub(freed, Relaxed);
             self.shared.records.fetch_sub(removed, Relaxed);
         }
     }
+}
+
+/// Whether `slot` is the record of `key` (whose hash is `hash`).
+fn is(slot: &Slot, hash: u64, key: &RecordKey<'_>, blocks: &Blocks) -> bool {
+    slot.hash == hash && blocks.get(slot.place).is(key)
+}
+
+/// Lowers a shard's `next_expiry` to `until`.
+fn expires_at(next_expiry: &mut Option<u64>, until: u64) {
+    *next_expiry = Some(next_expiry.map_or(until, |t| t.min(until)));
 }
 
 /// `now` plus `ttl`, in nanoseconds, saturating.
@@ -794,18 +1016,87 @@ mod tests {
             scope: "anonymous",
             key: "0b5a2f9e-3c1d-4e8a-9f7b-2d6c8e1a4b3f",
         };
-        // A lease: its header, scope and key, in one allocation.
-        let lease = Record::lease(&k, &fp, &t, 7).unwrap();
-        assert_eq!(lease.0.len(), 110);
-        assert_eq!(lease.size(), 0);
+        // A lease: its header, scope and key.
+        let lease = lease(&k, &fp, &t, 7).unwrap();
+        assert_eq!(lease.len(), 110);
         // Finished: the same, and the response as `encode` writes it.
         let r = resp("ok 21");
-        let done = Record::done(&claim(k, fp, t), &r, false, 9).unwrap();
-        assert_eq!(done.0.len(), 110 + r.encode().len());
-        assert_eq!(done.size(), r.encode().len());
+        let done = done(&claim(k, fp, t), &r, false, 9).unwrap();
+        assert_eq!(done.len(), 110 + r.encode().len());
+        let (lease, done) = (Rec(&lease), Rec(&done));
+        assert_eq!((lease.size(), done.size()), (0, r.encode().len()));
         assert!(done.is(&k) && lease.is(&k));
         assert_eq!((lease.until(), done.until()), (7, 9));
         assert!(lease.is_leased_by(&t) && !done.is_lease());
+    }
+
+    /// A finished record of `n` bytes (`n` at least the header's 65 + 2),
+    /// its bytes made from `seed`.
+    fn finished(n: usize, seed: u8) -> Vec<u8> {
+        let mut v = start(&key("k"), DONE, 0, &FP, 0, n).unwrap();
+        v.resize(n, seed);
+        v
+    }
+
+    /// Finished records share blocks, one per ~16 KiB of them, and read
+    /// back as they were put, whatever was taken out around them; a block
+    /// goes once its last record has, and one emptied block is kept as the
+    /// next. Leases and large records are blocks of their own.
+    #[test]
+    fn records_share_blocks_and_give_them_back() {
+        let mut b = Blocks::default();
+        let live = |b: &Blocks| b.blocks.iter().filter(|x| x.is_some()).count();
+        let mut put: Vec<(Place, Vec<u8>)> = (0..400)
+            .map(|i| {
+                let r = finished(100 + i % 90, i as u8);
+                (b.put(r.clone()).unwrap(), r)
+            })
+            .collect();
+        // 400 records of 100 to 189 bytes: 58,000 bytes in four blocks.
+        assert_eq!(live(&b), 4);
+        // Every other one taken out: the rest read back whole.
+        let mut kept = Vec::new();
+        for (i, (place, r)) in put.drain(..).enumerate() {
+            if i % 2 == 0 {
+                b.remove(place);
+            } else {
+                kept.push((place, r));
+            }
+        }
+        for (place, r) in &kept {
+            assert_eq!(b.get(*place).0, &r[..]);
+        }
+        assert_eq!(live(&b), 4);
+        // The first 150 records kept gone: the blocks that held only them
+        // go (one kept spare), and their indices are used again.
+        for (place, _) in kept.drain(..150) {
+            b.remove(place);
+        }
+        assert!(live(&b) <= 2, "{}", live(&b));
+        assert!(b.spare.is_some());
+        for (place, r) in &kept {
+            assert_eq!(b.get(*place).0, &r[..]);
+        }
+        let again = b.put(finished(120, 7)).unwrap();
+        assert_eq!(b.get(again).0, &finished(120, 7)[..]);
+        // A lease and a large record: blocks of their own, gone with them.
+        let before = live(&b);
+        let l = b
+            .put(lease(&key("k"), &FP, &LeaseToken::random(), 1).unwrap())
+            .unwrap();
+        let big = b.put(finished(SHARED_MAX + 1, 9)).unwrap();
+        assert_eq!((l.at, big.at), (0, 0));
+        assert_eq!(live(&b), before + 2);
+        assert_eq!(b.get(big).0, &finished(SHARED_MAX + 1, 9)[..]);
+        b.remove(l);
+        b.remove(big);
+        assert_eq!(live(&b), before);
+        // Everything out: no block left but the one being filled.
+        b.remove(again);
+        for (place, _) in kept {
+            b.remove(place);
+        }
+        assert!(live(&b) <= 1, "{}", live(&b));
     }
 
     /// Scopes and keys of any length are found again, and the same bytes
