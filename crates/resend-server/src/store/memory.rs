@@ -139,10 +139,37 @@ struct Shard {
 /// A slot of a shard's table: 24 bytes, the record itself out of line.
 /// The table of a busy store holds millions of slots, and finding or adding
 /// a key touches a slot at random: small slots keep more of the table in
-/// the CPU's caches, and growing it moves 24 bytes per record.
+/// the CPU's caches, and growing it moves 24 bytes per record. A sweep or
+/// an eviction reads the slots alone, in order, and never the records.
 struct Slot {
-    hash: u64,
+    /// The low 32 bits of its key's hash, from which the table's hash is
+    /// made ([`table_hash`]): growing the table rehashes nothing.
+    hash: u32,
+    /// When the record expires, in whole seconds after the store's epoch,
+    /// rounded up ([`coarse`]).
+    until_s: u32,
+    /// The bytes of its stored response; 0 for a lease (a finished record's
+    /// response holds at least its 8-byte head).
+    size: u32,
     place: Place,
+}
+
+/// The hash a shard's table files a slot under, from the 32 bits the slot
+/// keeps: the low bits pick the bucket, the top ones the tag.
+fn table_hash(hash: u32) -> u64 {
+    let h = u64::from(hash);
+    h | (h << 32)
+}
+
+/// An expiry in whole seconds after the epoch, rounded up (so a record is
+/// swept only once it has expired).
+fn coarse(until: u64) -> u32 {
+    u32::try_from(until.div_ceil(1_000_000_000)).unwrap_or(u32::MAX)
+}
+
+/// The start of the second of a coarse expiry, in nanoseconds.
+fn from_coarse(until_s: u32) -> u64 {
+    u64::from(until_s) * 1_000_000_000
 }
 
 // A record's bytes: its header, then its scope's and its key's bytes, then,
@@ -564,8 +591,8 @@ impl MemoryStore {
         u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// The shard of a key: bits of its hash that the table itself uses
-    /// neither for the bucket (low bits) nor for the tag (top 7 bits).
+    /// The shard of a key: bits of its hash that its table does not keep
+    /// (the slots keep the low 32).
     fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
         let i = (hash >> 32) as usize % SHARDS;
         lock(&self.shared.shards[i])
@@ -594,23 +621,29 @@ impl MemoryStore {
                 blocks,
                 next_expiry,
             } = &mut *guard;
-            let found = table.entry(hash, |s| is(s, hash, key, blocks), |s| s.hash);
+            let found = table.entry(
+                table_hash(hash as u32),
+                |s| is(s, hash, key, blocks),
+                |s| table_hash(s.hash),
+            );
             let full = match found {
                 Entry::Occupied(mut e) => {
-                    let place = e.get().place;
-                    let r = blocks.get(place);
+                    let slot = e.get_mut();
+                    let r = blocks.get(slot.place);
                     if r.until() > now {
                         return r.answer();
                     }
                     // Expired: a dead holder's lease, or an old record. Take it over.
                     if r.is_lease() {
-                        lease_again(blocks.get_mut(place), &fingerprint, token, until);
+                        lease_again(blocks.get_mut(slot.place), &fingerprint, token, until);
                     } else {
-                        let size = r.size();
-                        e.get_mut().place = blocks.put(lease(key, &fingerprint, token, until)?)?;
-                        blocks.remove(place);
-                        self.shared.bytes.fetch_sub(size, Relaxed);
+                        let old = slot.place;
+                        slot.place = blocks.put(lease(key, &fingerprint, token, until)?)?;
+                        blocks.remove(old);
+                        self.shared.bytes.fetch_sub(slot.size as usize, Relaxed);
+                        slot.size = 0;
                     }
+                    slot.until_s = coarse(until);
                     false
                 }
                 Entry::Vacant(e) => {
@@ -618,7 +651,7 @@ impl MemoryStore {
                         true
                     } else {
                         let record = lease(key, &fingerprint, token, until);
-                        self.insert(e, blocks, hash, record)?;
+                        self.insert(e, blocks, hash, record, until)?;
                         false
                     }
                 }
@@ -647,10 +680,20 @@ impl MemoryStore {
         blocks: &mut Blocks,
         hash: u64,
         record: Result<Vec<u8>, StoreError>,
+        until: u64,
     ) -> Result<(), StoreError> {
-        match record.and_then(|r| blocks.put(r)) {
-            Ok(place) => {
-                slot.insert(Slot { hash, place });
+        let placed = record.and_then(|r| {
+            let size = size32(&r)?;
+            Ok((size, blocks.put(r)?))
+        });
+        match placed {
+            Ok((size, place)) => {
+                slot.insert(Slot {
+                    hash: hash as u32,
+                    until_s: coarse(until),
+                    size,
+                    place,
+                });
                 Ok(())
             }
             Err(err) => {
@@ -670,13 +713,19 @@ impl MemoryStore {
             blocks,
             next_expiry,
         } = &mut *guard;
-        match table.entry(hash, |s| is(s, hash, key, blocks), |s| s.hash) {
-            Entry::Occupied(e) => {
-                let place = e.get().place;
-                if !blocks.get(place).is_leased_by(&claim.token) {
+        let found = table.entry(
+            table_hash(hash as u32),
+            |s| is(s, hash, key, blocks),
+            |s| table_hash(s.hash),
+        );
+        match found {
+            Entry::Occupied(mut e) => {
+                let slot = e.get_mut();
+                if !blocks.get(slot.place).is_leased_by(&claim.token) {
                     return Ok(LeaseState::Lost);
                 }
-                set_until(blocks.get_mut(place), until);
+                set_until(blocks.get_mut(slot.place), until);
+                slot.until_s = coarse(until);
             }
             Entry::Vacant(e) => {
                 // The record is gone (swept after it expired unrenewed):
@@ -685,7 +734,7 @@ impl MemoryStore {
                     return Err(StoreError::new("memory store is full"));
                 }
                 let record = lease(key, &claim.fingerprint, &claim.token, until);
-                self.insert(e, blocks, hash, record)?;
+                self.insert(e, blocks, hash, record, until)?;
             }
         }
         expires_at(next_expiry, until);
@@ -717,10 +766,15 @@ impl MemoryStore {
                 })
                 .is_ok()
         };
-        match table.entry(hash, |s| is(s, hash, key, blocks), |s| s.hash) {
+        let found = table.entry(
+            table_hash(hash as u32),
+            |s| is(s, hash, key, blocks),
+            |s| table_hash(s.hash),
+        );
+        match found {
             Entry::Occupied(mut e) => {
-                let place = e.get().place;
-                let r = blocks.get(place);
+                let slot = e.get_mut();
+                let r = blocks.get(slot.place);
                 if !r.is_lease() && r.is_by(&claim.token) {
                     // Stored already: this is the holder's `complete` again.
                     return Ok(LeaseState::Held);
@@ -735,8 +789,10 @@ impl MemoryStore {
                     self.shared.bytes.fetch_add(Rec(&full).size(), Relaxed);
                 }
                 // The lease's record is freed here, while it is in the caches.
-                e.get_mut().place = blocks.put(full)?;
-                blocks.remove(place);
+                let (old, size) = (slot.place, size32(&full)?);
+                slot.place = blocks.put(full)?;
+                blocks.remove(old);
+                (slot.size, slot.until_s) = (size, coarse(until));
             }
             Entry::Vacant(e) => {
                 // The lease is gone (swept after it expired unrenewed): the
@@ -748,7 +804,7 @@ impl MemoryStore {
                     full = done(claim, response, true, until)?;
                     self.shared.bytes.fetch_add(Rec(&full).size(), Relaxed);
                 }
-                self.insert(e, blocks, hash, Ok(full))?;
+                self.insert(e, blocks, hash, Ok(full), until)?;
             }
         }
         expires_at(next_expiry, until);
@@ -760,7 +816,7 @@ impl MemoryStore {
         let hash = self.hash(key);
         let mut guard = self.shard(hash);
         let Shard { table, blocks, .. } = &mut *guard;
-        if let Ok(e) = table.find_entry(hash, |s| is(s, hash, key, blocks)) {
+        if let Ok(e) = table.find_entry(table_hash(hash as u32), |s| is(s, hash, key, blocks)) {
             let place = e.get().place;
             if blocks.get(place).is_leased_by(&claim.token) {
                 // A lease holds no bytes.
@@ -783,16 +839,15 @@ impl MemoryStore {
     /// to remove: at an eighth of the bound a time, a few visits per record
     /// evicted.
     fn evict(&self) {
-        let mut untils: Vec<(u64, usize)> = Vec::new();
+        let mut untils: Vec<(u32, usize)> = Vec::new();
         for shard in &self.shared.shards {
             let shard = lock(shard);
             untils.extend(
                 shard
                     .table
                     .iter()
-                    .map(|s| shard.blocks.get(s.place))
-                    .filter(|r| !r.is_lease())
-                    .map(|r| (r.until(), r.size())),
+                    .filter(|s| s.size > 0)
+                    .map(|s| (s.until_s, s.size as usize)),
             );
         }
         if untils.is_empty() {
@@ -816,10 +871,9 @@ impl MemoryStore {
             let mut guard = lock(shard);
             let Shard { table, blocks, .. } = &mut *guard;
             table.retain(|s| {
-                let r = blocks.get(s.place);
-                let evict = !r.is_lease() && r.until() <= threshold;
+                let evict = s.size > 0 && s.until_s <= threshold;
                 if evict {
-                    freed += r.size();
+                    freed += s.size as usize;
                     removed += 1;
                     blocks.remove(s.place);
                 }
@@ -850,21 +904,27 @@ impl MemoryStore {
                 continue;
             }
             let (mut freed, mut removed) = (0, 0);
-            let mut next: Option<u64> = None;
+            let mut next: Option<u32> = None;
             table.retain(|s| {
-                let r = blocks.get(s.place);
-                let until = r.until();
-                let keep = until > now;
+                // Only a record whose expiry falls in the current second is
+                // read for its exact one.
+                let keep = match from_coarse(s.until_s) {
+                    end if end <= now => false,
+                    end if end.saturating_sub(1_000_000_000) >= now => true,
+                    _ => blocks.get(s.place).until() > now,
+                };
                 if keep {
-                    next = Some(next.map_or(until, |t| t.min(until)));
+                    next = Some(next.map_or(s.until_s, |t| t.min(s.until_s)));
                 } else {
-                    freed += r.size();
+                    freed += s.size as usize;
                     removed += 1;
                     blocks.remove(s.place);
                 }
                 keep
             });
-            *next_expiry = next;
+            // (The start of the second the first of them expires in: no
+            // sweep before it frees anything.)
+            *next_expiry = next.map(|t| from_coarse(t.saturating_sub(1)));
             self.shared.bytes.fetch_sub(freed, Relaxed);
             self.shared.records.fetch_sub(removed, Relaxed);
         }
@@ -873,7 +933,13 @@ impl MemoryStore {
 
 /// Whether `slot` is the record of `key` (whose hash is `hash`).
 fn is(slot: &Slot, hash: u64, key: &RecordKey<'_>, blocks: &Blocks) -> bool {
-    slot.hash == hash && blocks.get(slot.place).is(key)
+    slot.hash == hash as u32 && blocks.get(slot.place).is(key)
+}
+
+/// The bytes of a record's stored response, as a slot keeps them.
+fn size32(record: &[u8]) -> Result<u32, StoreError> {
+    u32::try_from(Rec(record).size())
+        .map_err(|_| StoreError::new("an idempotency response of 4 GiB or more"))
 }
 
 /// Lowers a shard's `next_expiry` to `until`.
@@ -1240,6 +1306,40 @@ mod tests {
             Begin::Acquired
         );
         assert_eq!((s.len(), s.evicted()), (1, 0));
+    }
+
+    /// A sweep reads the slots' expiries, in whole seconds, and a record's
+    /// own only when it falls in the current second: a record kept 100 ms
+    /// is swept 150 ms later (not evicted), and a live lease is kept.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_sweep_frees_records_kept_under_a_second() {
+        let s = MemoryStore::new().max_records(2);
+        let short = Ttl {
+            lease: Duration::from_secs(100),
+            record: Duration::from_millis(100),
+        };
+        let (t, other) = (LeaseToken::random(), LeaseToken::random());
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(
+            s.begin(&claim(key("a"), FP, t), short).await.unwrap(),
+            Begin::Acquired
+        );
+        let (a, r) = (claim(key("a"), FP, t), resp("a"));
+        assert_eq!(s.complete(&a, &r, short).await.unwrap(), LeaseState::Held);
+        assert_eq!(
+            s.begin(&claim(key("c"), FP, other), short).await.unwrap(),
+            Begin::Acquired
+        );
+        tokio::time::advance(Duration::from_millis(150)).await;
+        assert_eq!(
+            s.begin(&claim(key("b"), FP, t), short).await.unwrap(),
+            Begin::Acquired
+        );
+        assert_eq!((s.len(), s.evicted()), (2, 0));
+        assert!(matches!(
+            s.begin(&claim(key("c"), FP, t), short).await.unwrap(),
+            Begin::InProgress { .. }
+        ));
     }
 
     /// At its bound the store evicts its oldest finished records, an eighth
