@@ -206,9 +206,9 @@ struct Place {
 /// A block of records: a shared one, which finished records are appended
 /// to, or one record's own (a lease, or a large finished record).
 struct Block {
-    bytes: Box<[u8]>,
-    /// Bytes taken, from the start.
-    used: usize,
+    /// Its records, one after the other (a shared block's capacity is
+    /// [`BLOCK`]: records are written into it, never past it).
+    bytes: Vec<u8>,
     /// Records in it that are still in the table.
     live: u32,
 }
@@ -240,7 +240,7 @@ struct Blocks {
     /// The shared block finished records are appended to.
     current: Option<u32>,
     /// A shared block emptied, kept to be the next one.
-    spare: Option<Box<[u8]>>,
+    spare: Option<Vec<u8>>,
 }
 
 impl Blocks {
@@ -283,33 +283,54 @@ impl Blocks {
     /// Puts a record: a finished one of up to [`SHARED_MAX`] bytes at the
     /// end of the shared block, any other in a block of its own.
     fn put(&mut self, record: Vec<u8>) -> Result<Place, StoreError> {
+        if record.len() <= SHARED_MAX && Rec(&record).is_done() {
+            return self.put_shared(record.len(), |out| {
+                out.extend_from_slice(&record);
+                Ok(())
+            });
+        }
+        self.put_own(record)
+    }
+
+    /// Puts a finished record, written where it is kept.
+    fn put_done(&mut self, done: &Done<'_>) -> Result<Place, StoreError> {
+        let len = done.len();
+        if len <= SHARED_MAX {
+            return self.put_shared(len, |out| done.write(out));
+        }
+        let mut record = Vec::with_capacity(len);
+        done.write(&mut record)?;
+        self.put_own(record)
+    }
+
+    fn put_own(&mut self, record: Vec<u8>) -> Result<Place, StoreError> {
         let len = u32::try_from(record.len())
             .map_err(|_| StoreError::new("an idempotency record of 4 GiB or more"))?;
-        let shared = record.len() <= SHARED_MAX && Rec(&record).is_done();
-        if !shared {
-            let used = record.len();
-            let block = self.add(Block {
-                bytes: record.into_boxed_slice(),
-                used,
-                live: 1,
-            })?;
-            return Ok(Place { block, at: 0, len });
-        }
+        let block = self.add(Block {
+            bytes: record,
+            live: 1,
+        })?;
+        Ok(Place { block, at: 0, len })
+    }
+
+    /// Writes a record of `len` bytes at the end of the shared block (a new
+    /// one if it has no room).
+    fn put_shared(
+        &mut self,
+        len: usize,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), StoreError>,
+    ) -> Result<Place, StoreError> {
         let room = self
             .current
             .and_then(|i| self.blocks.get(i as usize)?.as_ref())
-            .is_some_and(|b| b.used + record.len() <= b.bytes.len());
+            .is_some_and(|b| b.bytes.len() + len <= BLOCK);
         if !room {
             let bytes = self
                 .spare
                 .take()
-                .unwrap_or_else(|| vec![0; BLOCK].into_boxed_slice());
+                .unwrap_or_else(|| Vec::with_capacity(BLOCK));
             let old = self.current.take();
-            self.current = Some(self.add(Block {
-                bytes,
-                used: 0,
-                live: 0,
-            })?);
+            self.current = Some(self.add(Block { bytes, live: 0 })?);
             // The old block goes once its records have.
             if let Some(old) = old {
                 self.release_if_empty(old);
@@ -319,12 +340,20 @@ impl Blocks {
         let Some(Some(block)) = self.blocks.get_mut(i as usize) else {
             return Err(StoreError::new("memory store block missing"));
         };
-        let at = block.used;
-        block.bytes[at..at + record.len()].copy_from_slice(&record);
-        block.used += record.len();
+        let at = block.bytes.len();
+        if let Err(e) = write(&mut block.bytes) {
+            block.bytes.truncate(at);
+            return Err(e);
+        }
+        // (What was written: `len` unless a record's size was misjudged,
+        // which grows the block rather than lose it.)
+        let len = block.bytes.len() - at;
         block.live += 1;
-        let at = u32::try_from(at).unwrap_or_default();
-        Ok(Place { block: i, at, len })
+        Ok(Place {
+            block: i,
+            at: u32::try_from(at).unwrap_or_default(),
+            len: u32::try_from(len).unwrap_or_default(),
+        })
     }
 
     /// Takes a record out: its block goes with its last record (the shared
@@ -345,12 +374,13 @@ impl Blocks {
         }
         if self.current == Some(i) {
             if let Some(block) = slot {
-                block.used = 0;
+                block.bytes.clear();
             }
             return;
         }
-        if let Some(block) = slot.take() {
-            if block.bytes.len() == BLOCK && self.spare.is_none() {
+        if let Some(mut block) = slot.take() {
+            if block.bytes.capacity() == BLOCK && self.spare.is_none() {
+                block.bytes.clear();
                 self.spare = Some(block.bytes);
             }
             self.free.push(i);
@@ -374,6 +404,21 @@ fn start(
     until: u64,
     extra: usize,
 ) -> Result<Vec<u8>, StoreError> {
+    let (scope, k) = (key.scope.len(), key.key.len());
+    let mut out = Vec::with_capacity(HEADER + scope + k + extra);
+    start_into(&mut out, key, state, token, fingerprint, until)?;
+    Ok(out)
+}
+
+/// A record's header and key, written at the end of `out`.
+fn start_into(
+    out: &mut Vec<u8>,
+    key: &RecordKey<'_>,
+    state: u8,
+    token: u128,
+    fingerprint: &Fingerprint,
+    until: u64,
+) -> Result<(), StoreError> {
     let (scope, k) = (key.scope.as_bytes(), key.key.as_bytes());
     let (scope_len, key_len) = (len32(scope)?, len32(k)?);
     let mut header = [0; HEADER];
@@ -383,11 +428,10 @@ fn start(
     header[FINGERPRINT].copy_from_slice(&fingerprint.0);
     header[SCOPE_LEN].copy_from_slice(&scope_len);
     header[KEY_LEN].copy_from_slice(&key_len);
-    let mut out = Vec::with_capacity(HEADER + scope.len() + k.len() + extra);
     out.extend_from_slice(&header);
     out.extend_from_slice(scope);
     out.extend_from_slice(k);
-    Ok(out)
+    Ok(())
 }
 
 /// A lease's record: its header, and its scope and key (~110 bytes for a
@@ -403,19 +447,67 @@ fn lease(
 
 /// A finished record for the claim (its key, fingerprint and token),
 /// holding `response` (or, with `slim`, its status and headers only).
+struct Done<'a> {
+    claim: &'a Claim<'a>,
+    response: &'a StoredResponse,
+    slim: bool,
+    until: u64,
+}
+
+impl Done<'_> {
+    fn body(&self) -> &[u8] {
+        if self.slim {
+            &[]
+        } else {
+            &self.response.body
+        }
+    }
+
+    /// The bytes of its stored response.
+    fn size(&self) -> usize {
+        super::encoded_len(&self.response.headers, self.body())
+    }
+
+    /// The bytes of the record.
+    fn len(&self) -> usize {
+        let key = &self.claim.key;
+        HEADER + key.scope.len() + key.key.len() + self.size()
+    }
+
+    /// Writes the record at the end of `out`.
+    fn write(&self, out: &mut Vec<u8>) -> Result<(), StoreError> {
+        let (claim, response) = (self.claim, self.response);
+        let token = claim.token.as_u128();
+        start_into(out, &claim.key, DONE, token, &claim.fingerprint, self.until)?;
+        let omitted = self.slim || response.body_omitted;
+        super::encode_into(
+            out,
+            response.status,
+            &response.headers,
+            omitted,
+            self.body(),
+        );
+        Ok(())
+    }
+}
+
+/// A finished record's bytes (for tests).
+#[cfg(test)]
 fn done(
     claim: &Claim<'_>,
     response: &StoredResponse,
     slim: bool,
     until: u64,
 ) -> Result<Vec<u8>, StoreError> {
-    let body: &[u8] = if slim { &[] } else { &response.body };
-    let (headers, omitted) = (&response.headers, slim || response.body_omitted);
-    let extra = super::encoded_len(headers, body);
-    let token = claim.token.as_u128();
-    let mut bytes = start(&claim.key, DONE, token, &claim.fingerprint, until, extra)?;
-    super::encode_into(&mut bytes, response.status, headers, omitted, body);
-    Ok(bytes)
+    let done = Done {
+        claim,
+        response,
+        slim,
+        until,
+    };
+    let mut out = Vec::with_capacity(done.len());
+    done.write(&mut out)?;
+    Ok(out)
 }
 
 /// A lease's record taken over by `token`, in place (a lease and a new one
@@ -491,7 +583,9 @@ impl Rec<'_> {
         self.array::<16>(TOKEN) == token.as_u128().to_le_bytes()
     }
 
-    /// The bytes of its stored response: 0 for a lease.
+    /// The bytes of its stored response: 0 for a lease (its slot keeps
+    /// them too).
+    #[cfg(test)]
     fn size(&self) -> usize {
         if self.is_lease() {
             0
@@ -651,7 +745,7 @@ impl MemoryStore {
                         true
                     } else {
                         let record = lease(key, &fingerprint, token, until);
-                        self.insert(e, blocks, hash, record, until)?;
+                        self.insert(e, hash, put_lease(blocks, record), until)?;
                         false
                     }
                 }
@@ -677,15 +771,10 @@ impl MemoryStore {
     fn insert(
         &self,
         slot: hashbrown::hash_table::VacantEntry<'_, Slot>,
-        blocks: &mut Blocks,
         hash: u64,
-        record: Result<Vec<u8>, StoreError>,
+        placed: Result<(u32, Place), StoreError>,
         until: u64,
     ) -> Result<(), StoreError> {
-        let placed = record.and_then(|r| {
-            let size = size32(&r)?;
-            Ok((size, blocks.put(r)?))
-        });
         match placed {
             Ok((size, place)) => {
                 slot.insert(Slot {
@@ -734,7 +823,7 @@ impl MemoryStore {
                     return Err(StoreError::new("memory store is full"));
                 }
                 let record = lease(key, &claim.fingerprint, &claim.token, until);
-                self.insert(e, blocks, hash, record, until)?;
+                self.insert(e, hash, put_lease(blocks, record), until)?;
             }
         }
         expires_at(next_expiry, until);
@@ -750,22 +839,28 @@ impl MemoryStore {
         let key = &claim.key;
         let until = after(self.now(), ttl.record);
         let hash = self.hash(key);
-        // Made before the lock is taken.
-        let mut full = done(claim, response, false, until)?;
+        let full = Done {
+            claim,
+            response,
+            slim: false,
+            until,
+        };
+        // Kept whole if its bytes fit the bound; otherwise the operation's
+        // outcome without its body, rather than forget that it ran.
+        let to_keep = |this: &Self| {
+            if fits(this, full.size()) {
+                return Done { ..full };
+            }
+            let slim = Done { slim: true, ..full };
+            this.shared.bytes.fetch_add(slim.size(), Relaxed);
+            slim
+        };
         let mut guard = self.shard(hash);
         let Shard {
             table,
             blocks,
             next_expiry,
         } = &mut *guard;
-        let fits = |this: &Self, size: usize| {
-            this.shared
-                .bytes
-                .fetch_update(Relaxed, Relaxed, |b| {
-                    b.checked_add(size).filter(|&total| total <= this.max_bytes)
-                })
-                .is_ok()
-        };
         let found = table.entry(
             table_hash(hash as u32),
             |s| is(s, hash, key, blocks),
@@ -782,15 +877,10 @@ impl MemoryStore {
                 if !r.is_leased_by(&claim.token) {
                     return Ok(LeaseState::Lost);
                 }
-                if !fits(self, Rec(&full).size()) {
-                    // Keep the operation's outcome, without its body, rather
-                    // than forget that it ran.
-                    full = done(claim, response, true, until)?;
-                    self.shared.bytes.fetch_add(Rec(&full).size(), Relaxed);
-                }
+                let done = to_keep(self);
                 // The lease's record is freed here, while it is in the caches.
-                let (old, size) = (slot.place, size32(&full)?);
-                slot.place = blocks.put(full)?;
+                let (old, size) = (slot.place, size32(done.size())?);
+                slot.place = blocks.put_done(&done)?;
                 blocks.remove(old);
                 (slot.size, slot.until_s) = (size, coarse(until));
             }
@@ -800,11 +890,10 @@ impl MemoryStore {
                 if !self.reserve_record() {
                     return Err(StoreError::new("memory store is full"));
                 }
-                if !fits(self, Rec(&full).size()) {
-                    full = done(claim, response, true, until)?;
-                    self.shared.bytes.fetch_add(Rec(&full).size(), Relaxed);
-                }
-                self.insert(e, blocks, hash, Ok(full), until)?;
+                let done = to_keep(self);
+                let placed =
+                    size32(done.size()).and_then(|size| Ok((size, blocks.put_done(&done)?)));
+                self.insert(e, hash, placed, until)?;
             }
         }
         expires_at(next_expiry, until);
@@ -937,9 +1026,29 @@ fn is(slot: &Slot, hash: u64, key: &RecordKey<'_>, blocks: &Blocks) -> bool {
 }
 
 /// The bytes of a record's stored response, as a slot keeps them.
-fn size32(record: &[u8]) -> Result<u32, StoreError> {
-    u32::try_from(Rec(record).size())
-        .map_err(|_| StoreError::new("an idempotency response of 4 GiB or more"))
+fn size32(size: usize) -> Result<u32, StoreError> {
+    u32::try_from(size).map_err(|_| StoreError::new("an idempotency response of 4 GiB or more"))
+}
+
+/// Puts a lease's record (no response bytes).
+fn put_lease(
+    blocks: &mut Blocks,
+    record: Result<Vec<u8>, StoreError>,
+) -> Result<(u32, Place), StoreError> {
+    Ok((0, blocks.put(record?)?))
+}
+
+/// Adds `size` bytes to the count of stored responses, unless that would
+/// pass the bound.
+fn fits(store: &MemoryStore, size: usize) -> bool {
+    store
+        .shared
+        .bytes
+        .fetch_update(Relaxed, Relaxed, |b| {
+            b.checked_add(size)
+                .filter(|&total| total <= store.max_bytes)
+        })
+        .is_ok()
 }
 
 /// Lowers a shard's `next_expiry` to `until`.
