@@ -710,16 +710,7 @@ impl MemoryStore {
         let mut tries = 0;
         loop {
             let mut guard = self.shard(hash);
-            let Shard {
-                table,
-                blocks,
-                next_expiry,
-            } = &mut *guard;
-            let found = table.entry(
-                table_hash(hash as u32),
-                |s| is(s, hash, key, blocks),
-                |s| table_hash(s.hash),
-            );
+            let (found, blocks, next_expiry) = entry(&mut guard, hash, key);
             let full = match found {
                 Entry::Occupied(mut e) => {
                     let slot = e.get_mut();
@@ -797,16 +788,7 @@ impl MemoryStore {
         let until = after(self.now(), ttl.lease);
         let hash = self.hash(key);
         let mut guard = self.shard(hash);
-        let Shard {
-            table,
-            blocks,
-            next_expiry,
-        } = &mut *guard;
-        let found = table.entry(
-            table_hash(hash as u32),
-            |s| is(s, hash, key, blocks),
-            |s| table_hash(s.hash),
-        );
+        let (found, blocks, next_expiry) = entry(&mut guard, hash, key);
         match found {
             Entry::Occupied(mut e) => {
                 let slot = e.get_mut();
@@ -856,16 +838,7 @@ impl MemoryStore {
             slim
         };
         let mut guard = self.shard(hash);
-        let Shard {
-            table,
-            blocks,
-            next_expiry,
-        } = &mut *guard;
-        let found = table.entry(
-            table_hash(hash as u32),
-            |s| is(s, hash, key, blocks),
-            |s| table_hash(s.hash),
-        );
+        let (found, blocks, next_expiry) = entry(&mut guard, hash, key);
         match found {
             Entry::Occupied(mut e) => {
                 let slot = e.get_mut();
@@ -1018,6 +991,26 @@ impl MemoryStore {
             self.shared.records.fetch_sub(removed, Relaxed);
         }
     }
+}
+
+/// The entry of `key` (whose hash is `hash`) in its shard's table, with
+/// the shard's blocks and its bound on the next expiry.
+fn entry<'a>(
+    shard: &'a mut Shard,
+    hash: u64,
+    key: &RecordKey<'_>,
+) -> (Entry<'a, Slot>, &'a mut Blocks, &'a mut Option<u64>) {
+    let Shard {
+        table,
+        blocks,
+        next_expiry,
+    } = shard;
+    let found = table.entry(
+        table_hash(hash as u32),
+        |s| is(s, hash, key, blocks),
+        |s| table_hash(s.hash),
+    );
+    (found, blocks, next_expiry)
 }
 
 /// Whether `slot` is the record of `key` (whose hash is `hash`).
