@@ -7,7 +7,8 @@
 //! (Redis and PostgreSQL rows need the servers of `RESEND_REDIS_URL` and
 //! `RESEND_PG_URL`; missing ones are skipped). Each round gives every row a
 //! short slice of load, in an order that turns from round to round, and
-//! each row is compared with the no-layer row of its own round.
+//! each row is compared with the no-layer row (with the same handler) of
+//! its own round.
 //! `RESEND_BENCH_ROUNDS=n` sets the rounds (15), `RESEND_BENCH_SECS=s` the
 //! measured seconds of a slice (0.5), `RESEND_BENCH_MEMORY_ONLY=1` leaves
 //! out the Redis and PostgreSQL rows, `RESEND_BENCH_ONLY=text` keeps the
@@ -42,12 +43,24 @@ async fn handler(body: Bytes) -> String {
     format!("ok {}", body.len())
 }
 
+/// A handler that waits once before it answers, as one that calls a
+/// database does: the layer then arms its lease's renewal timer.
+async fn waiting(body: Bytes) -> String {
+    tokio::task::yield_now().await;
+    format!("ok {}", body.len())
+}
+
 fn plain() -> Router {
     Router::new().route("/orders", post(handler))
 }
 
 fn with_store<St: Store>(store: St) -> Router {
     plain().layer(IdempotencyLayer::new(store))
+}
+
+/// The steady rows' layer: the default bounds, records kept 1 s.
+fn steady() -> IdempotencyLayer<MemoryStore> {
+    IdempotencyLayer::new(MemoryStore::new()).record_ttl(Duration::from_secs(1))
 }
 
 /// CPU time of this process (client and server, all threads) in seconds:
@@ -140,13 +153,15 @@ async fn main() {
         .map_or(MEASURE, Duration::from_secs_f64);
     let memory_only = std::env::var_os("RESEND_BENCH_MEMORY_ONLY").is_some();
 
-    let mut targets: Vec<(&str, String)> = vec![
-        ("axum, no layer", serve(plain()).await),
+    // Each row, and the row it is compared with.
+    let mut targets: Vec<(&str, String, usize)> = vec![
+        ("axum, no layer", serve(plain()).await, 0),
         (
             // What any layer costs on an axum route: `Router::layer` boxes
             // the layered service again, and each request clones it.
             "axum, a layer that does nothing",
             serve(plain().layer(tower::layer::util::Identity::new())).await,
+            0,
         ),
         (
             // A store filling up from empty: every request leaves a record
@@ -156,16 +171,31 @@ async fn main() {
                 MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30),
             ))
             .await,
+            0,
         ),
         (
             // A store at its bound, as a long-running server's is: the
             // default bounds (100 000 records), records kept 1 s, so that
             // as many expire as come and their memory is used again.
             "IdempotencyLayer + MemoryStore, steady",
-            serve(plain().layer(
-                IdempotencyLayer::new(MemoryStore::new()).record_ttl(Duration::from_secs(1)),
-            ))
+            serve(plain().layer(steady())).await,
+            0,
+        ),
+        (
+            "axum, no layer, a handler that waits once",
+            serve(Router::new().route("/orders", post(waiting))).await,
+            4,
+        ),
+        (
+            // The same handler: its lease's renewal timer is armed.
+            "IdempotencyLayer + MemoryStore, steady, a handler that waits once",
+            serve(
+                Router::new()
+                    .route("/orders", post(waiting))
+                    .layer(steady()),
+            )
             .await,
+            4,
         ),
     ];
     #[cfg(feature = "redis")]
@@ -178,6 +208,7 @@ async fn main() {
         targets.push((
             "IdempotencyLayer + RedisStore",
             serve(with_store(store)).await,
+            0,
         ));
     }
     #[cfg(feature = "postgres")]
@@ -194,6 +225,7 @@ async fn main() {
             Ok(()) => targets.push((
                 "IdempotencyLayer + PostgresStore",
                 serve(with_store(store)).await,
+                0,
             )),
             Err(e) => eprintln!("PostgreSQL unusable, row skipped: {e}"),
         }
@@ -202,10 +234,13 @@ async fn main() {
     // for a profiler's run of one row (the ratios are then to the first row
     // kept).
     if let Ok(only) = std::env::var("RESEND_BENCH_ONLY") {
-        targets.retain(|(name, _)| name.contains(only.as_str()));
+        targets.retain(|(name, ..)| name.contains(only.as_str()));
+        for target in &mut targets {
+            target.2 = 0;
+        }
     }
     if quick {
-        for (_, url) in &targets {
+        for (_, url, _) in &targets {
             let client: Client = resend::hyper_client(Duration::from_secs(1));
             let req = Request::post(url.as_str())
                 .header("idempotency-key", uuid::Uuid::new_v4().to_string())
@@ -224,7 +259,7 @@ async fn main() {
         .iter()
         .map(|_| resend::hyper_client(Duration::from_secs(1)))
         .collect();
-    for ((_, url), client) in targets.iter().zip(&clients) {
+    for ((_, url, _), client) in targets.iter().zip(&clients) {
         load(client, url, WARMUP, Duration::from_millis(100)).await;
     }
     let mut slices: Vec<Vec<Slice>> = targets.iter().map(|_| Vec::new()).collect();
@@ -238,15 +273,14 @@ async fn main() {
 }
 
 /// Prints one row per target: its median rate, and its medians of per-round
-/// ratios to the first row (the no-layer one) in rate and in CPU time per
-/// request. A ratio to the first row of the same round, then its median,
-/// is less sensitive to drift between rounds than a ratio of medians. The
-/// CPU ratio (the first row's CPU per request over this one's) is the
-/// throughput ratio the layer allows when the process has the cores to
-/// itself.
-fn report(targets: &[(&str, String)], slices: &[Vec<Slice>], rounds: usize) {
-    let base = &slices[0];
-    let per_round = |row: &[Slice], f: &dyn Fn(&Slice, &Slice) -> Option<f64>| {
+/// ratios to its baseline row (the no-layer one with the same handler) in
+/// rate and in CPU time per request. A ratio to the baseline of the same
+/// round, then its median, is less sensitive to drift between rounds than a
+/// ratio of medians. The CPU ratio (the baseline's CPU per request over this
+/// one's) is the throughput ratio the layer allows when the process has the
+/// cores to itself.
+fn report(targets: &[(&str, String, usize)], slices: &[Vec<Slice>], rounds: usize) {
+    let per_round = |row: &[Slice], base: &[Slice], f: &dyn Fn(&Slice, &Slice) -> Option<f64>| {
         let v: Vec<f64> = row.iter().zip(base).filter_map(|(x, b)| f(x, b)).collect();
         (!v.is_empty()).then(|| median(v))
     };
@@ -255,16 +289,17 @@ fn report(targets: &[(&str, String)], slices: &[Vec<Slice>], rounds: usize) {
         (!v.is_empty()).then(|| median(v))
     };
     let show = |x: Option<f64>, unit: &str| x.map_or("-".to_owned(), |x| format!("{x:.1}{unit}"));
-    let base_rate = median(base.iter().map(|s| s.rate).collect());
     println!(
-        "| setup | req/s (median of {rounds}) | vs no layer | median per-round ratio \
+        "| setup | req/s (median of {rounds}) | vs its baseline | median per-round ratio \
          | CPU µs/req (median) | user CPU µs/req (median) | median per-round CPU ratio |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for ((name, _), row) in targets.iter().zip(slices) {
+    for ((name, _, base), row) in targets.iter().zip(slices) {
+        let base = &slices[*base];
+        let base_rate = median(base.iter().map(|s| s.rate).collect());
         let rate = median(row.iter().map(|s| s.rate).collect());
-        let ratio = per_round(row, &|x, b| Some(100.0 * x.rate / b.rate));
-        let cpu_ratio = per_round(row, &|x, b| Some(100.0 * b.cpu?.total / x.cpu?.total));
+        let ratio = per_round(row, base, &|x, b| Some(100.0 * x.rate / b.rate));
+        let cpu_ratio = per_round(row, base, &|x, b| Some(100.0 * b.cpu?.total / x.cpu?.total));
         println!(
             "| {name} | {rate:.0} | {:.1}% | {} | {} | {} | {} | rounds: {:?}",
             100.0 * rate / base_rate,
