@@ -9,7 +9,8 @@
 //!     target/release/deps/server_per_request-* memory 50000
 //! ```
 //!
-//! The layer's cost per request is (memory - none) / n. Each run also
+//! The layer's cost per request is (memory - none) / n; `axum-none-wait`
+//! and `axum-memory-wait` run a handler that waits once. Each run also
 //! prints its loop's wall time per request; `axum-none-mt` and
 //! `axum-memory-mt` send from 16 tasks on two workers (run them under
 //! `time` for the CPU).
@@ -54,6 +55,13 @@ fn request(key: &str) -> Request<Full<Bytes>> {
 }
 
 async fn axum_handler(body: Bytes) -> String {
+    format!("ok {}", body.len())
+}
+
+/// The handler of the `-wait` modes: it waits once before it answers, as
+/// one calling a database does (the layer arms its lease's renewal timer).
+async fn axum_waiting(body: Bytes) -> String {
+    tokio::task::yield_now().await;
     format!("ok {}", body.len())
 }
 
@@ -169,9 +177,13 @@ async fn main() {
     let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
     let start = tokio::time::Instant::now();
     let total = match mode.as_str() {
-        "axum-none" | "axum-memory" => {
-            let app = axum::Router::new().route("/orders", axum::routing::post(axum_handler));
-            if mode == "axum-none" {
+        "axum-none" | "axum-memory" | "axum-none-wait" | "axum-memory-wait" => {
+            let app = if mode.ends_with("-wait") {
+                axum::Router::new().route("/orders", axum::routing::post(axum_waiting))
+            } else {
+                axum::Router::new().route("/orders", axum::routing::post(axum_handler))
+            };
+            if mode.starts_with("axum-none") {
                 axum_run(app, "run".into(), n, false, false).await
             } else {
                 let app = app.layer(IdempotencyLayer::new(store.clone()));
