@@ -94,6 +94,8 @@ pub(crate) struct Config {
     /// What every service made by one layer shares: the responses held for
     /// a store that was down, and the counts.
     pub(crate) held: Arc<Held>,
+    /// The ticker that wakes waiting handlers to renew their leases.
+    pub(crate) renewals: Arc<super::renewals::Renewals>,
     pub(crate) stats: IdempotencyStats,
 }
 
@@ -188,6 +190,7 @@ impl<St: Backend> IdempotencyLayer<St> {
                 per_caller: Arc::new([]),
                 require: None,
                 held: Arc::default(),
+                renewals: Arc::default(),
                 stats: IdempotencyStats::default(),
             },
         }

@@ -104,6 +104,7 @@ mod backend;
 mod future;
 mod held;
 mod layer;
+mod renewals;
 mod request;
 mod response;
 mod rules;

@@ -499,15 +499,28 @@ pin_project_lite::pin_project! {
     /// under its lease: renews the lease every third of it, for as long as
     /// `fut` runs, and cuts `fut` when the inbound deadline runs out. `fut`
     /// is polled first, so an answer that is ready wins a tie with the
-    /// clock; the timer is armed only once `fut` has waited, so a handler
-    /// that answers at once costs none.
+    /// clock; nothing keeps time until `fut` has waited, so a handler that
+    /// answers at once costs none. Without a deadline, the layer's ticker
+    /// ([`Renewals`](super::renewals::Renewals)) wakes it to renew; with
+    /// one, or with no ticker, a timer of its own.
     pub(crate) struct Supervised<'a, St: Store, F> {
         #[pin]
         fut: F,
         guard: &'a LeaseGuard<St>,
         renew_at: Option<Instant>,
         timer: Option<Pin<Box<Sleep>>>,
+        // Its registration with the layer's ticker.
+        ticket: Option<usize>,
         renewing: Option<Pin<Box<dyn Future<Output = Result<LeaseState, StoreError>> + Send + 'a>>>,
+    }
+
+    impl<'a, St: Store, F> PinnedDrop for Supervised<'a, St, F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(ticket) = this.ticket.take() {
+                this.guard.config().renewals.unregister(ticket);
+            }
+        }
     }
 }
 
@@ -518,6 +531,7 @@ impl<'a, St: Store, F: Future> Supervised<'a, St, F> {
             guard,
             renew_at: None,
             timer: None,
+            ticket: None,
             renewing: None,
         }
     }
@@ -541,6 +555,38 @@ impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
         }
         let guard = *this.guard;
         let every = guard.ttl.lease / 3;
+        if guard.deadline.is_none() && this.timer.is_none() {
+            // Woken by the ticker (or the handler): a renewal is started
+            // when it is due.
+            loop {
+                if let Some(renewing) = this.renewing.as_mut() {
+                    if let Poll::Ready(found) = renewing.as_mut().poll(cx) {
+                        *this.renewing = None;
+                        guard.renewed(&found);
+                    }
+                }
+                let now = Instant::now();
+                let renew_at = *this.renew_at.get_or_insert(now + every);
+                if now < renew_at || this.renewing.is_some() {
+                    break;
+                }
+                *this.renew_at = Some(now + every);
+                *this.renewing = Some(Box::pin(guard.renew()));
+            }
+            let renewals = &guard.config().renewals;
+            match *this.ticket {
+                Some(ticket) => renewals.update(ticket, cx.waker()),
+                None => *this.ticket = renewals.register(cx.waker(), every / 2),
+            }
+            if this.ticket.is_some() && renewals.is_ticking() {
+                return Poll::Pending;
+            }
+            // No ticker (no runtime to run one, or it ended with its
+            // runtime): a timer of its own from here on.
+            if let Some(ticket) = this.ticket.take() {
+                renewals.unregister(ticket);
+            }
+        }
         loop {
             if let Some(renewing) = this.renewing.as_mut() {
                 if let Poll::Ready(found) = renewing.as_mut().poll(cx) {
