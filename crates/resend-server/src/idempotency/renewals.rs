@@ -11,6 +11,7 @@
 //! without waking, leaves that handler unrenewed until it wakes: its lease
 //! may then expire, as a crashed holder's does.
 
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::Waker;
@@ -41,20 +42,23 @@ fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 
 impl Renewals {
     /// Registers `waker`, to be woken at least every `period` until it is
-    /// unregistered; `None` outside a tokio runtime (nothing could tick).
-    pub(crate) fn register(self: &Arc<Self>, waker: &Waker, period: Duration) -> Option<usize> {
+    /// unregistered: its ticket. `None` outside a tokio runtime (nothing
+    /// could tick), or with 2^32 registered.
+    pub(crate) fn register(self: &Arc<Self>, waker: &Waker, period: Duration) -> Option<Ticket> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let mut inner = lock(&self.inner);
         let i = match inner.free.pop() {
-            Some(i) => {
-                inner.wakers[i] = Some(waker.clone());
-                i
-            }
+            Some(i) => i,
             None => {
-                inner.wakers.push(Some(waker.clone()));
+                inner.wakers.push(None);
                 inner.wakers.len() - 1
             }
         };
+        let Some(ticket) = u32::try_from(i + 1).ok().and_then(NonZeroU32::new) else {
+            inner.free.push(i);
+            return None;
+        };
+        inner.wakers[i] = Some(waker.clone());
         inner.live += 1;
         inner.period = Some(inner.period.map_or(period, |p| p.min(period)));
         // (Under the lock, as the ticker's decision to stop is.)
@@ -62,20 +66,18 @@ impl Renewals {
             let ending = Ending(Some(Arc::downgrade(self)));
             runtime.spawn(tick(Arc::downgrade(self), ending));
         }
-        Some(i)
+        Some(Ticket(ticket))
     }
 
-    /// The waker of registration `i`, when the task polling it changed.
-    pub(crate) fn update(&self, i: usize, waker: &Waker) {
-        let mut inner = lock(&self.inner);
-        if let Some(Some(w)) = inner.wakers.get_mut(i) {
-            if !w.will_wake(waker) {
-                *w = waker.clone();
-            }
+    /// The waker of a registration, polled by another task now.
+    pub(crate) fn update(&self, ticket: Ticket, waker: &Waker) {
+        if let Some(Some(w)) = lock(&self.inner).wakers.get_mut(ticket.index()) {
+            w.clone_from(waker);
         }
     }
 
-    pub(crate) fn unregister(&self, i: usize) {
+    pub(crate) fn unregister(&self, ticket: Ticket) {
+        let i = ticket.index();
         let mut inner = lock(&self.inner);
         if inner.wakers.get_mut(i).and_then(Option::take).is_some() {
             inner.free.push(i);
@@ -87,6 +89,17 @@ impl Renewals {
     /// itself).
     pub(crate) fn is_ticking(&self) -> bool {
         self.ticking.load(Ordering::Acquire)
+    }
+}
+
+/// A registration: its index, plus one (so that an `Option` of it takes no
+/// more room than it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ticket(NonZeroU32);
+
+impl Ticket {
+    fn index(self) -> usize {
+        self.0.get() as usize - 1
     }
 }
 

@@ -21,6 +21,7 @@ use super::backend::{Handler, Keyed, RequestBody, ResponseBody};
 use super::future::{handler_started, Slow};
 use super::held;
 use super::layer::Config;
+use super::renewals::Ticket;
 use super::request::{self, Key, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
 use super::response::{json_error, retry_later};
 use super::rules::{self, Ended, OnBegin, OnEnd, OnRenew, OnStore};
@@ -509,15 +510,18 @@ pin_project_lite::pin_project! {
         guard: &'a LeaseGuard<St>,
         renew_at: Option<Instant>,
         timer: Option<Pin<Box<Sleep>>>,
-        // Its registration with the layer's ticker.
-        ticket: Option<usize>,
+        // Its registration with the layer's ticker, and the task that made
+        // it (its waker's data: the registration is changed only when
+        // another task polls, as when the work goes on in a task of its own
+        // after its caller left).
+        ticket: Option<(Ticket, usize)>,
         renewing: Option<Pin<Box<dyn Future<Output = Result<LeaseState, StoreError>> + Send + 'a>>>,
     }
 
     impl<'a, St: Store, F> PinnedDrop for Supervised<'a, St, F> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some(ticket) = this.ticket.take() {
+            if let Some((ticket, _)) = this.ticket.take() {
                 this.guard.config().renewals.unregister(ticket);
             }
         }
@@ -574,16 +578,25 @@ impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
                 *this.renewing = Some(Box::pin(guard.renew()));
             }
             let renewals = &guard.config().renewals;
-            match *this.ticket {
-                Some(ticket) => renewals.update(ticket, cx.waker()),
-                None => *this.ticket = renewals.register(cx.waker(), every / 2),
+            let task = cx.waker().data().addr();
+            match this.ticket {
+                Some((ticket, by)) if *by != task => {
+                    renewals.update(*ticket, cx.waker());
+                    *by = task;
+                }
+                Some(_) => {}
+                None => {
+                    *this.ticket = renewals
+                        .register(cx.waker(), every / 2)
+                        .map(|ticket| (ticket, task));
+                }
             }
             if this.ticket.is_some() && renewals.is_ticking() {
                 return Poll::Pending;
             }
             // No ticker (no runtime to run one, or it ended with its
             // runtime): a timer of its own from here on.
-            if let Some(ticket) = this.ticket.take() {
+            if let Some((ticket, _)) = this.ticket.take() {
                 renewals.unregister(ticket);
             }
         }
