@@ -96,7 +96,9 @@ async fn axum_run(
     total
 }
 
-/// `axum-none-mt` and `axum-memory-mt`: `n` requests in all from 16 tasks
+/// `axum-none-mt` and `axum-memory-mt` (`axum-none-wait-mt`,
+/// `axum-memory-wait-mt` with the handler that waits once): `n` requests in
+/// all from 16 tasks
 /// on a runtime of two workers, as the `throughput` bench's server sees
 /// them, without its sockets: what the two cores sharing the store and the
 /// router cost.
@@ -107,8 +109,12 @@ fn multi_thread(mode: &str, n: u64) {
         .build()
         .unwrap();
     let store = MemoryStore::new().max_records(4_000_000).max_bytes(1 << 30);
-    let app = axum::Router::new().route("/orders", axum::routing::post(axum_handler));
-    let keyed = mode == "axum-memory-mt";
+    let app = if mode.contains("-wait") {
+        axum::Router::new().route("/orders", axum::routing::post(axum_waiting))
+    } else {
+        axum::Router::new().route("/orders", axum::routing::post(axum_handler))
+    };
+    let keyed = mode.starts_with("axum-memory");
     let app = if keyed {
         app.layer(IdempotencyLayer::new(store.clone()))
     } else {

@@ -21,7 +21,7 @@ use super::backend::{Handler, Keyed, RequestBody, ResponseBody};
 use super::future::{handler_started, Slow};
 use super::held;
 use super::layer::Config;
-use super::renewals::Ticket;
+use super::renewals::{has_come, Ticket};
 use super::request::{self, Key, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
 use super::response::{json_error, retry_later};
 use super::rules::{self, Ended, OnBegin, OnEnd, OnRenew, OnStore};
@@ -496,6 +496,7 @@ pub(crate) enum Supervision<T> {
 }
 
 pin_project_lite::pin_project! {
+    #[project = SupervisedProj]
     /// Runs `fut` (the handler, then the reading of its response's body)
     /// under its lease: renews the lease every third of it, for as long as
     /// `fut` runs, and cuts `fut` when the inbound deadline runs out. `fut`
@@ -510,22 +511,31 @@ pin_project_lite::pin_project! {
         guard: &'a LeaseGuard<St>,
         renew_at: Option<Instant>,
         timer: Option<Pin<Box<Sleep>>>,
-        // Its registration with the layer's ticker, and the task that made
-        // it (its waker's data: the registration is changed only when
-        // another task polls, as when the work goes on in a task of its own
-        // after its caller left).
-        ticket: Option<(Ticket, usize)>,
+        // Its registration with the layer's ticker.
+        ticket: Option<Registered>,
         renewing: Option<Pin<Box<dyn Future<Output = Result<LeaseState, StoreError>> + Send + 'a>>>,
     }
 
     impl<'a, St: Store, F> PinnedDrop for Supervised<'a, St, F> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if let Some((ticket, _)) = this.ticket.take() {
-                this.guard.config().renewals.unregister(ticket);
+            if let Some(registered) = this.ticket.take() {
+                this.guard.config().renewals.unregister(registered.ticket);
             }
         }
     }
+}
+
+/// A [`Supervised`]'s registration with the layer's ticker.
+#[derive(Clone, Copy)]
+struct Registered {
+    ticket: Ticket,
+    /// The tick at which its next renewal is due.
+    due: u32,
+    /// The task that made it (its waker's data): the registration is
+    /// changed only when another task polls, as when the work goes on in a
+    /// task of its own after its caller left.
+    task: usize,
 }
 
 impl<'a, St: Store, F: Future> Supervised<'a, St, F> {
@@ -561,7 +571,23 @@ impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
         let every = guard.ttl.lease / 3;
         if guard.deadline.is_none() && this.timer.is_none() {
             // Woken by the ticker (or the handler): a renewal is started
-            // when it is due.
+            // when it is due, two ticks after the last (the ticker ticks
+            // at least twice a renewal's period).
+            let renewals = &guard.config().renewals;
+            let task = cx.waker().data().addr();
+            let Some(ticket) = this.ticket.as_mut() else {
+                *this.ticket = renewals
+                    .register(cx.waker(), every / 2)
+                    .map(|ticket| Registered {
+                        ticket,
+                        due: renewals.ticks().wrapping_add(2),
+                        task,
+                    });
+                if this.ticket.is_some() {
+                    return Poll::Pending;
+                }
+                return self_timed(this, cx, None);
+            };
             loop {
                 if let Some(renewing) = this.renewing.as_mut() {
                     if let Poll::Ready(found) = renewing.as_mut().poll(cx) {
@@ -569,64 +595,70 @@ impl<St: Store, F: Future> Future for Supervised<'_, St, F> {
                         guard.renewed(&found);
                     }
                 }
-                let now = Instant::now();
-                let renew_at = *this.renew_at.get_or_insert(now + every);
-                if now < renew_at || this.renewing.is_some() {
+                let now = renewals.ticks();
+                if !has_come(ticket.due, now) || this.renewing.is_some() {
                     break;
                 }
-                *this.renew_at = Some(now + every);
+                ticket.due = now.wrapping_add(2);
                 *this.renewing = Some(Box::pin(guard.renew()));
             }
-            let renewals = &guard.config().renewals;
-            let task = cx.waker().data().addr();
-            match this.ticket {
-                Some((ticket, by)) if *by != task => {
-                    renewals.update(*ticket, cx.waker());
-                    *by = task;
-                }
-                Some(_) => {}
-                None => {
-                    *this.ticket = renewals
-                        .register(cx.waker(), every / 2)
-                        .map(|ticket| (ticket, task));
-                }
+            if ticket.task != task {
+                renewals.update(ticket.ticket, cx.waker());
+                ticket.task = task;
             }
-            if this.ticket.is_some() && renewals.is_ticking() {
+            if renewals.is_ticking() {
                 return Poll::Pending;
             }
-            // No ticker (no runtime to run one, or it ended with its
-            // runtime): a timer of its own from here on.
-            if let Some((ticket, _)) = this.ticket.take() {
-                renewals.unregister(ticket);
+            // The ticker ended with its runtime: a timer of its own from
+            // here on, and a renewal at once (the last may be two ticks
+            // old).
+            renewals.unregister(ticket.ticket);
+            *this.ticket = None;
+            return self_timed(this, cx, Some(Instant::now()));
+        }
+        self_timed(this, cx, None)
+    }
+}
+
+/// A [`Supervised`] that keeps time with a timer of its own (a deadline
+/// to cut it at, or no ticker): polls its renewal and its timer. `renew_at`
+/// is when the next renewal is due, if it is not known yet.
+fn self_timed<'a, St: Store, F: Future>(
+    this: SupervisedProj<'_, 'a, St, F>,
+    cx: &mut Context<'_>,
+    renew_at: Option<Instant>,
+) -> Poll<Supervision<F::Output>> {
+    let guard = *this.guard;
+    let every = guard.ttl.lease / 3;
+    if renew_at.is_some() {
+        *this.renew_at = renew_at;
+    }
+    loop {
+        if let Some(renewing) = this.renewing.as_mut() {
+            if let Poll::Ready(found) = renewing.as_mut().poll(cx) {
+                *this.renewing = None;
+                guard.renewed(&found);
             }
         }
-        loop {
-            if let Some(renewing) = this.renewing.as_mut() {
-                if let Poll::Ready(found) = renewing.as_mut().poll(cx) {
-                    *this.renewing = None;
-                    guard.renewed(&found);
-                }
-            }
-            let renew_at = *this.renew_at.get_or_insert_with(|| Instant::now() + every);
-            let deadline = guard.deadline.map(|d| d.instant());
-            let wake = deadline.map_or(renew_at, |d| d.min(renew_at));
-            let timer = this
-                .timer
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake)));
-            if timer.deadline() != wake {
-                timer.as_mut().reset(wake);
-            }
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            if deadline.is_some_and(|d| d <= wake) {
-                return Poll::Ready(Supervision::DeadlineCut(guard.snapshot()));
-            }
-            // A renewal is due: start it, unless the last one still runs.
-            *this.renew_at = Some(wake + every);
-            if this.renewing.is_none() {
-                *this.renewing = Some(Box::pin(guard.renew()));
-            }
+        let renew_at = *this.renew_at.get_or_insert_with(|| Instant::now() + every);
+        let deadline = guard.deadline.map(|d| d.instant());
+        let wake = deadline.map_or(renew_at, |d| d.min(renew_at));
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake)));
+        if timer.deadline() != wake {
+            timer.as_mut().reset(wake);
+        }
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        if deadline.is_some_and(|d| d <= wake) {
+            return Poll::Ready(Supervision::DeadlineCut(guard.snapshot()));
+        }
+        // A renewal is due: start it, unless the last one still runs.
+        *this.renew_at = Some(wake + every);
+        if this.renewing.is_none() {
+            *this.renewing = Some(Box::pin(guard.renew()));
         }
     }
 }
