@@ -75,6 +75,13 @@ impl Op {
 /// status once known. Disabled (and free) without a subscriber that wants
 /// it.
 pub(crate) fn request_span(method: &Method) -> Span {
+    // With no subscriber that takes INFO, not made at all: made disabled,
+    // it would still be handed to the `log` crate (tracing's `log`
+    // feature, which sqlx turns on), made and dropped at ~230
+    // instructions a request. Its events still reach `log`.
+    if tracing::level_filters::LevelFilter::current() < tracing::Level::INFO {
+        return Span::none();
+    }
     tracing::info_span!(
         target: "resend_server",
         "resend.idempotency",
