@@ -12,7 +12,8 @@
 //! `RESEND_BENCH_ROUNDS=n` sets the rounds (15), `RESEND_BENCH_SECS=s` the
 //! measured seconds of a slice (0.5), `RESEND_BENCH_MEMORY_ONLY=1` leaves
 //! out the Redis and PostgreSQL rows, `RESEND_BENCH_ONLY=text` keeps the
-//! rows whose name holds `text`.
+//! rows whose name holds `text`, `RESEND_BENCH_WORKERS=n` runs it on `n`
+//! workers (2).
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 
 use std::time::Duration;
@@ -131,8 +132,22 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
+    // Two workers (the machine's cores), or `RESEND_BENCH_WORKERS=n`.
+    let workers = std::env::var("RESEND_BENCH_WORKERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2usize)
+        .max(1);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(bench());
+}
+
+async fn bench() {
     // `cargo bench` passes `--bench`; `cargo test --benches` does not: then
     // only check that it runs.
     let quick = !std::env::args().any(|a| a == "--bench");
