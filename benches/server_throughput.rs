@@ -16,6 +16,7 @@
 //! workers (2).
 #![allow(clippy::print_stdout, clippy::print_stderr, missing_docs)]
 
+use std::future::{ready, Future};
 use std::time::Duration;
 
 use axum::routing::post;
@@ -24,7 +25,8 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use resend_benches::keyed::{serve, Load};
-use resend_server::{IdempotencyLayer, MemoryStore, Store};
+use resend_server::store::{Begin, Claim, LeaseState, StoredResponse, Ttl};
+use resend_server::{IdempotencyLayer, MemoryStore, Store, StoreError};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
@@ -49,6 +51,41 @@ async fn handler(body: Bytes) -> String {
 async fn waiting(body: Bytes) -> String {
     tokio::task::yield_now().await;
     format!("ok {}", body.len())
+}
+
+/// A store that keeps nothing and answers at once: with it, the row
+/// measures the layer's own work (body read, fingerprint, key, scope,
+/// futures, renewal registration) apart from the memory store's. Every key
+/// is new to it, so it suits only this bench.
+#[derive(Clone)]
+struct NullStore;
+
+impl Store for NullStore {
+    fn begin(
+        &self,
+        _: &Claim<'_>,
+        _: Ttl,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        ready(Ok(Begin::Acquired))
+    }
+    fn renew(
+        &self,
+        _: &Claim<'_>,
+        _: Ttl,
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
+        ready(Ok(LeaseState::Held))
+    }
+    fn complete(
+        &self,
+        _: &Claim<'_>,
+        _: &StoredResponse,
+        _: Ttl,
+    ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
+        ready(Ok(LeaseState::Held))
+    }
+    fn release(&self, _: &Claim<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ready(Ok(()))
+    }
 }
 
 fn plain() -> Router {
@@ -208,6 +245,18 @@ async fn bench() {
                 Router::new()
                     .route("/orders", post(waiting))
                     .layer(steady()),
+            )
+            .await,
+            4,
+        ),
+        (
+            // The layer's own cost: the same handler and layer, over a store
+            // that keeps nothing.
+            "IdempotencyLayer + a store that keeps nothing, a handler that waits once",
+            serve(
+                Router::new()
+                    .route("/orders", post(waiting))
+                    .layer(IdempotencyLayer::new(NullStore)),
             )
             .await,
             4,
