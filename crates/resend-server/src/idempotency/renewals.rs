@@ -88,9 +88,6 @@ impl Renewals {
             inner.free.push(i);
             return None;
         };
-        if inner.period.is_none_or(|p| period < p) {
-            inner.period = Some(period);
-        }
         // (Under the shard's lock, which the ticker holds, with every
         // other, as it decides to stop. Read before it is written, so that
         // the line stays shared while a ticker runs.)
@@ -103,6 +100,11 @@ impl Renewals {
                 let ending = Ending(Some(Arc::downgrade(self)));
                 runtime.spawn(tick(Arc::downgrade(self), ending));
             }
+        }
+        // (Set only once the registration is sure: a ticker started above
+        // reads it under this lock, after it is let go.)
+        if inner.period.is_none_or(|p| period < p) {
+            inner.period = Some(period);
         }
         inner.wakers[i] = Some(waker.clone());
         inner.live += 1;
@@ -272,6 +274,26 @@ mod tests {
         renewals.unregister(b);
         rt.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
         assert!(!renewals.is_ticking());
+    }
+
+    /// A registration refused (no runtime, no ticker) leaves no trace: the
+    /// ticker a later one starts ticks at that one's period.
+    #[test]
+    fn a_refused_registration_does_not_set_the_period() {
+        let renewals = Arc::new(Renewals::default());
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        assert!(renewals
+            .register(&waker, Duration::from_millis(10))
+            .is_none());
+        let rt = paused_runtime();
+        let t = rt.block_on(async { renewals.register(&waker, Duration::from_secs(1)) });
+        let t = t.unwrap();
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(500)).await });
+        assert_eq!(renewals.ticks(), 0, "ticked at the refused one's 10 ms");
+        rt.block_on(async { tokio::time::sleep(Duration::from_millis(600)).await });
+        assert_eq!(renewals.ticks(), 1);
+        renewals.unregister(t);
     }
 
     #[test]
