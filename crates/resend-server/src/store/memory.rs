@@ -43,8 +43,9 @@ const SHARDS: usize = 16;
 /// its slot in the table, a UUID key with a small JSON answer takes about
 /// 200 bytes. Finished records of up to 4 KiB are kept in blocks of 16 KiB
 /// per shard, in the order they come, and a block is freed once its last
-/// record has gone: records kept as long as each other (one layer's record
-/// TTL) free their blocks in turn. A record kept much longer than those
+/// record has gone (a shard keeps up to 32 emptied blocks, 512 KiB, for the
+/// records that follow): records kept as long as each other (one layer's
+/// record TTL) free their blocks in turn. A record kept much longer than those
 /// around it (two layers with different TTLs on one store) keeps its block,
 /// whose unused room `max_bytes` does not count.
 ///
@@ -145,9 +146,10 @@ struct Slot {
     /// The low 32 bits of its key's hash, from which the table's hash is
     /// made ([`table_hash`]): growing the table rehashes nothing.
     hash: u32,
-    /// When the record expires, in whole seconds after the store's epoch,
-    /// rounded up ([`coarse`]).
-    until_s: u32,
+    /// When the record expires, in ticks of 1/64 s after the store's
+    /// epoch, rounded up ([`coarse`]): fine enough that a sweep reads the
+    /// exact expiry of the records of one tick only, not of a second's.
+    until_t: u32,
     /// The bytes of its stored response; 0 for a lease (a finished record's
     /// response holds at least its 8-byte head).
     size: u32,
@@ -161,15 +163,20 @@ fn table_hash(hash: u32) -> u64 {
     h | (h << 32)
 }
 
-/// An expiry in whole seconds after the epoch, rounded up (so a record is
-/// swept only once it has expired).
+/// A tick of a slot's expiry: 1/64 s, in nanoseconds. A `u32` of them
+/// spans two years; a later expiry is kept as `u32::MAX`, whose record is
+/// read for its exact one.
+const TICK: u64 = 1_000_000_000 / 64;
+
+/// An expiry in ticks after the epoch, rounded up (so a record is swept
+/// only once it has expired); `u32::MAX` for one past the span.
 fn coarse(until: u64) -> u32 {
-    u32::try_from(until.div_ceil(1_000_000_000)).unwrap_or(u32::MAX)
+    u32::try_from(until.div_ceil(TICK)).unwrap_or(u32::MAX)
 }
 
-/// The start of the second of a coarse expiry, in nanoseconds.
-fn from_coarse(until_s: u32) -> u64 {
-    u64::from(until_s) * 1_000_000_000
+/// The start of the tick of a coarse expiry, in nanoseconds.
+fn from_coarse(until_t: u32) -> u64 {
+    u64::from(until_t) * TICK
 }
 
 // A record's bytes: its header, then its scope's and its key's bytes, then,
@@ -222,16 +229,15 @@ struct Block {
 /// every size down its slow paths and over cold memory (measured: about a
 /// microsecond per request, against a third of one with jemalloc). So
 /// finished records are appended to shared blocks of 16 KiB, one allocation
-/// per ~80 records, written in order; a block is freed (or kept as the next
-/// one) when its last record goes. Records of one store share its record
+/// per ~80 records, written in order; a block is freed (or kept for the
+/// next ones, up to 32 a shard) when its last record goes. Records of one store share its record
 /// TTL and so leave a block in the order they came; a record kept much
 /// longer than its neighbours (a layer with another TTL on the same store)
 /// keeps its block, whose unused room is not counted in
 /// [`max_bytes`](MemoryStore::max_bytes).
 ///
-/// Leases, which live as long as a handler, are blocks of their own: an
-/// allocation made and freed by one request, which the allocator's
-/// per-thread cache serves.
+/// Leases, which live as long as a handler, are blocks of their own, whose
+/// room is kept for the next leases when they go.
 #[derive(Default)]
 struct Blocks {
     blocks: Vec<Option<Block>>,
@@ -239,9 +245,25 @@ struct Blocks {
     free: Vec<u32>,
     /// The shared block finished records are appended to.
     current: Option<u32>,
-    /// A shared block emptied, kept to be the next one.
-    spare: Option<Vec<u8>>,
+    /// Shared blocks emptied, kept to be the next ones (at most
+    /// [`SPARE_BLOCKS`]): a sweep empties many at once, which the records
+    /// that follow fill again, so that a busy store's blocks are not handed
+    /// back and forth with the allocator (whose large blocks take its slow
+    /// paths).
+    spares: Vec<Vec<u8>>,
+    /// Leases' records given back, kept for the next leases (at most
+    /// [`SPARE_LEASES`], of [`LEASE_KEPT`] bytes at most): a lease is taken
+    /// and given back by every keyed request.
+    lease_spares: Vec<Vec<u8>>,
 }
+
+/// Emptied shared blocks a shard keeps: 512 KiB, never more than the shard
+/// held at once.
+const SPARE_BLOCKS: usize = 32;
+/// Leases' records a shard keeps for the next leases.
+const SPARE_LEASES: usize = 64;
+/// The largest lease record kept for another (a UUID key's takes ~110).
+const LEASE_KEPT: usize = 512;
 
 impl Blocks {
     fn get(&self, place: Place) -> Rec<'_> {
@@ -282,6 +304,7 @@ impl Blocks {
 
     /// Puts a record: a finished one of up to [`SHARED_MAX`] bytes at the
     /// end of the shared block, any other in a block of its own.
+    #[cfg(test)]
     fn put(&mut self, record: Vec<u8>) -> Result<Place, StoreError> {
         if record.len() <= SHARED_MAX && Rec(&record).is_done() {
             return self.put_shared(record.len(), |out| {
@@ -300,6 +323,29 @@ impl Blocks {
         }
         let mut record = Vec::with_capacity(len);
         done.write(&mut record)?;
+        self.put_own(record)
+    }
+
+    /// Puts a lease's record (its header, scope and key), written into
+    /// the room of one given back if there is one.
+    fn put_lease(
+        &mut self,
+        key: &RecordKey<'_>,
+        fingerprint: &Fingerprint,
+        token: &LeaseToken,
+        until: u64,
+    ) -> Result<Place, StoreError> {
+        let mut record = self.lease_spares.pop().unwrap_or_default();
+        record.clear();
+        record.reserve_exact(HEADER + key.scope.len() + key.key.len());
+        start_into(
+            &mut record,
+            key,
+            LEASED,
+            token.as_u128(),
+            fingerprint,
+            until,
+        )?;
         self.put_own(record)
     }
 
@@ -326,8 +372,8 @@ impl Blocks {
             .is_some_and(|b| b.bytes.len() + len <= BLOCK);
         if !room {
             let bytes = self
-                .spare
-                .take()
+                .spares
+                .pop()
                 .unwrap_or_else(|| Vec::with_capacity(BLOCK));
             let old = self.current.take();
             self.current = Some(self.add(Block { bytes, live: 0 })?);
@@ -379,9 +425,14 @@ impl Blocks {
             return;
         }
         if let Some(mut block) = slot.take() {
-            if block.bytes.capacity() == BLOCK && self.spare.is_none() {
+            // A shared block (its capacity is the block's), or a record of
+            // its own: a lease, or a large finished record.
+            let capacity = block.bytes.capacity();
+            if capacity == BLOCK && self.spares.len() < SPARE_BLOCKS {
                 block.bytes.clear();
-                self.spare = Some(block.bytes);
+                self.spares.push(block.bytes);
+            } else if capacity <= LEASE_KEPT && self.lease_spares.len() < SPARE_LEASES {
+                self.lease_spares.push(block.bytes);
             }
             self.free.push(i);
         }
@@ -396,6 +447,7 @@ fn len32(bytes: &[u8]) -> Result<[u8; 4], StoreError> {
 }
 
 /// A record's header and key, with room for `extra` bytes more.
+#[cfg(test)]
 fn start(
     key: &RecordKey<'_>,
     state: u8,
@@ -436,6 +488,7 @@ fn start_into(
 
 /// A lease's record: its header, and its scope and key (~110 bytes for a
 /// UUID key).
+#[cfg(test)]
 fn lease(
     key: &RecordKey<'_>,
     fingerprint: &Fingerprint,
@@ -571,6 +624,7 @@ impl Rec<'_> {
         self.0.get(STATE) != Some(&DONE)
     }
 
+    #[cfg(test)]
     fn is_done(&self) -> bool {
         !self.is_lease()
     }
@@ -723,20 +777,20 @@ impl MemoryStore {
                         lease_again(blocks.get_mut(slot.place), &fingerprint, token, until);
                     } else {
                         let old = slot.place;
-                        slot.place = blocks.put(lease(key, &fingerprint, token, until)?)?;
+                        slot.place = blocks.put_lease(key, &fingerprint, token, until)?;
                         blocks.remove(old);
                         self.shared.bytes.fetch_sub(slot.size as usize, Relaxed);
                         slot.size = 0;
                     }
-                    slot.until_s = coarse(until);
+                    slot.until_t = coarse(until);
                     false
                 }
                 Entry::Vacant(e) => {
                     if self.shared.bytes.load(Relaxed) > self.max_bytes || !self.reserve_record() {
                         true
                     } else {
-                        let record = lease(key, &fingerprint, token, until);
-                        self.insert(e, hash, put_lease(blocks, record), until)?;
+                        let placed = blocks.put_lease(key, &fingerprint, token, until);
+                        self.insert(e, hash, placed.map(|place| (0, place)), until)?;
                         false
                     }
                 }
@@ -770,7 +824,7 @@ impl MemoryStore {
             Ok((size, place)) => {
                 slot.insert(Slot {
                     hash: hash as u32,
-                    until_s: coarse(until),
+                    until_t: coarse(until),
                     size,
                     place,
                 });
@@ -796,7 +850,7 @@ impl MemoryStore {
                     return Ok(LeaseState::Lost);
                 }
                 set_until(blocks.get_mut(slot.place), until);
-                slot.until_s = coarse(until);
+                slot.until_t = coarse(until);
             }
             Entry::Vacant(e) => {
                 // The record is gone (swept after it expired unrenewed):
@@ -804,8 +858,8 @@ impl MemoryStore {
                 if !self.reserve_record() {
                     return Err(StoreError::new("memory store is full"));
                 }
-                let record = lease(key, &claim.fingerprint, &claim.token, until);
-                self.insert(e, hash, put_lease(blocks, record), until)?;
+                let placed = blocks.put_lease(key, &claim.fingerprint, &claim.token, until);
+                self.insert(e, hash, placed.map(|place| (0, place)), until)?;
             }
         }
         expires_at(next_expiry, until);
@@ -855,7 +909,7 @@ impl MemoryStore {
                 let (old, size) = (slot.place, size32(done.size())?);
                 slot.place = blocks.put_done(&done)?;
                 blocks.remove(old);
-                (slot.size, slot.until_s) = (size, coarse(until));
+                (slot.size, slot.until_t) = (size, coarse(until));
             }
             Entry::Vacant(e) => {
                 // The lease is gone (swept after it expired unrenewed): the
@@ -909,7 +963,7 @@ impl MemoryStore {
                     .table
                     .iter()
                     .filter(|s| s.size > 0)
-                    .map(|s| (s.until_s, s.size as usize)),
+                    .map(|s| (s.until_t, s.size as usize)),
             );
         }
         if untils.is_empty() {
@@ -933,7 +987,7 @@ impl MemoryStore {
             let mut guard = lock(shard);
             let Shard { table, blocks, .. } = &mut *guard;
             table.retain(|s| {
-                let evict = s.size > 0 && s.until_s <= threshold;
+                let evict = s.size > 0 && s.until_t <= threshold;
                 if evict {
                     freed += s.size as usize;
                     removed += 1;
@@ -968,15 +1022,17 @@ impl MemoryStore {
             let (mut freed, mut removed) = (0, 0);
             let mut next: Option<u32> = None;
             table.retain(|s| {
-                // Only a record whose expiry falls in the current second is
-                // read for its exact one.
-                let keep = match from_coarse(s.until_s) {
+                // Only a record whose expiry falls in the current tick (or
+                // past the span of ticks) is read for its exact one: the
+                // records, unlike the slots, are not in the caches.
+                let keep = match from_coarse(s.until_t) {
+                    _ if s.until_t == u32::MAX => blocks.get(s.place).until() > now,
                     end if end <= now => false,
-                    end if end.saturating_sub(1_000_000_000) >= now => true,
+                    end if end.saturating_sub(TICK) >= now => true,
                     _ => blocks.get(s.place).until() > now,
                 };
                 if keep {
-                    next = Some(next.map_or(s.until_s, |t| t.min(s.until_s)));
+                    next = Some(next.map_or(s.until_t, |t| t.min(s.until_t)));
                 } else {
                     freed += s.size as usize;
                     removed += 1;
@@ -984,7 +1040,7 @@ impl MemoryStore {
                 }
                 keep
             });
-            // (The start of the second the first of them expires in: no
+            // (The start of the tick the first of them expires in: no
             // sweep before it frees anything.)
             *next_expiry = next.map(|t| from_coarse(t.saturating_sub(1)));
             self.shared.bytes.fetch_sub(freed, Relaxed);
@@ -1021,14 +1077,6 @@ fn is(slot: &Slot, hash: u64, key: &RecordKey<'_>, blocks: &Blocks) -> bool {
 /// The bytes of a record's stored response, as a slot keeps them.
 fn size32(size: usize) -> Result<u32, StoreError> {
     u32::try_from(size).map_err(|_| StoreError::new("an idempotency response of 4 GiB or more"))
-}
-
-/// Puts a lease's record (no response bytes).
-fn put_lease(
-    blocks: &mut Blocks,
-    record: Result<Vec<u8>, StoreError>,
-) -> Result<(u32, Place), StoreError> {
-    Ok((0, blocks.put(record?)?))
 }
 
 /// Adds `size` bytes to the count of stored responses, unless that would
@@ -1208,7 +1256,7 @@ mod tests {
 
     /// Finished records share blocks, one per ~16 KiB of them, and read
     /// back as they were put, whatever was taken out around them; a block
-    /// goes once its last record has, and one emptied block is kept as the
+    /// goes once its last record has, and emptied blocks are kept as the
     /// next. Leases and large records are blocks of their own.
     #[test]
     fn records_share_blocks_and_give_them_back() {
@@ -1236,12 +1284,12 @@ mod tests {
         }
         assert_eq!(live(&b), 4);
         // The first 150 records kept gone: the blocks that held only them
-        // go (one kept spare), and their indices are used again.
+        // go (kept for the next ones), and their indices are used again.
         for (place, _) in kept.drain(..150) {
             b.remove(place);
         }
         assert!(live(&b) <= 2, "{}", live(&b));
-        assert!(b.spare.is_some());
+        assert!(!b.spares.is_empty());
         for (place, r) in &kept {
             assert_eq!(b.get(*place).0, &r[..]);
         }
@@ -1265,6 +1313,114 @@ mod tests {
             b.remove(place);
         }
         assert!(live(&b) <= 1, "{}", live(&b));
+    }
+
+    /// Emptied blocks and leases' records are kept for the next ones, up
+    /// to their bounds, and what is written into them reads back as if
+    /// they were new: a kept lease's old bytes never show through.
+    #[test]
+    fn emptied_blocks_and_leases_are_used_again_within_bounds() {
+        let mut b = Blocks::default();
+        // Many blocks filled, then emptied all at once (as by a sweep).
+        let places: Vec<Place> = (0..(SPARE_BLOCKS + 8) * 100)
+            .map(|i| b.put(finished(180, i as u8)).unwrap())
+            .collect();
+        for place in places {
+            b.remove(place);
+        }
+        assert_eq!(b.spares.len(), SPARE_BLOCKS);
+        // The block being filled starts again from its start; once it is
+        // full, the next is the last one kept.
+        let spare = b.spares.last().map(|v| v.as_ptr());
+        let next: Vec<Place> = (0..100).map(|i| b.put(finished(180, i)).unwrap()).collect();
+        assert_eq!(
+            b.spares.len(),
+            SPARE_BLOCKS - 1,
+            "a kept block is taken first"
+        );
+        let last = next[99];
+        let Some(Some(block)) = b.blocks.get(last.block as usize) else {
+            panic!("no block")
+        };
+        assert_eq!(Some(block.bytes.as_ptr()), spare);
+        for (i, place) in next.iter().enumerate() {
+            assert_eq!(b.get(*place).0, &finished(180, i as u8)[..]);
+        }
+
+        // A lease with a long scope, given back: its room is kept, and the
+        // shorter lease written into it reads back exactly.
+        let long = RecordKey {
+            scope: &"s".repeat(200),
+            key: "a-long-scoped-key",
+        };
+        let (t1, t2) = (LeaseToken::random(), LeaseToken::random());
+        let first = b.put_lease(&long, &FP, &t1, 5).unwrap();
+        b.remove(first);
+        assert_eq!(b.lease_spares.len(), 1);
+        let short = key("k");
+        let second = b.put_lease(&short, &FP, &t2, 6).unwrap();
+        assert!(b.lease_spares.is_empty());
+        assert_eq!(b.get(second).0, &lease(&short, &FP, &t2, 6).unwrap()[..]);
+        assert!(b.get(second).is_leased_by(&t2) && b.get(second).is(&short));
+        // Leases' records past the size kept, or past the count, are not kept.
+        let huge = RecordKey {
+            scope: &"s".repeat(LEASE_KEPT),
+            key: "k",
+        };
+        let big = b.put_lease(&huge, &FP, &t1, 5).unwrap();
+        b.remove(big);
+        assert!(b.lease_spares.is_empty());
+        let many: Vec<Place> = (0..SPARE_LEASES + 5)
+            .map(|_| b.put_lease(&short, &FP, &t1, 5).unwrap())
+            .collect();
+        for place in many {
+            b.remove(place);
+        }
+        assert_eq!(b.lease_spares.len(), SPARE_LEASES);
+    }
+
+    /// A slot keeps its expiry in ticks of 1/64 s: a sweep frees a record
+    /// only once it has expired, to the tick and within it; and a record
+    /// that expires past the span of the ticks (two years from the store's
+    /// epoch) outlives the span, read for its exact expiry.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn sweeps_free_records_to_the_tick_and_past_the_span() {
+        let s = MemoryStore::new();
+        let resp = resp("ok");
+        let ttl = |record: Duration| Ttl {
+            lease: Duration::from_secs(5),
+            record,
+        };
+        let done = |k: &'static str, record: Duration| {
+            let s = s.clone();
+            let resp = resp.clone();
+            async move {
+                let c = claim(key(k), FP, LeaseToken::random());
+                assert_eq!(s.begin(&c, ttl(record)).await.unwrap(), Begin::Acquired);
+                assert_eq!(
+                    s.complete(&c, &resp, ttl(record)).await.unwrap(),
+                    LeaseState::Held
+                );
+            }
+        };
+        done("short", Duration::from_millis(1_010)).await;
+        done("years", Duration::from_secs(3 * 365 * 24 * 3600)).await;
+        // 1.005 s on: "short" expires 5 ms later, within this tick.
+        tokio::time::advance(Duration::from_millis(1_005)).await;
+        s.sweep(s.now());
+        assert_eq!(s.len(), 2, "swept before it expired");
+        tokio::time::advance(Duration::from_millis(6)).await;
+        s.sweep(s.now());
+        assert_eq!(s.len(), 1, "not swept once expired");
+        // Past the span of the ticks (776 days), "years" has 295 days to go.
+        tokio::time::advance(Duration::from_secs(800 * 24 * 3600)).await;
+        s.sweep(s.now());
+        assert_eq!(s.len(), 1, "swept past the span of the ticks");
+        let again = claim(key("years"), FP, LeaseToken::random());
+        assert!(matches!(
+            s.begin(&again, ttl(Duration::from_secs(1))).await.unwrap(),
+            Begin::Completed { .. }
+        ));
     }
 
     /// Scopes and keys of any length are found again, and the same bytes
