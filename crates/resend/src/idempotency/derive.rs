@@ -1,24 +1,28 @@
 //! Outbound keys derived from the inbound operation's key.
 
 use std::borrow::Cow;
-use std::cell::{OnceCell, RefCell};
+use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use http::HeaderValue;
-use tokio::task::futures::TaskLocalFuture;
 use uuid::Uuid;
 
-tokio::task_local! {
-    static KEYS: KeySource;
+// The key source of the `derive_keys` future being polled on this thread:
+// moved in for the length of each poll and out again after it (a guard puts
+// it back if the poll panics), so that it belongs to the task polling the
+// future, as a tokio task-local would. A `Cell` of a small value rather
+// than a task-local's `RefCell`: a keyed handler polls through it on every
+// poll, and most never derive a key.
+thread_local! {
+    static KEYS: Cell<Option<KeySource>> = const { Cell::new(None) };
 }
 
 /// The namespace of every derived key: UUID v5 of
 /// `resend:idempotency:derive_keys` in the URL namespace.
 const RESEND_NAMESPACE: Uuid = Uuid::from_u128(0x6393_c5d8_6f18_5e6a_a7ea_edc1_8538_2ad0);
-
-/// The future returned by [`derive_keys`].
-pub type DeriveKeys<F> = TaskLocalFuture<KeySource, F>;
 
 /// What a [`derive_keys`] scope hands down to the task: the inbound
 /// operation's scope and key, and how many keys each upstream has been given
@@ -26,23 +30,81 @@ pub type DeriveKeys<F> = TaskLocalFuture<KeySource, F>;
 pub struct KeySource {
     scope: Cow<'static, str>,
     key: HeaderValue,
-    // Hashed from `scope` and `key` when the first key is derived.
-    namespace: OnceCell<Uuid>,
+    // Made when the first key is derived.
+    derived: Option<Box<Derived>>,
+}
+
+/// What deriving keys has needed so far.
+struct Derived {
+    // Hashed from `scope` and `key`.
+    namespace: Uuid,
     // Per upstream: the ordinal of its next key.
-    calls: RefCell<Vec<(Box<str>, u32)>>,
+    calls: Vec<(Box<str>, u32)>,
 }
 
 impl fmt::Debug for KeySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The scope may be made of the caller's credentials: not printed.
-        let mut d = f.debug_struct("KeySource");
-        d.field("key", &self.key);
-        match self.calls.try_borrow() {
-            Ok(calls) => d.field("calls", &*calls),
-            Err(_) => d.field("calls", &format_args!("<in use>")),
-        };
-        d.finish_non_exhaustive()
+        let calls: &[(Box<str>, u32)] = self.derived.as_ref().map_or(&[], |d| &d.calls);
+        f.debug_struct("KeySource")
+            .field("key", &self.key)
+            .field("calls", &calls)
+            .finish_non_exhaustive()
     }
+}
+
+pin_project_lite::pin_project! {
+    /// The future returned by [`derive_keys`].
+    pub struct DeriveKeys<F> {
+        // (`None` only while it is being polled.)
+        source: Option<KeySource>,
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F> fmt::Debug for DeriveKeys<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeriveKeys")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Future> Future for DeriveKeys<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let outer = KEYS.replace(this.source.take());
+        let _back = PutBack {
+            source: this.source,
+            outer,
+        };
+        this.future.poll(cx)
+    }
+}
+
+/// Takes a poll's key source back into its future, and puts back the one
+/// of the scope around it, when the poll ends (or panics).
+struct PutBack<'a> {
+    source: &'a mut Option<KeySource>,
+    outer: Option<KeySource>,
+}
+
+impl Drop for PutBack<'_> {
+    fn drop(&mut self) {
+        *self.source = KEYS.replace(self.outer.take());
+    }
+}
+
+/// Runs `f` on the key source of the scope being polled, if there is one.
+fn with_source<R>(f: impl FnOnce(&mut KeySource) -> R) -> Option<R> {
+    // (Taken out while `f` runs, so that nothing else sees it meanwhile.)
+    let mut source = KEYS.take()?;
+    let r = f(&mut source);
+    KEYS.set(Some(source));
+    Some(r)
 }
 
 /// Runs `future` as the handler of an inbound operation keyed `key` within
@@ -111,43 +173,49 @@ pub fn derive_keys<F: Future>(
     key: HeaderValue,
     future: F,
 ) -> DeriveKeys<F> {
-    let source = KeySource {
-        scope: scope.into(),
-        key,
-        namespace: OnceCell::new(),
-        calls: RefCell::new(Vec::new()),
-    };
-    KEYS.scope(source, future)
+    DeriveKeys {
+        source: Some(KeySource {
+            scope: scope.into(),
+            key,
+            derived: None,
+        }),
+        future,
+    }
 }
 
 /// The next key for `upstream` in the current task's [`derive_keys`] scope;
 /// `None` outside one.
 pub(super) fn derived(upstream: &str) -> Option<Uuid> {
-    KEYS.try_with(|source| source.next(upstream)).ok().flatten()
+    with_source(|source| source.next(upstream)).flatten()
 }
 
 impl KeySource {
     /// The next key for `upstream`, using up its ordinal; `None` once an
     /// upstream has had `u32::MAX` keys.
-    fn next(&self, upstream: &str) -> Option<Uuid> {
-        let ordinal = {
-            let mut calls = self.calls.borrow_mut();
-            match calls.iter_mut().find(|(name, _)| **name == *upstream) {
-                Some((_, next)) => {
-                    let ordinal = *next;
-                    *next = ordinal.checked_add(1)?;
-                    ordinal
-                }
-                None => {
-                    calls.push((upstream.into(), 1));
-                    0
-                }
+    fn next(&mut self, upstream: &str) -> Option<Uuid> {
+        let (scope, key_value) = (&self.scope, &self.key);
+        let derived = self.derived.get_or_insert_with(|| {
+            Box::new(Derived {
+                namespace: namespace(scope, key_value),
+                calls: Vec::new(),
+            })
+        });
+        let ordinal = match derived
+            .calls
+            .iter_mut()
+            .find(|(name, _)| **name == *upstream)
+        {
+            Some((_, next)) => {
+                let ordinal = *next;
+                *next = ordinal.checked_add(1)?;
+                ordinal
+            }
+            None => {
+                derived.calls.push((upstream.into(), 1));
+                0
             }
         };
-        let namespace = self
-            .namespace
-            .get_or_init(|| namespace(&self.scope, &self.key));
-        Some(key(namespace, upstream, ordinal))
+        Some(key(&derived.namespace, upstream, ordinal))
     }
 }
 
@@ -224,7 +292,12 @@ mod tests {
         );
 
         let last = derive_keys("s", key.clone(), async {
-            KEYS.with(|s| s.calls.borrow_mut().push(("a".into(), u32::MAX - 1)));
+            with_source(|s| {
+                s.next("c");
+                if let Some(d) = s.derived.as_mut() {
+                    d.calls.push(("a".into(), u32::MAX - 1));
+                }
+            });
             [derived("a"), derived("a"), derived("b")]
         })
         .await;
@@ -233,17 +306,77 @@ mod tests {
         assert_eq!(derived("a"), None);
     }
 
+    /// A scope is seen only while its future is polled: two polled in turn
+    /// on one task each see their own, a scope inside another hides it for
+    /// as long as it runs, a task spawned inside sees none, and a poll that
+    /// panics leaves the scope around it in place.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_scope_is_seen_only_while_its_future_is_polled() {
+        let ns = |scope: &str, k: &'static str| namespace(scope, &HeaderValue::from_static(k));
+        let first = |scope: &str, k: &'static str| Some(key(&ns(scope, k), "u", 0));
+        let turn = |scope: &'static str| {
+            derive_keys(scope, HeaderValue::from_static("k"), async {
+                let a = derived("u");
+                tokio::task::yield_now().await;
+                (a, derived("u"))
+            })
+        };
+        let (a, b) = tokio::join!(turn("a"), turn("b"));
+        let second = |scope| Some(key(&ns(scope, "k"), "u", 1));
+        assert_eq!(
+            (a, b),
+            (
+                (first("a", "k"), second("a")),
+                (first("b", "k"), second("b"))
+            )
+        );
+
+        let nested = derive_keys("outer", HeaderValue::from_static("k"), async {
+            let inner = derive_keys("inner", HeaderValue::from_static("k"), async {
+                derived("u")
+            })
+            .await;
+            let spawned = tokio::spawn(async { derived("u") }).await.unwrap();
+            let panicked = std::panic::AssertUnwindSafe(derive_keys(
+                "boom",
+                HeaderValue::from_static("k"),
+                async { panic!("a handler that panics") },
+            ));
+            let caught = panics(panicked).await;
+            (inner, spawned, caught, derived("u"))
+        })
+        .await;
+        assert_eq!(
+            nested,
+            (first("inner", "k"), None, true, first("outer", "k"))
+        );
+        assert_eq!(derived("u"), None, "no scope outside");
+    }
+
+    /// Polls `fut` to its end, telling whether it panicked.
+    async fn panics<F: Future + std::panic::UnwindSafe>(fut: F) -> bool {
+        let mut fut = std::pin::pin!(fut);
+        std::future::poll_fn(move |cx| {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+                Ok(Poll::Pending) => Poll::Pending,
+                Ok(Poll::Ready(_)) => Poll::Ready(false),
+                Err(_) => Poll::Ready(true),
+            }
+        })
+        .await
+    }
+
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn nothing_is_hashed_until_a_key_is_derived() {
         let fut = derive_keys("s", HeaderValue::from_static("k"), async {
-            let untouched = KEYS.with(|s| s.namespace.get().is_none());
+            let untouched = with_source(|s| s.derived.is_none());
             derived("a");
-            let hashed = KEYS.with(|s| s.namespace.get().is_some());
+            let hashed = with_source(|s| s.derived.is_some());
             (untouched, hashed)
         });
         fn spawnable<T: Send + 'static>(_: &T) {}
         spawnable(&fut);
-        assert_eq!(fut.await, (true, true));
+        assert_eq!(fut.await, (Some(true), Some(true)));
         let debug = format!(
             "{:?}",
             derive_keys("secret-scope", HeaderValue::from_static("k"), async {})
