@@ -230,11 +230,11 @@ struct Block {
 /// microsecond per request, against a third of one with jemalloc). So
 /// finished records are appended to shared blocks of 16 KiB, one allocation
 /// per ~80 records, written in order; a block is freed (or kept for the
-/// next ones, up to 32 a shard) when its last record goes. Records of one store share its record
-/// TTL and so leave a block in the order they came; a record kept much
-/// longer than its neighbours (a layer with another TTL on the same store)
-/// keeps its block, whose unused room is not counted in
-/// [`max_bytes`](MemoryStore::max_bytes).
+/// next ones, up to 32 a shard) when its last record goes. Records of one
+/// store share its record TTL and so leave a block in the order they came;
+/// a record kept much longer than its neighbours (a layer with another
+/// TTL on the same store) keeps its block, whose unused room is not counted
+/// in [`max_bytes`](MemoryStore::max_bytes).
 ///
 /// Leases, which live as long as a handler, are blocks of their own, whose
 /// room is kept for the next leases when they go.

@@ -76,7 +76,11 @@ impl<F: Future> Future for DeriveKeys<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let outer = KEYS.replace(this.source.take());
+        // (A thread whose thread-locals are being destroyed polls it
+        // without its scope: keys are not derived there.)
+        let Ok(outer) = KEYS.try_with(|k| k.replace(this.source.take())) else {
+            return this.future.poll(cx);
+        };
         let _back = PutBack {
             source: this.source,
             outer,
@@ -94,16 +98,18 @@ struct PutBack<'a> {
 
 impl Drop for PutBack<'_> {
     fn drop(&mut self) {
-        *self.source = KEYS.replace(self.outer.take());
+        if let Ok(source) = KEYS.try_with(|k| k.replace(self.outer.take())) {
+            *self.source = source;
+        }
     }
 }
 
 /// Runs `f` on the key source of the scope being polled, if there is one.
 fn with_source<R>(f: impl FnOnce(&mut KeySource) -> R) -> Option<R> {
     // (Taken out while `f` runs, so that nothing else sees it meanwhile.)
-    let mut source = KEYS.take()?;
+    let mut source = KEYS.try_with(Cell::take).ok().flatten()?;
     let r = f(&mut source);
-    KEYS.set(Some(source));
+    let _ = KEYS.try_with(|k| k.set(Some(source)));
     Some(r)
 }
 
