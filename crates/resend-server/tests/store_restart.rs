@@ -418,15 +418,27 @@ struct RedisChild {
     child: Option<std::process::Child>,
 }
 
+/// A free loopback port below Linux's ephemeral range (32768 up): the
+/// server is restarted on it after a kill, and a port of that range could
+/// meanwhile be taken as the local port of some outbound connection, which
+/// the restarted server could then not bind. Port 0's pick if none is found.
+#[cfg(feature = "redis")]
+fn restartable_port() -> u16 {
+    (0..200)
+        .map(|_| fastrand::u16(20_000..32_000))
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .unwrap_or_else(|| {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        })
+}
+
 #[cfg(feature = "redis")]
 impl RedisChild {
     /// Starts `redis-server` on a free loopback port and waits until it
     /// answers `PING`; `None` if there is no `redis-server` to start.
     async fn start() -> Option<Self> {
-        let port = {
-            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap().port()
-        };
+        let port = restartable_port();
         let mut redis = Self { port, child: None };
         match redis.spawn() {
             Ok(()) => Some(redis),
