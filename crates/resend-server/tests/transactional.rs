@@ -1172,3 +1172,104 @@ async fn the_transactional_migration_runs_from_several_processes_at_once() {
     assert!(table.has_function().await);
     table.drop().await;
 }
+
+/// A relay to PostgreSQL that holds the server's bytes while `hold` is
+/// set (the client's pass at once): a statement on the wire whose answer
+/// is late.
+struct Stall {
+    port: u16,
+    hold: tokio::sync::watch::Sender<bool>,
+    accept: tokio::task::AbortHandle,
+}
+
+impl Stall {
+    async fn start(target: std::net::SocketAddr) -> Stall {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (hold, held) = tokio::sync::watch::channel(false);
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut held = held.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 16 * 1024];
+                    while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                        if held.wait_for(|h| !*h).await.is_err()
+                            || cw.write_all(&buf[..n]).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        })
+        .abort_handle();
+        Stall { port, hold, accept }
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// A `BEGIN` cut by the store timeout while it is on the wire (its answer
+/// late) is finished on its own and rolled back: its connection does not
+/// go back to the pool inside the transaction, where the next user would
+/// find it (and, once a statement failed there, every statement refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_cut_on_the_wire_leaves_no_transaction_behind() {
+    use std::str::FromStr;
+    let Some(pool) = pool().await else { return };
+    let stall = Stall::start("127.0.0.1:5432".parse().unwrap()).await;
+    let name = unique("tx-begin-cut");
+    let options =
+        sqlx::postgres::PgConnectOptions::from_str(&pg::with_port(&pg::url(), stall.port))
+            .unwrap()
+            .application_name(&name);
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(options);
+    // The pool's one connection is made, and idle.
+    sqlx::query("SELECT 1").execute(&one).await.unwrap();
+    let backend = PostgresStore::with_table(one.clone(), TABLE)
+        .unwrap()
+        .transactional();
+    let app = Router::new()
+        .route("/charges", post(charge))
+        .layer(IdempotencyLayer::new(backend).store_timeout(Duration::from_millis(300)));
+    // An unsafe request without a key runs in a transaction of its own:
+    // its BEGIN goes out, and its answer is held past the store timeout.
+    stall.hold.send_replace(true);
+    let op = unique("op");
+    let cut = app
+        .oneshot(req(None, &format!("op={op}"), "a"))
+        .await
+        .unwrap();
+    assert_eq!(cut.status(), StatusCode::SERVICE_UNAVAILABLE);
+    stall.hold.send_replace(false);
+    // Outside a transaction, a simple query's statement is its own
+    // transaction: it starts when its transaction does (and the BEGIN's
+    // transaction began over 300 ms ago).
+    let alone: bool = sqlx::raw_sql("SELECT now() = statement_timestamp()")
+        .fetch_one(&one)
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        alone,
+        "the pool's connection came back inside the BEGIN's transaction"
+    );
+    assert_eq!(idle_in_transaction(&pool, &name).await, 0);
+    assert_eq!(effects(&pool, &op).await, 0, "nothing ran");
+}
