@@ -1173,21 +1173,33 @@ async fn the_transactional_migration_runs_from_several_processes_at_once() {
     table.drop().await;
 }
 
-/// A relay to PostgreSQL that holds the server's bytes while `hold` is
-/// set (the client's pass at once): a statement on the wire whose answer
-/// is late.
+/// A relay to PostgreSQL (without TLS, so that it can read the client's
+/// messages) that holds the server's bytes from the moment the client
+/// sends bytes that hold the pattern it is armed with, until it is
+/// released: a `BEGIN` on the wire whose answer is late. (The check of the
+/// connection that comes before it, on its way out of the pool, is
+/// answered.)
 struct Stall {
     port: u16,
+    armed: tokio::sync::watch::Sender<Option<&'static [u8]>>,
     hold: tokio::sync::watch::Sender<bool>,
     accept: tokio::task::AbortHandle,
 }
+
+/// sqlx's `BEGIN` of a transaction: a simple query message ('Q', its
+/// length, the text and its NUL).
+const BARE_BEGIN: &[u8] = b"Q\0\0\0\x0aBEGIN\0";
+/// The end of the layer's claim of a new key with its `BEGIN`.
+const CLAIM_THEN_BEGIN: &[u8] = b"; BEGIN\0";
 
 impl Stall {
     async fn start(target: std::net::SocketAddr) -> Stall {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
+        let (armed, _) = tokio::sync::watch::channel(None);
         let (hold, held) = tokio::sync::watch::channel(false);
+        let (armed2, hold2) = (armed.clone(), hold.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(target).await else {
@@ -1195,8 +1207,20 @@ impl Stall {
                 };
                 let (mut cr, mut cw) = client.into_split();
                 let (mut sr, mut sw) = server.into_split();
+                let (armed, hold) = (armed2.clone(), hold2.clone());
                 tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    let mut buf = vec![0; 16 * 1024];
+                    while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                        let chunk = &buf[..n];
+                        let pattern = *armed.borrow();
+                        if pattern.is_some_and(|p: &[u8]| chunk.windows(p.len()).any(|w| w == p)) {
+                            armed.send_replace(None);
+                            hold.send_replace(true);
+                        }
+                        if sw.write_all(chunk).await.is_err() {
+                            return;
+                        }
+                    }
                 });
                 let mut held = held.clone();
                 tokio::spawn(async move {
@@ -1212,7 +1236,22 @@ impl Stall {
             }
         })
         .abort_handle();
-        Stall { port, hold, accept }
+        Stall {
+            port,
+            armed,
+            hold,
+            accept,
+        }
+    }
+
+    /// Whether a `BEGIN` was held since the relay was armed.
+    fn held(&self) -> bool {
+        *self.hold.borrow()
+    }
+
+    fn release(&self) {
+        self.armed.send_replace(None);
+        self.hold.send_replace(false);
     }
 }
 
@@ -1222,10 +1261,15 @@ impl Drop for Stall {
     }
 }
 
-/// A `BEGIN` cut by the store timeout while it is on the wire (its answer
-/// late) is finished on its own and rolled back: its connection does not
-/// go back to the pool inside the transaction, where the next user would
-/// find it (and, once a statement failed there, every statement refused).
+/// A `BEGIN` cut by the store timeout while it is on the wire (sent, its
+/// answer late) is finished on its own and rolled back: its connection does
+/// not go back to the pool inside the transaction, where the next user
+/// would find it (and, once a statement failed there, every statement
+/// refused: 25P02). sqlx counts a transaction as begun only once its
+/// `BEGIN` has answered, and its guard rolls back only a counted one, so a
+/// `begin()` future dropped mid-way leaves that to the caller. Both of the
+/// layer's plain `begin()`s: an unsafe request without a key, and a keyed
+/// one whose key is not new (claimed the long way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_begin_cut_on_the_wire_leaves_no_transaction_behind() {
     use std::str::FromStr;
@@ -1235,6 +1279,7 @@ async fn a_begin_cut_on_the_wire_leaves_no_transaction_behind() {
     let options =
         sqlx::postgres::PgConnectOptions::from_str(&pg::with_port(&pg::url(), stall.port))
             .unwrap()
+            .ssl_mode(sqlx::postgres::PgSslMode::Disable)
             .application_name(&name);
     let one = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
@@ -1248,28 +1293,71 @@ async fn a_begin_cut_on_the_wire_leaves_no_transaction_behind() {
     let app = Router::new()
         .route("/charges", post(charge))
         .layer(IdempotencyLayer::new(backend).store_timeout(Duration::from_millis(300)));
-    // An unsafe request without a key runs in a transaction of its own:
-    // its BEGIN goes out, and its answer is held past the store timeout.
-    stall.hold.send_replace(true);
-    let op = unique("op");
-    let cut = app
-        .oneshot(req(None, &format!("op={op}"), "a"))
+    // A key with a record: a request with it again claims the long way,
+    // whose transaction begins with a bare BEGIN.
+    let key = unique("k");
+    let first = unique("op");
+    let done = app
+        .clone()
+        .oneshot(req(Some(&key), &format!("op={first}"), "a"))
         .await
         .unwrap();
-    assert_eq!(cut.status(), StatusCode::SERVICE_UNAVAILABLE);
-    stall.hold.send_replace(false);
-    // Outside a transaction, a simple query's statement is its own
-    // transaction: it starts when its transaction does (and the BEGIN's
-    // transaction began over 300 ms ago).
-    let alone: bool = sqlx::raw_sql("SELECT now() = statement_timestamp()")
-        .fetch_one(&one)
+    assert_eq!(done.status(), StatusCode::CREATED);
+    let (unkeyed, new_key, new_op) = (unique("op"), unique("k"), unique("op"));
+    for (case, pattern, request) in [
+        // An unsafe request without a key runs in a transaction of its own.
+        (
+            "without a key",
+            BARE_BEGIN,
+            req(None, &format!("op={unkeyed}"), "a"),
+        ),
+        (
+            "claimed the long way",
+            BARE_BEGIN,
+            req(Some(&key), &format!("op={first}"), "a"),
+        ),
+        // A new key is claimed by the transaction's first statement; its
+        // caller goes away while it is on the wire (cut by the store
+        // timeout instead, it would be followed by a claim the long way,
+        // whose BEGIN on the same connection would roll it back by chance).
+        (
+            "a new key",
+            CLAIM_THEN_BEGIN,
+            req(Some(&new_key), &format!("op={new_op}"), "a"),
+        ),
+    ] {
+        stall.armed.send_replace(Some(pattern));
+        if pattern == BARE_BEGIN {
+            let cut = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(cut.status(), StatusCode::SERVICE_UNAVAILABLE, "{case}");
+        } else {
+            let gone =
+                tokio::time::timeout(Duration::from_millis(100), app.clone().oneshot(request));
+            assert!(gone.await.is_err(), "{case}: the request ended");
+        }
+        assert!(stall.held(), "{case}: no BEGIN was held");
+        stall.release();
+        // Outside a transaction, a simple query's statement is its own
+        // transaction: it starts when its transaction does (and the BEGIN's
+        // transaction began over 300 ms ago).
+        let alone: bool = sqlx::raw_sql("SELECT now() = statement_timestamp()")
+            .fetch_one(&one)
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            alone,
+            "{case}: the pool's connection came back inside the BEGIN's transaction"
+        );
+        assert_eq!(idle_in_transaction(&pool, &name).await, 0, "{case}");
+    }
+    assert_eq!(effects(&pool, &unkeyed).await, 0, "nothing ran");
+    assert_eq!(effects(&pool, &new_op).await, 0, "nothing ran");
+    let claims: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {TABLE} WHERE key = $1"))
+        .bind(&new_key)
+        .fetch_one(&pool)
         .await
-        .unwrap()
-        .get(0);
-    assert!(
-        alone,
-        "the pool's connection came back inside the BEGIN's transaction"
-    );
-    assert_eq!(idle_in_transaction(&pool, &name).await, 0);
-    assert_eq!(effects(&pool, &op).await, 0, "nothing ran");
+        .unwrap();
+    assert_eq!(claims, 0, "the cut claim was rolled back");
+    assert_eq!(effects(&pool, &first).await, 1, "the key's work ran once");
 }

@@ -461,7 +461,7 @@ enum OneTrip {
     /// The key is not new (a record, a live or an expired claim), the
     /// database refused the claim for another reason, or the claim did not
     /// end within its bound: the long way decides. Nothing of it is left
-    /// (see [`Claiming`]).
+    /// (see [`Begin`]).
     LongWay,
     /// No transaction could be begun.
     Unavailable(StoreError),
@@ -477,9 +477,7 @@ async fn claim_new(
     sql: String,
     bound: Duration,
 ) -> OneTrip {
-    let pool = backend.pool.clone();
-    let claiming = Claiming(Some(Box::pin(async move { pool.begin_with(sql).await })));
-    match tokio::time::timeout(bound, claiming).await {
+    match tokio::time::timeout(bound, begin(&backend.pool, Some(sql))).await {
         Ok(Ok(tx)) => {
             tracing::trace!(key, "idempotency key claimed with its transaction's BEGIN");
             OneTrip::Claimed(tx)
@@ -507,16 +505,34 @@ async fn claim_new(
 type Beginning =
     Pin<Box<dyn Future<Output = Result<Transaction<'static, Postgres>, sqlx::Error>> + Send>>;
 
-/// A claim's `begin_with` in flight, which is never dropped unfinished:
-/// sqlx counts a transaction as begun only once its statement has
-/// answered, so a `begin_with` dropped midway would let its connection go
-/// back to the pool inside the transaction it may yet begin, the claim in
-/// it. Dropped before it ends (its bound ran out, or the caller went away
-/// before the handler started), it is finished in a task of its own, and
-/// the transaction it began, if any, is rolled back.
-struct Claiming(Option<Beginning>);
+/// A transaction of `pool`'s, begun with `statement` (a bare `BEGIN`
+/// without one): every transaction the layer begins goes through here, as
+/// a [`Begin`] that is never cut midway.
+fn begin(pool: &PgPool, statement: Option<String>) -> Begin {
+    let pool = pool.clone();
+    Begin(Some(Box::pin(async move {
+        match statement {
+            Some(sql) => pool.begin_with(sql).await,
+            None => pool.begin().await,
+        }
+    })))
+}
 
-impl Future for Claiming {
+/// A `begin` of sqlx's in flight, which is never dropped unfinished. sqlx
+/// counts a transaction as begun only once its statement has answered, and
+/// its own guard rolls back only a counted one: a `begin` dropped while its
+/// statement is on the wire (a store timeout that ran out then, a caller
+/// gone before the handler started) would let its connection go back to
+/// the pool inside the transaction it began — the user's pool, whose next
+/// user then works in it, and once a statement fails there has every
+/// statement refused (25P02) for the life of the connection. (With a
+/// `claim_then_begin` statement, the claim would be in it as well.)
+/// Dropped before it ends, it is finished in a task of its own, and the
+/// transaction it began, if any, is dropped there, which rolls it back.
+/// (Test: `a_begin_cut_on_the_wire_leaves_no_transaction_behind`.)
+struct Begin(Option<Beginning>);
+
+impl Future for Begin {
     type Output = Result<Transaction<'static, Postgres>, sqlx::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -529,7 +545,7 @@ impl Future for Claiming {
     }
 }
 
-impl Drop for Claiming {
+impl Drop for Begin {
     fn drop(&mut self) {
         let Some(beginning) = self.0.take() else {
             return;
@@ -559,9 +575,7 @@ async fn claim_long<RB>(
     wait: Duration,
 ) -> Claimed<RB> {
     let begun = with_timeout(config.store_timeout, async {
-        backend
-            .pool
-            .begin()
+        begin(&backend.pool, None)
             .await
             .map_err(pg_error("cannot begin a transaction"))
     })
@@ -750,10 +764,7 @@ where
     let started_at = Instant::now();
     let config = &shared.config;
     let begun = with_timeout(config.store_timeout, async {
-        shared
-            .store
-            .pool
-            .begin()
+        begin(&shared.store.pool, None)
             .await
             .map_err(pg_error("cannot begin a transaction"))
     })
