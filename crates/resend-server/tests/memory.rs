@@ -203,11 +203,14 @@ async fn outbound_keys_are_derived_from_the_inbound_key() {
     assert!(sent.iter().all(|k| k.len() == 36));
 }
 
-/// A memory store whose `release` takes `delay` to answer.
+/// A memory store whose `release` takes `delay` to answer, and whose
+/// `begin` answers `begin_delay` after it has done its work (an answer
+/// that comes late).
 #[derive(Clone)]
 struct SlowRelease {
     inner: MemoryStore,
     delay: Duration,
+    begin_delay: Duration,
 }
 
 impl Store for SlowRelease {
@@ -216,7 +219,13 @@ impl Store for SlowRelease {
         claim: &Claim<'_>,
         ttl: Ttl,
     ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
-        self.inner.begin(claim, ttl)
+        let begun = self.inner.begin(claim, ttl);
+        let delay = self.begin_delay;
+        async move {
+            let begun = begun.await;
+            tokio::time::sleep(delay).await;
+            begun
+        }
     }
     fn renew(
         &self,
@@ -264,6 +273,7 @@ async fn a_release_cut_mid_await_still_releases() {
     let store = SlowRelease {
         inner: MemoryStore::new(),
         delay: Duration::from_millis(500),
+        begin_delay: Duration::ZERO,
     };
     let svc = IdempotencyLayer::new(store).layer(h.service());
     let req = || common::with(common::post("rel", "a"), "x-nothing-done", "1");
@@ -276,4 +286,35 @@ async fn a_release_cut_mid_await_still_releases() {
     assert_eq!(again.status(), StatusCode::CREATED);
     assert!(again.headers().get("idempotent-replayed").is_none());
     assert_eq!(h.runs(), 2);
+}
+
+/// A caller that goes away while the store's answer to the claim is on its
+/// way (the store took the lease; the answer is late) leaves no lease
+/// behind: the request's guard, dropped while it may hold one, releases it
+/// in the background, so the retry runs at once rather than get 409 until
+/// the lease expires. (Nothing ran: the handler had not started.)
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_caller_gone_while_the_claim_is_answered_leaves_no_lease() {
+    let h = common::Handler::default();
+    let store = SlowRelease {
+        inner: MemoryStore::new(),
+        delay: Duration::ZERO,
+        begin_delay: Duration::from_millis(500),
+    };
+    let svc = IdempotencyLayer::new(store).layer(h.service());
+    // The claim is answered 500 ms after the store took the lease; the
+    // caller gives up at 100 ms.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        svc.clone().oneshot(common::post("late", "a")),
+    )
+    .await;
+    assert!(cut.is_err());
+    assert_eq!(h.runs(), 0);
+    // The retry (its own claim answered late too) runs the work.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let again = svc.oneshot(common::post("late", "a")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(h.runs(), 1);
 }
