@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::layer::{Config, MAX_HELD};
 use super::rules::{self, OnRenew, OnStore};
 use super::service::with_timeout;
+use super::IdempotencyStats;
 use crate::store::{Begin, Claim, Fingerprint, RecordKey, Store, StoredResponse, Ttl};
 
 /// A held response's key (scope, key), and what is held: its request's
@@ -54,11 +55,15 @@ impl Held {
     }
 
     /// Holds `response` for `key`; false when too many are held already.
+    /// The `held` gauge of `stats` is set under the map's lock, to the
+    /// map's length: set after it, a stale length could land last and stay
+    /// (as `store_restart` once saw: 19 held, with nothing held).
     fn hold(
         &self,
         key: &RecordKey<'_>,
         fingerprint: Fingerprint,
         response: StoredResponse,
+        stats: &IdempotencyStats,
     ) -> bool {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         if map.len() >= MAX_HELD {
@@ -69,14 +74,16 @@ impl Held {
             (fingerprint, response),
         );
         self.count.store(map.len(), Relaxed);
+        stats.set_held(map.len());
         true
     }
 
-    fn forget(&self, key: &RecordKey<'_>) -> usize {
+    /// Lets go of what is held for `key` (the gauge set as in `hold`).
+    fn forget(&self, key: &RecordKey<'_>, stats: &IdempotencyStats) {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         map.remove(&(Box::from(key.scope), Box::from(key.key)));
         self.count.store(map.len(), Relaxed);
-        map.len()
+        stats.set_held(map.len());
     }
 }
 
@@ -93,7 +100,12 @@ pub(crate) fn store_later<St: Store>(
     ttl: Ttl,
 ) {
     let held = &config.held;
-    if !held.hold(&claim.key, claim.fingerprint, response.clone()) {
+    if !held.hold(
+        &claim.key,
+        claim.fingerprint,
+        response.clone(),
+        &config.stats,
+    ) {
         config.stats.count_unstored();
         tracing::error!(
             key = claim.key.key,
@@ -101,7 +113,6 @@ pub(crate) fn store_later<St: Store>(
         );
         return;
     }
-    config.stats.set_held(held.count.load(Relaxed));
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -118,8 +129,7 @@ pub(crate) fn store_later<St: Store>(
             token,
         };
         let outcome = retry(&store, &config, &claim, &response, ttl).await;
-        let left = config.held.forget(&claim.key);
-        config.stats.set_held(left);
+        config.held.forget(&claim.key, &config.stats);
         match outcome {
             Some(OnStore::Stored) => {
                 config.stats.count_stored_late();
@@ -174,5 +184,37 @@ async fn retry<St: Store>(
             }
             done => return Some(done),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response() -> StoredResponse {
+        StoredResponse {
+            status: http::StatusCode::CREATED,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::from_static(b"done"),
+            body_omitted: false,
+        }
+    }
+
+    /// Holding and letting go keep the `held` gauge at what is held (the
+    /// map's length, written under its lock).
+    #[test]
+    fn the_held_gauge_is_what_is_held() {
+        let (held, stats) = (Held::default(), IdempotencyStats::default());
+        let key = |k| RecordKey { scope: "s", key: k };
+        assert!(held.hold(&key("a"), Fingerprint([0; 32]), response(), &stats));
+        assert!(held.hold(&key("b"), Fingerprint([0; 32]), response(), &stats));
+        assert_eq!(stats.held(), 2);
+        assert!(held.answer(&key("a")).is_some());
+        held.forget(&key("a"), &stats);
+        assert_eq!(stats.held(), 1);
+        assert!(held.answer(&key("a")).is_none());
+        held.forget(&key("b"), &stats);
+        held.forget(&key("b"), &stats);
+        assert_eq!((stats.held(), held.count.load(Relaxed)), (0, 0));
     }
 }
