@@ -19,6 +19,15 @@ store_rules!((flavor = "current_thread", start_paused = true), async {
 });
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_stale_holder_cannot_touch_the_new_holders_lease() {
+    common::a_stale_holder_cannot_touch_the_new_holders_lease(
+        MemoryStore::new(),
+        Duration::from_secs(30),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn stale_lease_is_taken_over_after_it_expires() {
     common::stale_lease_taken_over(MemoryStore::new(), Duration::from_secs(30)).await;
 }

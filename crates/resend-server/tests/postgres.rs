@@ -47,6 +47,14 @@ async fn store() -> Option<PostgresStore> {
 store_rules!((flavor = "multi_thread", worker_threads = 2), store());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holder_cannot_touch_the_new_holders_lease() {
+    if let Some(s) = store().await {
+        common::a_stale_holder_cannot_touch_the_new_holders_lease(s, Duration::from_millis(300))
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_lease_is_taken_over_after_it_expires() {
     if let Some(s) = store().await {
         common::stale_lease_taken_over(s, Duration::from_millis(300)).await;

@@ -832,6 +832,78 @@ pub async fn stale_lease_taken_over<St: Store>(store: St, lease: Duration) {
     assert_eq!(h.runs(), 1);
 }
 
+/// A holder whose lease expired and was taken over (a process paused, or
+/// cut off from the store, past its lease) can no longer touch the key: its
+/// renew and its complete find the lease lost and write nothing, and its
+/// release leaves the new holder's lease; the new holder's response is the
+/// one kept, and a stale complete after it does not replace it. (The
+/// atomic "if still mine" of the `Store` contract, on each store.)
+pub async fn a_stale_holder_cannot_touch_the_new_holders_lease<St: Store>(
+    store: St,
+    lease: Duration,
+) {
+    let key = unique("taken-over");
+    let claim = || Claim {
+        key: RecordKey {
+            scope: "takeover",
+            key: &key,
+        },
+        fingerprint: Fingerprint([7; 32]),
+        token: LeaseToken::random(),
+    };
+    let (stale, new, other) = (claim(), claim(), claim());
+    let ttl = Ttl {
+        lease,
+        record: Duration::from_secs(60),
+    };
+    let response = |body: &'static str| StoredResponse {
+        status: StatusCode::CREATED,
+        headers: http::HeaderMap::new(),
+        body: Bytes::from_static(body.as_bytes()),
+        body_omitted: false,
+    };
+    let in_progress = |found: Begin| matches!(found, Begin::InProgress { .. });
+    assert_eq!(store.begin(&stale, ttl).await.unwrap(), Begin::Acquired);
+    tokio::time::sleep(lease + Duration::from_millis(50)).await;
+    assert_eq!(store.begin(&new, ttl).await.unwrap(), Begin::Acquired);
+
+    assert_eq!(store.renew(&stale, ttl).await.unwrap(), LeaseState::Lost);
+    store.release(&stale).await.unwrap();
+    assert!(
+        in_progress(store.begin(&other, ttl).await.unwrap()),
+        "the stale holder's release left the new holder's lease"
+    );
+    assert_eq!(
+        store
+            .complete(&stale, &response("stale"), ttl)
+            .await
+            .unwrap(),
+        LeaseState::Lost
+    );
+    assert!(
+        in_progress(store.begin(&other, ttl).await.unwrap()),
+        "the stale holder's response was not stored"
+    );
+
+    assert_eq!(store.renew(&new, ttl).await.unwrap(), LeaseState::Held);
+    assert_eq!(
+        store.complete(&new, &response("new"), ttl).await.unwrap(),
+        LeaseState::Held
+    );
+    assert_eq!(
+        store
+            .complete(&stale, &response("stale"), ttl)
+            .await
+            .unwrap(),
+        LeaseState::Lost
+    );
+    store.release(&stale).await.unwrap();
+    match store.begin(&other, ttl).await.unwrap() {
+        Begin::Completed { response: kept, .. } => assert_eq!(kept, response("new")),
+        found => panic!("the new holder's response is kept, found {found:?}"),
+    }
+}
+
 /// The fingerprint the layer computes for `req`, found by asking a memory
 /// store what a request left in it.
 pub async fn fingerprint_of(req: &Request<Full<Bytes>>) -> Fingerprint {
