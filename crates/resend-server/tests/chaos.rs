@@ -558,7 +558,8 @@ async fn postgres_transactional_one_effect_per_key_under_chaos() {
 
     const EFFECTS: &str = "resend_chaos_tx_effects";
     let url = pg::url();
-    let pool = pg::pool(&url, 40);
+    let name = unique("chaos-tx");
+    let pool = pg::named_pool(&url, 40, &name);
     let backend = resend_server::PostgresStore::with_table(pool.clone(), "resend_idempotency_test")
         .unwrap()
         .transactional();
@@ -617,6 +618,14 @@ async fn postgres_transactional_one_effect_per_key_under_chaos() {
     let app = Router::new().route("/charges", post(charge)).layer(layer);
     let (outcomes, plan) = send_through_faults("postgres-tx", app, &working).await;
     let elapsed = started.elapsed();
+    // Every transaction the layer began has ended: none of the pool's
+    // connections is left inside one (an aborted one refuses every
+    // statement of its next user: 25P02).
+    assert_eq!(
+        pg::idle_in_transaction(&pool, &name).await,
+        0,
+        "postgres-tx: connections of the user's pool left inside a transaction"
+    );
     // What committed: one row per order, at most.
     let rows: Vec<(String, String)> =
         sqlx::query_as(&format!("SELECT ord, run FROM {EFFECTS} WHERE test = $1"))

@@ -721,20 +721,6 @@ async fn in_transaction(pool: &PgPool, name: &str) -> i64 {
     .unwrap()
 }
 
-/// How many of the connections named `name` are idle inside a transaction,
-/// once the pool has had a moment (up to a second) to put them back.
-async fn idle_in_transaction(pool: &PgPool, name: &str) -> i64 {
-    let mut left = 0;
-    for _ in 0..50 {
-        left = in_transaction(pool, name).await;
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    left
-}
-
 /// Waits (up to 5 s) until a connection named `name` holds an open
 /// transaction: a keyed request's claim is made, and its handler works.
 async fn until_claimed(pool: &PgPool, name: &str) {
@@ -841,7 +827,7 @@ async fn a_failed_claim_leaves_its_connection_out_of_any_transaction() {
         .unwrap()
         .get(0);
     assert!(alone, "the pool's connection is in no transaction");
-    assert_eq!(idle_in_transaction(&one, &name).await, 0);
+    assert_eq!(pg::idle_in_transaction(&one, &name).await, 0);
 }
 
 /// A claim that waits on a holder beyond its bound, or whose caller goes
@@ -875,7 +861,7 @@ async fn a_claim_cut_while_it_waits_is_finished_and_rolled_back() {
     assert!(gone.is_err(), "the caller went away first");
     assert_eq!(holder.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
     // Both waiting claims then get the key, and give it back.
-    assert_eq!(idle_in_transaction(&pool, &name).await, 0);
+    assert_eq!(pg::idle_in_transaction(&pool, &name).await, 0);
     let mut retry = None;
     for _ in 0..50 {
         let r = app(&pool)
@@ -892,7 +878,7 @@ async fn a_claim_cut_while_it_waits_is_finished_and_rolled_back() {
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert!(!replayed(retry.headers()));
     assert_eq!(effects(&pool, &op).await, 1);
-    assert_eq!(idle_in_transaction(&pool, &name).await, 0);
+    assert_eq!(pg::idle_in_transaction(&pool, &name).await, 0);
 }
 
 /// The COMMIT cannot run without the record: a handler that deletes its
@@ -1349,7 +1335,7 @@ async fn a_begin_cut_on_the_wire_leaves_no_transaction_behind() {
             alone,
             "{case}: the pool's connection came back inside the BEGIN's transaction"
         );
-        assert_eq!(idle_in_transaction(&pool, &name).await, 0, "{case}");
+        assert_eq!(pg::idle_in_transaction(&pool, &name).await, 0, "{case}");
     }
     assert_eq!(effects(&pool, &unkeyed).await, 0, "nothing ran");
     assert_eq!(effects(&pool, &new_op).await, 0, "nothing ran");

@@ -22,6 +22,43 @@ pub fn pool(url: &str, size: u32) -> PgPool {
         .expect("a PostgreSQL URL")
 }
 
+/// `pool`, its connections named `name` (`application_name`), so that a
+/// test can find them in `pg_stat_activity`.
+pub fn named_pool(url: &str, size: u32, name: &str) -> PgPool {
+    use std::str::FromStr;
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)
+        .expect("a PostgreSQL URL")
+        .application_name(name);
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy_with(options)
+}
+
+/// How many of the connections named `name` sit idle inside a transaction
+/// (an open one, or one a failed statement aborted) once their pool has had
+/// a moment (up to a second) to take them back: a connection the pool
+/// holds in that state hands its transaction to its next user.
+pub async fn idle_in_transaction(pool: &PgPool, name: &str) -> i64 {
+    let mut left = 0;
+    for _ in 0..50 {
+        left = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+        )
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("the pool handed out a connection left in a transaction: {e}")
+        });
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    left
+}
+
 /// `url` with its port replaced by `port` (for a proxy in front).
 pub fn with_port(url: &str, port: u16) -> String {
     let (head, rest) = url.split_once("@").expect("postgres://user@host:port/db");
