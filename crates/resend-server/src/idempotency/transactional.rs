@@ -529,7 +529,12 @@ fn begin(pool: &PgPool, statement: Option<String>) -> Begin {
 /// `claim_then_begin` statement, the claim would be in it as well.)
 /// Dropped before it ends, it is finished in a task of its own, and the
 /// transaction it began, if any, is dropped there, which rolls it back.
-/// (Test: `a_begin_cut_on_the_wire_leaves_no_transaction_behind`.)
+/// (sqlx cannot tell a `begin` still waiting for a connection, which could
+/// be dropped safely, from one whose `BEGIN` is out, so a dropped one that
+/// was still waiting waits on in that task, bounded by the pool's acquire
+/// timeout, and then holds its connection for its `BEGIN` and `ROLLBACK`
+/// alone.) Tests: `a_begin_cut_on_the_wire_leaves_no_transaction_behind`,
+/// and the transactional chaos run's check of the pool at its end.
 struct Begin(Option<Beginning>);
 
 impl Future for Begin {
