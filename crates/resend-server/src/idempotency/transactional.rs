@@ -526,7 +526,9 @@ fn begin(pool: &PgPool, statement: Option<String>) -> Begin {
 /// the pool inside the transaction it began — the user's pool, whose next
 /// user then works in it, and once a statement fails there has every
 /// statement refused (25P02) for the life of the connection. (With a
-/// `claim_then_begin` statement, the claim would be in it as well.)
+/// `claim_then_begin` statement, the claim would be in it as well.) This
+/// is sqlx's issue 4393 (transact-rs/sqlx), mended there by PR 4394,
+/// after the 0.8.6 this workspace builds with.
 /// Dropped before it ends, it is finished in a task of its own, and the
 /// transaction it began, if any, is dropped there, which rolls it back.
 /// (sqlx cannot tell a `begin` still waiting for a connection, which could
