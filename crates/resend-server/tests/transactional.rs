@@ -1253,9 +1253,10 @@ impl Drop for Stall {
 /// would find it (and, once a statement failed there, every statement
 /// refused: 25P02). sqlx counts a transaction as begun only once its
 /// `BEGIN` has answered, and its guard rolls back only a counted one, so a
-/// `begin()` future dropped mid-way leaves that to the caller. Both of the
-/// layer's plain `begin()`s: an unsafe request without a key, and a keyed
-/// one whose key is not new (claimed the long way).
+/// `begin()` future dropped mid-way leaves that to the caller. Every
+/// `BEGIN` the layer sends: an unsafe request's without a key, a claim's
+/// the long way (the key is not new), and a new key's claim with its
+/// `BEGIN` in one statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_begin_cut_on_the_wire_leaves_no_transaction_behind() {
     use std::str::FromStr;
