@@ -216,13 +216,13 @@ async fn outbound_keys_are_derived_from_the_inbound_key() {
 /// `begin` answers `begin_delay` after it has done its work (an answer
 /// that comes late).
 #[derive(Clone)]
-struct SlowRelease {
+struct SlowAnswers {
     inner: MemoryStore,
     delay: Duration,
     begin_delay: Duration,
 }
 
-impl Store for SlowRelease {
+impl Store for SlowAnswers {
     fn begin(
         &self,
         claim: &Claim<'_>,
@@ -279,7 +279,7 @@ impl Store for SlowRelease {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_release_cut_mid_await_still_releases() {
     let h = common::Handler::default();
-    let store = SlowRelease {
+    let store = SlowAnswers {
         inner: MemoryStore::new(),
         delay: Duration::from_millis(500),
         begin_delay: Duration::ZERO,
@@ -305,7 +305,7 @@ async fn a_release_cut_mid_await_still_releases() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_caller_gone_while_the_claim_is_answered_leaves_no_lease() {
     let h = common::Handler::default();
-    let store = SlowRelease {
+    let store = SlowAnswers {
         inner: MemoryStore::new(),
         delay: Duration::ZERO,
         begin_delay: Duration::from_millis(500),
