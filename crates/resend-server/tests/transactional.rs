@@ -102,6 +102,15 @@ async fn effects(pool: &PgPool, op: &str) -> i64 {
         .unwrap()
 }
 
+/// The rows (a claim or a record) that `key` has in the layer's table.
+async fn records(pool: &PgPool, key: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {TABLE} WHERE key = $1"))
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// What the handler does, from the query: `op=` names its effect; `ms=`
 /// is how long it works (holding its transaction) after writing it; `then=`
 /// how it ends: `500`, `nothing` (503 marked NothingDone), `429`, `panic`,
@@ -721,6 +730,17 @@ async fn in_transaction(pool: &PgPool, name: &str) -> i64 {
     .unwrap()
 }
 
+/// Whether the statement this runs on `pool` is in no transaction but its
+/// own: a simple query outside one is its own transaction, which starts
+/// with it, so `now()` (the transaction's start) is the statement's.
+async fn outside_any_transaction(pool: &PgPool) -> bool {
+    sqlx::raw_sql("SELECT now() = statement_timestamp()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// Waits (up to 5 s) until a connection named `name` holds an open
 /// transaction: a keyed request's claim is made, and its handler works.
 async fn until_claimed(pool: &PgPool, name: &str) {
@@ -819,14 +839,10 @@ async fn a_failed_claim_leaves_its_connection_out_of_any_transaction() {
     }
     assert_eq!(got, [201, 201, 422, 201, 201]);
     assert_eq!(effects(&one, &op).await, 3);
-    // Outside a transaction, a simple query's statement is its own
-    // transaction: it starts when its transaction does.
-    let alone: bool = sqlx::raw_sql("SELECT now() = statement_timestamp()")
-        .fetch_one(&one)
-        .await
-        .unwrap()
-        .get(0);
-    assert!(alone, "the pool's connection is in no transaction");
+    assert!(
+        outside_any_transaction(&one).await,
+        "the pool's connection is in no transaction"
+    );
     assert_eq!(pg::idle_in_transaction(&one, &name).await, 0);
 }
 
@@ -896,12 +912,7 @@ async fn the_commit_never_runs_without_the_record() {
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "{size}");
         assert!(text(r).await.contains("handler_failed"), "{size}");
         assert_eq!(effects(&pool, &op).await, 0, "{size}: rolled back");
-        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {TABLE} WHERE key = $1"))
-            .bind(&key)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(rows, 0, "{size}: the key is free");
+        assert_eq!(records(&pool, &key).await, 0, "{size}: the key is free");
         let recorded = traced::of(&key);
         assert!(
             !recorded.contains(&RECORDED_WITH_COMMIT.to_owned()),
@@ -1324,14 +1335,9 @@ async fn a_begin_cut_on_the_wire_leaves_no_transaction_behind() {
         }
         assert!(stall.held(), "{case}: no BEGIN was held");
         stall.release();
-        // Outside a transaction, a simple query's statement is its own
-        // transaction: it starts when its transaction does (and the BEGIN's
-        // transaction began over 300 ms ago).
-        let alone: bool = sqlx::raw_sql("SELECT now() = statement_timestamp()")
-            .fetch_one(&one)
-            .await
-            .unwrap()
-            .get(0);
+        // (The BEGIN's transaction, if it were left open, began over 100 ms
+        // ago.)
+        let alone = outside_any_transaction(&one).await;
         assert!(
             alone,
             "{case}: the pool's connection came back inside the BEGIN's transaction"
@@ -1340,11 +1346,10 @@ async fn a_begin_cut_on_the_wire_leaves_no_transaction_behind() {
     }
     assert_eq!(effects(&pool, &unkeyed).await, 0, "nothing ran");
     assert_eq!(effects(&pool, &new_op).await, 0, "nothing ran");
-    let claims: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {TABLE} WHERE key = $1"))
-        .bind(&new_key)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(claims, 0, "the cut claim was rolled back");
+    assert_eq!(
+        records(&pool, &new_key).await,
+        0,
+        "the cut claim was rolled back"
+    );
     assert_eq!(effects(&pool, &first).await, 1, "the key's work ran once");
 }
