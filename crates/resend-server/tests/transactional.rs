@@ -382,7 +382,7 @@ async fn concurrent_duplicates_wait_then_replay_or_409_in_time() {
     let (op, key) = (unique("op"), unique("k"));
     let q = format!("op={op}&ms=1500");
     let name = unique("tx-holder");
-    let holder = hold(app(&named_pool(&name, 2)), &key, &q);
+    let holder = hold(app(&pg::named_pool(&pg::url(), 2, &name)), &key, &q);
     until_claimed(&pool, &name).await;
     let short = req_within(Some(&key), &q, "a", "400m");
     let start = tokio::time::Instant::now();
@@ -705,19 +705,6 @@ const STILL_WAITING: &str = "idempotency key claim still waiting: claimed the lo
 const RECORDED_WITH_COMMIT: &str = "idempotent response recorded with the COMMIT";
 const RECORDED_THEN_COMMITTED: &str = "idempotent response recorded, then committed";
 
-/// A pool of its own, named so that its connections can be found in
-/// `pg_stat_activity`.
-fn named_pool(name: &str, size: u32) -> PgPool {
-    use std::str::FromStr;
-    let options = sqlx::postgres::PgConnectOptions::from_str(&pg::url())
-        .unwrap()
-        .application_name(name);
-    sqlx::postgres::PgPoolOptions::new()
-        .max_connections(size)
-        .acquire_timeout(Duration::from_secs(2))
-        .connect_lazy_with(options)
-}
-
 /// How many of the connections named `name` are idle inside a transaction
 /// (open, or aborted).
 async fn in_transaction(pool: &PgPool, name: &str) -> i64 {
@@ -819,7 +806,7 @@ async fn a_key_that_is_not_new_takes_the_long_way() {
 async fn a_failed_claim_leaves_its_connection_out_of_any_transaction() {
     let Some(_) = pool().await else { return };
     let name = unique("tx-one");
-    let one = named_pool(&name, 1);
+    let one = pg::named_pool(&pg::url(), 1, &name);
     let (op, key) = (unique("op"), unique("k"));
     let q = format!("op={op}");
     let statuses = [
@@ -856,7 +843,15 @@ async fn a_claim_cut_while_it_waits_is_finished_and_rolled_back() {
     let Some(pool) = pool().await else { return };
     traced::install();
     let name = unique("tx-cut");
-    let named = named_pool(&name, 8);
+    let named = pg::named_pool(&pg::url(), 8, &name);
+    // Its connections made first: the duplicate below has 300 ms in all,
+    // which a busy machine could spend making them (a TLS handshake each)
+    // rather than waiting on the holder, and answer 504 instead of 409.
+    let mut made = Vec::new();
+    for _ in 0..4 {
+        made.push(named.acquire().await.unwrap());
+    }
+    drop(made);
     let (op, key) = (unique("op"), unique("k"));
     // The holder works 1 s, then ends with nothing done: rolled back.
     let q = format!("op={op}&ms=1000&then=nothing");
