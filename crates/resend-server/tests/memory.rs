@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -220,6 +222,24 @@ struct SlowAnswers {
     inner: MemoryStore,
     delay: Duration,
     begin_delay: Duration,
+    /// Releases asked for and not yet answered or given up.
+    releases_pending: Arc<AtomicUsize>,
+}
+
+/// Counts a release while its future lives.
+struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Store for SlowAnswers {
@@ -258,7 +278,9 @@ impl Store for SlowAnswers {
         let (inner, delay) = (self.inner.clone(), self.delay);
         let (scope, key) = (claim.key.scope.to_owned(), claim.key.key.to_owned());
         let (fingerprint, token) = (claim.fingerprint, claim.token);
+        let pending = Pending::new(&self.releases_pending);
         async move {
+            let _pending = pending;
             tokio::time::sleep(delay).await;
             let claim = Claim {
                 key: RecordKey {
@@ -283,6 +305,7 @@ async fn a_release_cut_mid_await_still_releases() {
         inner: MemoryStore::new(),
         delay: Duration::from_millis(500),
         begin_delay: Duration::ZERO,
+        releases_pending: Arc::default(),
     };
     let svc = IdempotencyLayer::new(store).layer(h.service());
     let req = || common::with(common::post("rel", "a"), "x-nothing-done", "1");
@@ -309,6 +332,7 @@ async fn a_caller_gone_while_the_claim_is_answered_leaves_no_lease() {
         inner: MemoryStore::new(),
         delay: Duration::ZERO,
         begin_delay: Duration::from_millis(500),
+        releases_pending: Arc::default(),
     };
     let svc = IdempotencyLayer::new(store).layer(h.service());
     // The claim is answered 500 ms after the store took the lease; the
@@ -325,5 +349,78 @@ async fn a_caller_gone_while_the_claim_is_answered_leaves_no_lease() {
     let again = svc.oneshot(common::post("late", "a")).await.unwrap();
     assert_eq!(again.status(), StatusCode::CREATED);
     assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(h.runs(), 1);
+}
+
+/// The release a dropped request's guard spawns is bounded by the store
+/// timeout, as every store call is: a store that never answers it does not
+/// keep that task, and what the store holds for it, forever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_release_spawned_on_a_drop_gives_up_at_the_store_timeout() {
+    let h = common::Handler::default();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let store = SlowAnswers {
+        inner: MemoryStore::new(),
+        // Releases never answer.
+        delay: Duration::MAX,
+        begin_delay: Duration::from_millis(500),
+        releases_pending: Arc::clone(&pending),
+    };
+    let svc = IdempotencyLayer::new(store)
+        .store_timeout(Duration::from_secs(1))
+        .layer(h.service());
+    // The caller gives up at 100 ms, while the claim's answer is on its
+    // way: the guard, which may hold the lease, releases it in a task.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        svc.oneshot(common::post("hung", "a")),
+    )
+    .await;
+    assert!(cut.is_err());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        pending.load(Ordering::SeqCst),
+        1,
+        "the release was sent and waits on the store"
+    );
+    // One store timeout after it was sent, it is given up.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        pending.load(Ordering::SeqCst),
+        0,
+        "the release outlived the store timeout"
+    );
+    assert_eq!(h.runs(), 0);
+}
+
+/// Dropping the lease of a "nothing done" answer is bounded by the store
+/// timeout too: a store that never answers the release delays the answer
+/// by one store timeout, not forever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_release_that_is_never_answered_delays_the_answer_by_one_store_timeout() {
+    let h = common::Handler::default();
+    let pending = Arc::new(AtomicUsize::new(0));
+    let store = SlowAnswers {
+        inner: MemoryStore::new(),
+        delay: Duration::MAX,
+        begin_delay: Duration::ZERO,
+        releases_pending: Arc::clone(&pending),
+    };
+    let svc = IdempotencyLayer::new(store)
+        .store_timeout(Duration::from_secs(1))
+        .layer(h.service());
+    let started = tokio::time::Instant::now();
+    let req = common::with(common::post("hung-release", "a"), "x-nothing-done", "1");
+    let answered = tokio::time::timeout(Duration::from_secs(60), svc.oneshot(req))
+        .await
+        .expect("a release the store never answers held the answer back")
+        .unwrap();
+    assert_eq!(answered.status(), StatusCode::CREATED);
+    let took = started.elapsed();
+    assert!(
+        (Duration::from_secs(1)..Duration::from_millis(1010)).contains(&took),
+        "answered after {took:?}"
+    );
+    assert_eq!(pending.load(Ordering::SeqCst), 0);
     assert_eq!(h.runs(), 1);
 }
