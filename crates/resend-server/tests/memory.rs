@@ -424,3 +424,225 @@ async fn a_release_that_is_never_answered_delays_the_answer_by_one_store_timeout
     assert_eq!(pending.load(Ordering::SeqCst), 0);
     assert_eq!(h.runs(), 1);
 }
+
+/// A claim with its scope and key owned, for a store call answered later.
+struct OwnedClaim {
+    scope: String,
+    key: String,
+    fingerprint: Fingerprint,
+    token: LeaseToken,
+}
+
+impl OwnedClaim {
+    fn of(claim: &Claim<'_>) -> Self {
+        Self {
+            scope: claim.key.scope.to_owned(),
+            key: claim.key.key.to_owned(),
+            fingerprint: claim.fingerprint,
+            token: claim.token,
+        }
+    }
+
+    fn claim(&self) -> Claim<'_> {
+        Claim {
+            key: RecordKey {
+                scope: &self.scope,
+                key: &self.key,
+            },
+            fingerprint: self.fingerprint,
+            token: self.token,
+        }
+    }
+}
+
+/// A memory store whose next `hung_completes` completes and `hung_renews`
+/// renewals never answer (nor take effect), and whose renewals take effect
+/// and answer `renew_delay` after they are sent.
+#[derive(Clone, Default)]
+struct Stalls {
+    inner: MemoryStore,
+    hung_completes: Arc<AtomicUsize>,
+    hung_renews: Arc<AtomicUsize>,
+    renew_delay: Duration,
+}
+
+/// Uses up one of `n`; false when none is left.
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+        .is_ok()
+}
+
+impl Store for Stalls {
+    fn begin(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
+        self.inner.begin(claim, ttl)
+    }
+    fn renew(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
+        let (inner, claim) = (self.inner.clone(), OwnedClaim::of(claim));
+        let (hangs, delay) = (take_one(&self.hung_renews), self.renew_delay);
+        async move {
+            if hangs {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(delay).await;
+            inner.renew(&claim.claim(), ttl).await
+        }
+    }
+    fn complete(
+        &self,
+        claim: &Claim<'_>,
+        response: &StoredResponse,
+        ttl: Ttl,
+    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
+        let (inner, claim, response) =
+            (self.inner.clone(), OwnedClaim::of(claim), response.clone());
+        let hangs = take_one(&self.hung_completes);
+        async move {
+            if hangs {
+                std::future::pending::<()>().await;
+            }
+            inner.complete(&claim.claim(), &response, ttl).await
+        }
+    }
+    fn release(
+        &self,
+        claim: &Claim<'_>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.inner.release(claim)
+    }
+}
+
+/// A store that never answers the response's `complete`, nor the first try
+/// to store it again: the caller has its answer one store timeout after the
+/// handler's, the response is held (a retry is replayed it), and stored
+/// once the store answers, each try bounded by the store timeout.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_complete_the_store_never_answers_is_held_then_stored() {
+    let h = common::Handler::default();
+    let store = Stalls {
+        hung_completes: Arc::new(AtomicUsize::new(2)),
+        ..Stalls::default()
+    };
+    let layer = IdempotencyLayer::new(store).store_timeout(Duration::from_secs(1));
+    let stats = layer.stats();
+    let svc = layer.layer(h.service());
+    let started = tokio::time::Instant::now();
+    let first = tokio::time::timeout(
+        Duration::from_secs(60),
+        svc.clone().oneshot(common::post("hung-complete", "a")),
+    )
+    .await
+    .expect("a complete the store never answers held the answer back")
+    .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let took = started.elapsed();
+    assert!(
+        (Duration::from_secs(1)..Duration::from_millis(1010)).contains(&took),
+        "answered after {took:?}"
+    );
+    assert_eq!(stats.held(), 1, "{stats:?}");
+    let held = svc
+        .clone()
+        .oneshot(common::post("hung-complete", "a"))
+        .await
+        .unwrap();
+    assert_eq!(held.headers()["idempotent-replayed"], "true");
+    // The background task's first try hangs (given up after 1 s), its
+    // second stores the response.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!((stats.stored_late(), stats.held()), (1, 0), "{stats:?}");
+    let stored = svc
+        .oneshot(common::post("hung-complete", "a"))
+        .await
+        .unwrap();
+    assert_eq!(stored.headers()["idempotent-replayed"], "true");
+    assert_eq!(h.runs(), 1);
+}
+
+/// A handler slower than its lease, on `store`, whose caller gives up at
+/// 400 ms and retries every 400 ms: one run, 409s, then the replay. With
+/// `deadline`, each request carries an inbound deadline that far off (the
+/// lease is then renewed by a timer of the request's own, not the layer's
+/// ticker).
+async fn a_slow_handler_runs_once(
+    store: Stalls,
+    lease: Duration,
+    store_timeout: Duration,
+    deadline: Option<Duration>,
+) {
+    let h = common::Handler::default();
+    let svc = IdempotencyLayer::new(store)
+        .lease(lease)
+        .store_timeout(store_timeout)
+        .layer(h.service());
+    let req = || {
+        let mut r = common::with(common::post("slow", "a"), "x-sleep-ms", "8000");
+        if let Some(d) = deadline {
+            r.extensions_mut().insert(resend::Deadline::after(d));
+        }
+        r
+    };
+    let patience = Duration::from_millis(400);
+    let start = tokio::time::Instant::now();
+    assert!(tokio::time::timeout(patience, svc.clone().oneshot(req()))
+        .await
+        .is_err());
+    let mut conflicts = 0;
+    let replay = loop {
+        assert!(start.elapsed() < Duration::from_secs(20), "no replay");
+        let r = tokio::time::timeout(patience, svc.clone().oneshot(req()))
+            .await
+            .expect("a retry hung")
+            .unwrap();
+        assert_eq!(h.runs(), 1, "ran again {:?} in", start.elapsed());
+        if r.status() != StatusCode::CONFLICT {
+            break r;
+        }
+        conflicts += 1;
+        tokio::time::sleep(patience).await;
+    };
+    assert!(conflicts >= 10, "{conflicts} conflicts");
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+}
+
+/// A renewal the store never answers is given up at the store timeout, and
+/// the renewals go on: the lease outlives the 8 s handler (3 s lease).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_renewal_the_store_never_answers_does_not_end_the_renewals() {
+    for deadline in [None, Some(Duration::from_secs(60))] {
+        let store = Stalls {
+            hung_renews: Arc::new(AtomicUsize::new(1)),
+            ..Stalls::default()
+        };
+        let (lease, timeout) = (Duration::from_secs(3), Duration::from_millis(500));
+        a_slow_handler_runs_once(store, lease, timeout, deadline).await;
+    }
+}
+
+/// Renewals that take 500 ms to land still land before the lease lapses:
+/// they are sent well ahead of its end (every third of it), not at it;
+/// by the layer's ticker, and by a request's own timer under a deadline.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn renewals_slow_to_land_still_keep_the_lease() {
+    for deadline in [None, Some(Duration::from_secs(60))] {
+        let store = Stalls {
+            renew_delay: Duration::from_millis(500),
+            ..Stalls::default()
+        };
+        a_slow_handler_runs_once(
+            store,
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            deadline,
+        )
+        .await;
+    }
+}

@@ -611,17 +611,22 @@ async fn a_held_response_keeps_its_lease_for_other_processes() {
     // Within the lease (2 s), another process is told to wait.
     let early = other.clone().oneshot(post("k", "order-1")).await.unwrap();
     assert_eq!(early.status(), StatusCode::CONFLICT);
-    // Longer than the lease, with the store still refusing the response
-    // (but answering everything else), and this process alive, holding it.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(stats.held(), 1, "{stats:?}");
-    let late = other.clone().oneshot(post("k", "order-1")).await.unwrap();
-    let status = late.status();
-    let body = text(late).await;
-    assert_eq!(
-        h.runs_of("order-1"),
-        1,
-        "another process ran the key again while this one held its response: {status} {body:?} ({stats:?})"
-    );
-    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    // Long past the lease, with the store still refusing the response (but
+    // answering everything else), and this process alive, holding it: asked
+    // every half second for 20 s, so that no gap between the background
+    // task's tries (its backoff grows) lets the lease lapse.
+    for step in 1..=40 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(stats.held(), 1, "{stats:?}");
+        let late = other.clone().oneshot(post("k", "order-1")).await.unwrap();
+        let status = late.status();
+        let body = text(late).await;
+        assert_eq!(
+            h.runs_of("order-1"),
+            1,
+            "another process ran the key again {} ms in, while this one held its response: {status} {body:?} ({stats:?})",
+            step * 500
+        );
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    }
 }
