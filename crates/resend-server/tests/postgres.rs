@@ -140,3 +140,39 @@ async fn a_failed_migration_carries_the_database_reason() {
     let sql = PostgresStore::new(pg::pool(&url(), 1)).migration_sql();
     assert!(sql.contains("CREATE INDEX IF NOT EXISTS resend_idempotency_expires_at"));
 }
+
+/// A lease row gone while its handler works (purged after it expired
+/// unrenewed: the holder was paused past its lease) is written anew by the
+/// holder's next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_written_anew_by_its_renewal() {
+    let Some(store) = store().await else { return };
+    let pool = pg::pool(&url(), 2);
+    common::a_lost_lease_is_written_anew_by_its_renewal(
+        store,
+        Duration::from_millis(600),
+        async |scope: &str, key: &str| {
+            let gone = sqlx::query(&format!(
+                "DELETE FROM {TABLE} WHERE scope = $1 AND key = $2"
+            ))
+            .bind(scope)
+            .bind(key)
+            .execute(&pool)
+            .await
+            .unwrap();
+            assert_eq!(gone.rows_affected(), 1);
+        },
+        async |scope: &str, key: &str| {
+            let n: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) FROM {TABLE} WHERE scope = $1 AND key = $2"
+            ))
+            .bind(scope)
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n == 1
+        },
+    )
+    .await;
+}

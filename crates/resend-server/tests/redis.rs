@@ -130,3 +130,39 @@ async fn a_slow_handler_keeps_its_lease() {
         .await;
     }
 }
+
+/// A lease Redis loses while its handler works (a restart without
+/// persistence) is written anew by the holder's next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_written_anew_by_its_renewal() {
+    let url = url();
+    if !reachable(&url).await {
+        return;
+    }
+    let prefix = prefix();
+    let store = RedisStore::open(&url).unwrap().prefix(prefix.clone());
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let redis_key = |scope: &str, key: &str| format!("{prefix}{{{}:{scope}:{key}}}", scope.len());
+    common::a_lost_lease_is_written_anew_by_its_renewal(
+        store,
+        Duration::from_millis(600),
+        async |scope: &str, key: &str| {
+            let deleted: i64 = redis::cmd("DEL")
+                .arg(redis_key(scope, key))
+                .query_async(&mut conn.clone())
+                .await
+                .unwrap();
+            assert_eq!(deleted, 1);
+        },
+        async |scope: &str, key: &str| {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(redis_key(scope, key))
+                .query_async(&mut conn.clone())
+                .await
+                .unwrap();
+            n == 1
+        },
+    )
+    .await;
+}

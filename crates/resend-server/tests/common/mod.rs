@@ -951,6 +951,55 @@ pub async fn fingerprint_of(req: &Request<Full<Bytes>>) -> Fingerprint {
     fp
 }
 
+/// A lease the store loses while its handler works (Redis restarted
+/// without persistence, a row purged) is written anew by the holder's next
+/// renewal, so a retry gets 409, not a second run. `lose(scope, key)` takes
+/// the record out of the store behind the layer's back; `present(scope,
+/// key)` tells whether it is there. Waits on the real clock (the store's),
+/// for the renewal, a tenth of the lease at a time, at most 20 leases.
+pub async fn a_lost_lease_is_written_anew_by_its_renewal<St, L, P>(
+    store: St,
+    lease: Duration,
+    lose: L,
+    present: P,
+) where
+    St: Store,
+    L: AsyncFnOnce(&str, &str),
+    P: AsyncFn(&str, &str) -> bool,
+{
+    let h = Handler::default();
+    let scope = unique("lost");
+    let s = {
+        let scope = scope.clone();
+        svc(
+            &h,
+            layer(store).lease(lease).scope_with(move |_| scope.clone()),
+        )
+    };
+    let key = unique("lost");
+    let first = start_held(&h, &s, post(&key, "a")).await;
+    assert!(present(&scope, &key).await, "the lease was taken");
+    // (`lose` checks that it took the record out: a renewal may write it
+    // anew at once.)
+    lose(&scope, &key).await;
+    let lost_at = tokio::time::Instant::now();
+    while !present(&scope, &key).await {
+        assert!(
+            lost_at.elapsed() < lease * 20,
+            "the holder's renewals never wrote its lost lease anew"
+        );
+        tokio::time::sleep(lease / 10).await;
+    }
+    let again = call(&s, post(&key, "a")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+    h.gate.add_permits(1);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let replay = call(&s, post(&key, "a")).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(h.runs(), 1);
+}
+
 pub async fn records_expire<St: Backend>(store: St, ttl: Duration) {
     let h = Handler::default();
     let s = svc(&h, layer(store).record_ttl(ttl));
