@@ -894,6 +894,13 @@ pub async fn a_stale_holder_cannot_touch_the_new_holders_lease<St: Store>(
         store.complete(&new, &response("new"), ttl).await.unwrap(),
         LeaseState::Held
     );
+    // The new holder's complete again (its first answer was lost on the
+    // way): it finds its own record, stored.
+    assert_eq!(
+        store.complete(&new, &response("new"), ttl).await.unwrap(),
+        LeaseState::Held,
+        "a holder's repeated complete was told its lease is lost"
+    );
     stale_complete().await;
     store.release(&stale).await.unwrap();
     match store.begin(&other, ttl).await.unwrap() {
