@@ -646,3 +646,38 @@ async fn renewals_slow_to_land_still_keep_the_lease() {
         .await;
     }
 }
+
+/// The work is bounded by the earlier of the request's own deadline and
+/// the ambient scope's (read where the layer is called): a handler that
+/// outlives it is cut there, with a 504, or for a gRPC request the gRPC way
+/// (`grpc-status` 4).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_earlier_of_the_requests_and_the_ambient_deadline_bounds_the_work() {
+    let far = Some(Duration::from_secs(60));
+    for (own, grpc) in [(None, false), (far, false), (far, true)] {
+        let h = common::Handler::default();
+        let svc = IdempotencyLayer::new(MemoryStore::new()).layer(h.service());
+        let mut req = common::with(common::post("ambient", "a"), "x-sleep-ms", "5000");
+        if let Some(d) = own {
+            req.extensions_mut().insert(resend::Deadline::after(d));
+        }
+        if grpc {
+            req.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                "application/grpc".parse().unwrap(),
+            );
+        }
+        let start = tokio::time::Instant::now();
+        let ambient = resend::Deadline::after(Duration::from_secs(1));
+        let resp = resend::deadline::scope(ambient, svc.oneshot(req))
+            .await
+            .unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "{own:?} {grpc}");
+        if grpc {
+            assert_eq!(resp.headers()["grpc-status"], "4");
+        } else {
+            assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT, "{own:?}");
+        }
+        assert_eq!(h.runs(), 1);
+    }
+}
