@@ -52,6 +52,45 @@ async fn text(resp: Resp) -> String {
     .unwrap()
 }
 
+/// A deadline already in force and earlier than the caller's budget is
+/// kept: one the request carries (an outer layer's) or the ambient scope's
+/// (the layer called inside one). A default budget over the maximum is
+/// held to the maximum.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_earlier_deadline_already_in_force_is_kept() {
+    let svc = InboundDeadlineLayer::new(Duration::from_secs(10)).layer(echo_deadline());
+    let req = || {
+        Request::post("/")
+            .header("grpc-timeout", "5S")
+            .body(())
+            .unwrap()
+    };
+    let mut carried = req();
+    carried
+        .extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(2)));
+    assert_eq!(
+        text(svc.clone().oneshot(carried).await.unwrap()).await,
+        "2000"
+    );
+    let ambient = Deadline::after(Duration::from_secs(3));
+    let within = resend::deadline::scope(ambient, svc.clone().oneshot(req()));
+    assert_eq!(text(within.await.unwrap()).await, "3000");
+    let over = InboundDeadlineLayer::new(Duration::from_secs(10))
+        .default_budget(Duration::from_secs(60))
+        .layer(echo_deadline());
+    let none = Request::post("/").body(()).unwrap();
+    assert_eq!(
+        text(over.clone().oneshot(none).await.unwrap()).await,
+        "10000"
+    );
+    let malformed = Request::post("/")
+        .header("grpc-timeout", "soon")
+        .body(())
+        .unwrap();
+    assert_eq!(text(over.oneshot(malformed).await.unwrap()).await, "10000");
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn reads_grpc_timeout_bounded_by_the_maximum() {
     let svc = InboundDeadlineLayer::new(Duration::from_secs(10)).layer(echo_deadline());
