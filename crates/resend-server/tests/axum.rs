@@ -578,3 +578,26 @@ async fn the_idempotency_layers_answers_are_problems() {
     assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
     assert_eq!(problem(malformed).await["error"], "idempotency_key_invalid");
 }
+
+/// A call whose deadline had run out before it could be sent is a 504
+/// that says so, and that nothing was sent.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_call_stopped_before_it_was_sent_says_nothing_was_sent() {
+    let shipping = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(1)).upstream("shipping"))
+        .service(service_fn(|_: Request<()>| async {
+            Ok::<_, Error>(Response::new(()))
+        }));
+    let mut req = Request::new(());
+    req.extensions_mut()
+        .insert(resend::Deadline::after(Duration::ZERO));
+    let e = Error::from_box(shipping.oneshot(req).await.unwrap_err());
+    assert_eq!(e.kind(), ErrorKind::DeadlineExceeded);
+    let (status, _, body) = answered(e).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(body["error"], "deadline_exceeded");
+    assert_eq!(
+        body["detail"],
+        "the request's deadline ran out before the call to the upstream shipping could be sent; nothing was sent"
+    );
+}
