@@ -214,217 +214,6 @@ async fn outbound_keys_are_derived_from_the_inbound_key() {
     assert!(sent.iter().all(|k| k.len() == 36));
 }
 
-/// A memory store whose `release` takes `delay` to answer, and whose
-/// `begin` answers `begin_delay` after it has done its work (an answer
-/// that comes late).
-#[derive(Clone)]
-struct SlowAnswers {
-    inner: MemoryStore,
-    delay: Duration,
-    begin_delay: Duration,
-    /// Releases asked for and not yet answered or given up.
-    releases_pending: Arc<AtomicUsize>,
-}
-
-/// Counts a release while its future lives.
-struct Pending(Arc<AtomicUsize>);
-
-impl Pending {
-    fn new(count: &Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::SeqCst);
-        Self(Arc::clone(count))
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Store for SlowAnswers {
-    fn begin(
-        &self,
-        claim: &Claim<'_>,
-        ttl: Ttl,
-    ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
-        let begun = self.inner.begin(claim, ttl);
-        let delay = self.begin_delay;
-        async move {
-            let begun = begun.await;
-            tokio::time::sleep(delay).await;
-            begun
-        }
-    }
-    fn renew(
-        &self,
-        claim: &Claim<'_>,
-        ttl: Ttl,
-    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
-        self.inner.renew(claim, ttl)
-    }
-    fn complete(
-        &self,
-        claim: &Claim<'_>,
-        response: &StoredResponse,
-        ttl: Ttl,
-    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
-        self.inner.complete(claim, response, ttl)
-    }
-    fn release(
-        &self,
-        claim: &Claim<'_>,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        let (inner, delay) = (self.inner.clone(), self.delay);
-        let (scope, key) = (claim.key.scope.to_owned(), claim.key.key.to_owned());
-        let (fingerprint, token) = (claim.fingerprint, claim.token);
-        let pending = Pending::new(&self.releases_pending);
-        async move {
-            let _pending = pending;
-            tokio::time::sleep(delay).await;
-            let claim = Claim {
-                key: RecordKey {
-                    scope: &scope,
-                    key: &key,
-                },
-                fingerprint,
-                token,
-            };
-            inner.release(&claim).await
-        }
-    }
-}
-
-/// A caller that goes away while the lease of a "nothing done" answer is
-/// being dropped does not leave the lease behind: the release finishes in
-/// the background, and the retry runs at once (not 409 until it expires).
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_release_cut_mid_await_still_releases() {
-    let h = common::Handler::default();
-    let store = SlowAnswers {
-        inner: MemoryStore::new(),
-        delay: Duration::from_millis(500),
-        begin_delay: Duration::ZERO,
-        releases_pending: Arc::default(),
-    };
-    let svc = IdempotencyLayer::new(store).layer(h.service());
-    let req = || common::with(common::post("rel", "a"), "x-nothing-done", "1");
-    // The handler answers at once; the release takes 500 ms; the caller
-    // gives up at 100 ms.
-    let cut = tokio::time::timeout(Duration::from_millis(100), svc.clone().oneshot(req())).await;
-    assert!(cut.is_err());
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let again = svc.oneshot(common::post("rel", "a")).await.unwrap();
-    assert_eq!(again.status(), StatusCode::CREATED);
-    assert!(again.headers().get("idempotent-replayed").is_none());
-    assert_eq!(h.runs(), 2);
-}
-
-/// A caller that goes away while the store's answer to the claim is on its
-/// way (the store took the lease; the answer is late) leaves no lease
-/// behind: the request's guard, dropped while it may hold one, releases it
-/// in the background, so the retry runs at once rather than get 409 until
-/// the lease expires. (Nothing ran: the handler had not started.)
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_caller_gone_while_the_claim_is_answered_leaves_no_lease() {
-    let h = common::Handler::default();
-    let store = SlowAnswers {
-        inner: MemoryStore::new(),
-        delay: Duration::ZERO,
-        begin_delay: Duration::from_millis(500),
-        releases_pending: Arc::default(),
-    };
-    let svc = IdempotencyLayer::new(store).layer(h.service());
-    // The claim is answered 500 ms after the store took the lease; the
-    // caller gives up at 100 ms.
-    let cut = tokio::time::timeout(
-        Duration::from_millis(100),
-        svc.clone().oneshot(common::post("late", "a")),
-    )
-    .await;
-    assert!(cut.is_err());
-    assert_eq!(h.runs(), 0);
-    // The retry (its own claim answered late too) runs the work.
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    let again = svc.oneshot(common::post("late", "a")).await.unwrap();
-    assert_eq!(again.status(), StatusCode::CREATED);
-    assert!(again.headers().get("idempotent-replayed").is_none());
-    assert_eq!(h.runs(), 1);
-}
-
-/// The release a dropped request's guard spawns is bounded by the store
-/// timeout, as every store call is: a store that never answers it does not
-/// keep that task, and what the store holds for it, forever.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_release_spawned_on_a_drop_gives_up_at_the_store_timeout() {
-    let h = common::Handler::default();
-    let pending = Arc::new(AtomicUsize::new(0));
-    let store = SlowAnswers {
-        inner: MemoryStore::new(),
-        // Releases never answer.
-        delay: Duration::MAX,
-        begin_delay: Duration::from_millis(500),
-        releases_pending: Arc::clone(&pending),
-    };
-    let svc = IdempotencyLayer::new(store)
-        .store_timeout(Duration::from_secs(1))
-        .layer(h.service());
-    // The caller gives up at 100 ms, while the claim's answer is on its
-    // way: the guard, which may hold the lease, releases it in a task.
-    let cut = tokio::time::timeout(
-        Duration::from_millis(100),
-        svc.oneshot(common::post("hung", "a")),
-    )
-    .await;
-    assert!(cut.is_err());
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        pending.load(Ordering::SeqCst),
-        1,
-        "the release was sent and waits on the store"
-    );
-    // One store timeout after it was sent, it is given up.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        pending.load(Ordering::SeqCst),
-        0,
-        "the release outlived the store timeout"
-    );
-    assert_eq!(h.runs(), 0);
-}
-
-/// Dropping the lease of a "nothing done" answer is bounded by the store
-/// timeout too: a store that never answers the release delays the answer
-/// by one store timeout, not forever.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_release_that_is_never_answered_delays_the_answer_by_one_store_timeout() {
-    let h = common::Handler::default();
-    let pending = Arc::new(AtomicUsize::new(0));
-    let store = SlowAnswers {
-        inner: MemoryStore::new(),
-        delay: Duration::MAX,
-        begin_delay: Duration::ZERO,
-        releases_pending: Arc::clone(&pending),
-    };
-    let svc = IdempotencyLayer::new(store)
-        .store_timeout(Duration::from_secs(1))
-        .layer(h.service());
-    let started = tokio::time::Instant::now();
-    let req = common::with(common::post("hung-release", "a"), "x-nothing-done", "1");
-    let answered = tokio::time::timeout(Duration::from_secs(60), svc.oneshot(req))
-        .await
-        .expect("a release the store never answers held the answer back")
-        .unwrap();
-    assert_eq!(answered.status(), StatusCode::CREATED);
-    let took = started.elapsed();
-    assert!(
-        (Duration::from_secs(1)..Duration::from_millis(1010)).contains(&took),
-        "answered after {took:?}"
-    );
-    assert_eq!(pending.load(Ordering::SeqCst), 0);
-    assert_eq!(h.runs(), 1);
-}
-
 /// A claim with its scope and key owned, for a store call answered later.
 struct OwnedClaim {
     scope: String,
@@ -455,15 +244,21 @@ impl OwnedClaim {
     }
 }
 
-/// A memory store whose next `hung_completes` completes and `hung_renews`
-/// renewals never answer (nor take effect), and whose renewals take effect
-/// and answer `renew_delay` after they are sent.
+/// A memory store with faults of a slow or hung store: its `begin` answers
+/// `begin_delay` after it took effect; its renewals and releases take
+/// effect and answer `renew_delay` and `release_delay` after they are sent;
+/// its next `hung_completes` completes and `hung_renews` renewals never
+/// answer (nor take effect). It counts the releases sent and not yet
+/// answered or given up.
 #[derive(Clone, Default)]
 struct Stalls {
     inner: MemoryStore,
+    begin_delay: Duration,
+    renew_delay: Duration,
+    release_delay: Duration,
     hung_completes: Arc<AtomicUsize>,
     hung_renews: Arc<AtomicUsize>,
-    renew_delay: Duration,
+    releases_pending: Arc<AtomicUsize>,
 }
 
 /// Uses up one of `n`; false when none is left.
@@ -472,13 +267,35 @@ fn take_one(n: &AtomicUsize) -> bool {
         .is_ok()
 }
 
+/// Counts a release while its future lives.
+struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Store for Stalls {
     fn begin(
         &self,
         claim: &Claim<'_>,
         ttl: Ttl,
     ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
-        self.inner.begin(claim, ttl)
+        let begun = self.inner.begin(claim, ttl);
+        let delay = self.begin_delay;
+        async move {
+            let begun = begun.await;
+            tokio::time::sleep(delay).await;
+            begun
+        }
     }
     fn renew(
         &self,
@@ -515,8 +332,137 @@ impl Store for Stalls {
         &self,
         claim: &Claim<'_>,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        self.inner.release(claim)
+        let (inner, claim) = (self.inner.clone(), OwnedClaim::of(claim));
+        let (pending, delay) = (Pending::new(&self.releases_pending), self.release_delay);
+        async move {
+            let _pending = pending;
+            tokio::time::sleep(delay).await;
+            inner.release(&claim.claim()).await
+        }
     }
+}
+
+/// A caller that goes away while the lease of a "nothing done" answer is
+/// being dropped does not leave the lease behind: the release finishes in
+/// the background, and the retry runs at once (not 409 until it expires).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_release_cut_mid_await_still_releases() {
+    let h = common::Handler::default();
+    let store = Stalls {
+        release_delay: Duration::from_millis(500),
+        ..Stalls::default()
+    };
+    let svc = IdempotencyLayer::new(store).layer(h.service());
+    let req = || common::with(common::post("rel", "a"), "x-nothing-done", "1");
+    // The handler answers at once; the release takes 500 ms; the caller
+    // gives up at 100 ms.
+    let cut = tokio::time::timeout(Duration::from_millis(100), svc.clone().oneshot(req())).await;
+    assert!(cut.is_err());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = svc.oneshot(common::post("rel", "a")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(h.runs(), 2);
+}
+
+/// A caller that goes away while the store's answer to the claim is on its
+/// way (the store took the lease; the answer is late) leaves no lease
+/// behind: the request's guard, dropped while it may hold one, releases it
+/// in the background, so the retry runs at once rather than get 409 until
+/// the lease expires. (Nothing ran: the handler had not started.)
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_caller_gone_while_the_claim_is_answered_leaves_no_lease() {
+    let h = common::Handler::default();
+    let store = Stalls {
+        begin_delay: Duration::from_millis(500),
+        ..Stalls::default()
+    };
+    let svc = IdempotencyLayer::new(store).layer(h.service());
+    // The claim is answered 500 ms after the store took the lease; the
+    // caller gives up at 100 ms.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        svc.clone().oneshot(common::post("late", "a")),
+    )
+    .await;
+    assert!(cut.is_err());
+    assert_eq!(h.runs(), 0);
+    // The retry (its own claim answered late too) runs the work.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let again = svc.oneshot(common::post("late", "a")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert!(again.headers().get("idempotent-replayed").is_none());
+    assert_eq!(h.runs(), 1);
+}
+
+/// A layer with a 1 s store timeout over a store whose releases never
+/// answer and whose claims are answered `begin_delay` late; and the count
+/// of the releases sent and neither answered nor given up.
+fn hung_releases(begin_delay: Duration) -> (IdempotencyLayer<Stalls>, Arc<AtomicUsize>) {
+    let store = Stalls {
+        begin_delay,
+        release_delay: Duration::MAX,
+        ..Stalls::default()
+    };
+    let pending = Arc::clone(&store.releases_pending);
+    let layer = IdempotencyLayer::new(store).store_timeout(Duration::from_secs(1));
+    (layer, pending)
+}
+
+/// The release a dropped request's guard spawns is bounded by the store
+/// timeout, as every store call is: a store that never answers it does not
+/// keep that task, and what the store holds for it, forever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_release_spawned_on_a_drop_gives_up_at_the_store_timeout() {
+    let h = common::Handler::default();
+    let (layer, pending) = hung_releases(Duration::from_millis(500));
+    let svc = layer.layer(h.service());
+    // The caller gives up at 100 ms, while the claim's answer is on its
+    // way: the guard, which may hold the lease, releases it in a task.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        svc.oneshot(common::post("hung", "a")),
+    )
+    .await;
+    assert!(cut.is_err());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        pending.load(Ordering::SeqCst),
+        1,
+        "the release was sent and waits on the store"
+    );
+    // One store timeout after it was sent, it is given up.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        pending.load(Ordering::SeqCst),
+        0,
+        "the release outlived the store timeout"
+    );
+    assert_eq!(h.runs(), 0);
+}
+
+/// Dropping the lease of a "nothing done" answer is bounded by the store
+/// timeout too: a store that never answers the release delays the answer
+/// by one store timeout, not forever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_release_that_is_never_answered_delays_the_answer_by_one_store_timeout() {
+    let h = common::Handler::default();
+    let (layer, pending) = hung_releases(Duration::ZERO);
+    let svc = layer.layer(h.service());
+    let started = tokio::time::Instant::now();
+    let req = common::with(common::post("hung-release", "a"), "x-nothing-done", "1");
+    let answered = tokio::time::timeout(Duration::from_secs(60), svc.oneshot(req))
+        .await
+        .expect("a release the store never answers held the answer back")
+        .unwrap();
+    assert_eq!(answered.status(), StatusCode::CREATED);
+    let took = started.elapsed();
+    assert!(
+        (Duration::from_secs(1)..Duration::from_millis(1010)).contains(&took),
+        "answered after {took:?}"
+    );
+    assert_eq!(pending.load(Ordering::SeqCst), 0);
+    assert_eq!(h.runs(), 1);
 }
 
 /// A store that never answers the response's `complete`, nor the first try
