@@ -2,30 +2,30 @@
 //! repeatable whatever else the machine is doing, unlike wall-clock timings.
 //!
 //! ```sh
-//! cargo bench -p resend-benches --bench callgrind --no-run
+//! cargo bench -p tower-resend-benches --bench callgrind --no-run
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.stack <bench binary> stack 5000
 //! ```
 //! Variants, each run N times on a current-thread runtime:
 //! - in process, over a service that answers at once: `bare`, `tower`
 //!   (tower's Timeout), `tower_ext` (the same after writing the `Deadline`
-//!   extension that resend's DeadlineLayer writes), `deadline`, `attempt`, `both` (deadline + attempt),
+//!   extension that tower-resend's DeadlineLayer writes), `deadline`, `attempt`, `both` (deadline + attempt),
 //!   `tower_retry` (tower's retry with a clone-and-retry policy between two
 //!   timeouts), `tower_retry_ext` (the same after writing a `Deadline` on
-//!   the request and a small history on the response), `stack` (the full `resend::stack()`);
-//! - on loopback against resend-testkit: `loop_bare` (hyper-util's client),
+//!   the request and a small history on the response), `stack` (the full `tower_resend::stack()`);
+//! - on loopback against tower-resend-testkit: `loop_bare` (hyper-util's client),
 //!   `loop_tower` (that client under tower's Timeout: one timer per call),
 //!   `loop_tower_retry` and `loop_tower_retry_ext` (that client under
 //!   `tower_retry`, without and with the per-call writes), `loop_stack`
-//!   (the full stack over `resend::hyper_client`).
+//!   (the full stack over `tower_resend::hyper_client`).
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::time::Duration;
 
 use http::Request;
 use http_body_util::BodyExt;
-use resend::{AttemptTimeoutLayer, DeadlineLayer};
-use resend_benches::{carried, variants, Body, CloneAndRetry, Instant200};
 use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_resend::{AttemptTimeoutLayer, DeadlineLayer};
+use tower_resend_benches::{carried, variants, Body, CloneAndRetry, Instant200};
 
 async fn run<S>(svc: S, n: usize)
 where
@@ -41,7 +41,7 @@ where
 }
 
 async fn loopback(which: &str, n: usize) {
-    let server = resend_testkit::TestServer::start(resend_testkit::Script::new())
+    let server = tower_resend_testkit::TestServer::start(tower_resend_testkit::Script::new())
         .await
         .unwrap();
     let uri = server.uri("/quote");
@@ -49,9 +49,9 @@ async fn loopback(which: &str, n: usize) {
     http.set_nodelay(true);
     let bare = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build::<_, Body>(http);
-    let resend = resend::stack()
+    let resend = tower_resend::stack()
         .name("bench")
-        .service(resend::hyper_client(Duration::from_secs(2)));
+        .service(tower_resend::hyper_client(Duration::from_secs(2)));
     for i in 0..n {
         let req = Request::get(uri.clone()).body(Body::new()).unwrap();
         match which {

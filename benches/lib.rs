@@ -1,4 +1,4 @@
-//! Benchmarks of resend (`cargo bench -p resend-benches`); results and the
+//! Benchmarks of tower-resend (`cargo bench -p tower-resend-benches`); results and the
 //! commands that reproduce them are in BENCHMARKS.md at the workspace root.
 //! This library holds what the benchmarks share.
 
@@ -84,10 +84,10 @@ pub mod carried {
         pub first: Option<u16>,
     }
 
-    /// Writes a 10 s `Deadline` on the request, as resend's DeadlineLayer does.
+    /// Writes a 10 s `Deadline` on the request, as tower-resend's DeadlineLayer does.
     pub fn deadline<B>(mut req: Request<B>) -> Request<B> {
         req.extensions_mut()
-            .insert(resend::Deadline::after(Duration::from_secs(10)));
+            .insert(tower_resend::Deadline::after(Duration::from_secs(10)));
         req
     }
 
@@ -109,8 +109,8 @@ pub mod variants {
     use std::time::Duration;
 
     use http::{Request, Response};
-    use resend::{AttemptTimeoutLayer, DeadlineLayer};
     use tower::{BoxError, Service, ServiceBuilder};
+    use tower_resend::{AttemptTimeoutLayer, DeadlineLayer};
 
     use super::{carried, Body, CloneAndRetry, Instant200};
 
@@ -141,7 +141,7 @@ pub mod variants {
     }
 
     /// tower's `Timeout` after writing the `Deadline` extension that
-    /// resend's DeadlineLayer writes (comparison only).
+    /// tower-resend's DeadlineLayer writes (comparison only).
     pub fn tower_timeout_ext() -> impl Variant {
         ServiceBuilder::new()
             .map_request(carried::deadline::<Body>)
@@ -149,7 +149,7 @@ pub mod variants {
             .service(Instant200)
     }
 
-    /// resend's `DeadlineLayer` (10 s) and `AttemptTimeoutLayer` (5 s).
+    /// tower-resend's `DeadlineLayer` (10 s) and `AttemptTimeoutLayer` (5 s).
     pub fn resend_deadline_attempt() -> impl Variant {
         ServiceBuilder::new()
             .layer(DeadlineLayer::new(Duration::from_secs(10)))
@@ -176,14 +176,14 @@ pub mod variants {
             .service(tower_retry())
     }
 
-    /// The full `resend::stack()` with its defaults, named.
+    /// The full `tower_resend::stack()` with its defaults, named.
     pub fn stack() -> impl Variant {
-        resend::stack().name("bench").service(Instant200)
+        tower_resend::stack().name("bench").service(Instant200)
     }
 
     /// [`stack`] with the circuit breaker on, with its defaults.
     pub fn stack_breaker() -> impl Variant {
-        resend::stack()
+        tower_resend::stack()
             .name("bench")
             .circuit_breaker()
             .service(Instant200)
@@ -261,7 +261,7 @@ pub mod keyed {
 
     impl Load {
         /// Starts the senders.
-        pub fn start(client: &resend::HyperClient, url: &str, concurrency: usize) -> Self {
+        pub fn start(client: &tower_resend::HyperClient, url: &str, concurrency: usize) -> Self {
             let count = Arc::new(AtomicU64::new(0));
             let stop = Arc::new(AtomicBool::new(false));
             let run = uuid::Uuid::new_v4().simple().to_string();

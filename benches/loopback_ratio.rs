@@ -1,4 +1,4 @@
-//! Loopback throughput of the full resend stack over hyper-util as a ratio to
+//! Loopback throughput of the full tower-resend stack over hyper-util as a ratio to
 //! a bare hyper-util client, measured in interleaved rounds so that drift on a
 //! shared machine hits both sides alike: each round sends one batch through
 //! each client, alternating which goes first; the median of the per-round
@@ -7,7 +7,7 @@
 //! retry between two timeouts, and under that making the writes resend
 //! makes per call (a `Deadline` on the request, a history on the response).
 //!
-//! `cargo bench -p resend-benches --bench loopback_ratio`
+//! `cargo bench -p tower-resend-benches --bench loopback_ratio`
 #![allow(missing_docs, clippy::print_stdout)]
 
 use std::time::Duration;
@@ -18,9 +18,9 @@ use http_body_util::Empty;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use resend_benches::{carried, send_batch, CloneAndRetry};
-use resend_testkit::{Script, TestServer};
 use tower::Service;
+use tower_resend_benches::{carried, send_batch, CloneAndRetry};
+use tower_resend_testkit::{Script, TestServer};
 
 const CONCURRENCY: usize = 16;
 const PER_TASK: usize = 1024;
@@ -57,9 +57,9 @@ fn main() {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         let bare = Client::builder(TokioExecutor::new()).build::<_, Empty<Bytes>>(http);
-        let stack = resend::stack()
+        let stack = tower_resend::stack()
             .name("bench")
-            .service(resend::hyper_client(Duration::from_secs(2)));
+            .service(tower_resend::hyper_client(Duration::from_secs(2)));
         // References: the same client under tower's Timeout (one timer per
         // call and nothing else); under tower's retry between two timeouts
         // with a clone-and-retry policy; and that again writing what resend
@@ -81,7 +81,7 @@ fn main() {
             "bare hyper-util",
             "tower Timeout",
             "tower retry + 2 timeouts",
-            "  the same + resend's writes",
+            "  the same + tower-resend's writes",
             "resend stack",
         ];
         let run = |which: usize| {

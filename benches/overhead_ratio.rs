@@ -3,7 +3,7 @@
 //! within the round, so that drift on a shared machine hits both sides of a
 //! ratio alike (one variant after another, it lands between them).
 //!
-//! `cargo bench -p resend-benches --bench overhead_ratio`
+//! `cargo bench -p tower-resend-benches --bench overhead_ratio`
 //! (`RESEND_BENCH_ROUNDS=n` sets the rounds, default 21)
 #![allow(missing_docs, clippy::print_stdout)]
 
@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use http::Request;
 use tower::ServiceExt;
 
-use resend_benches::variants::{self, Variant};
-use resend_benches::Body;
+use tower_resend_benches::variants::{self, Variant};
+use tower_resend_benches::Body;
 
 /// Calls per variant per round.
 const CALLS: u32 = 20_000;
@@ -59,8 +59,8 @@ fn main() {
             "resend Deadline + AttemptTimeout",
             "tower Timeout + Retry + Timeout",
             "the same + Deadline and history extensions",
-            "resend::stack()",
-            "resend::stack().circuit_breaker()",
+            "tower_resend::stack()",
+            "tower_resend::stack().circuit_breaker()",
         ];
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
         // Warm-up round, not counted.
@@ -100,11 +100,11 @@ fn main() {
             ratio(2, 1)
         );
         println!(
-            "resend::stack() / tower retry + timeouts             : {:.2}",
+            "tower_resend::stack() / tower retry + timeouts             : {:.2}",
             ratio(5, 3)
         );
         println!(
-            "resend::stack() / tower retry + timeouts + extensions: {:.2}",
+            "tower_resend::stack() / tower retry + timeouts + extensions: {:.2}",
             ratio(5, 4)
         );
         println!(

@@ -1,18 +1,18 @@
 //! Loopback throughput over reqwest, in the same run, against
-//! resend-testkit's server on 127.0.0.1 answering 200 at once:
+//! tower-resend-testkit's server on 127.0.0.1 answering 200 at once:
 //!
-//! - `bare_reqwest`: a reqwest client alone (as `resend::reqwest::client_builder`
+//! - `bare_reqwest`: a reqwest client alone (as `tower_resend::reqwest::client_builder`
 //!   sets it up);
-//! - `resend_stack`: the full resend stack (deadline, key layer, retries with
+//! - `resend_stack`: the full tower-resend stack (deadline, key layer, retries with
 //!   3 attempts in all, deadline header, attempt timeout) over that client;
 //! - `reqwest_middleware_retry`: the same client under reqwest-middleware with
 //!   reqwest-retry's `RetryTransientMiddleware`, exponential backoff, 2
-//!   retries (3 attempts in all, as resend's default).
+//!   retries (3 attempts in all, as tower-resend's default).
 //!
 //! Each iteration is a batch of requests sent by 16 concurrent tasks; each
 //! response body is read in full.
 //!
-//! `cargo bench -p resend-benches --bench reqwest`
+//! `cargo bench -p tower-resend-benches --bench reqwest`
 #![allow(missing_docs)] // criterion's macros make undocumented functions
 
 use std::future::Future;
@@ -25,10 +25,10 @@ use http_body_util::{BodyExt, Empty};
 use reqwest_middleware::ClientBuilder;
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
-use resend::reqwest::{client_builder, ReqwestService};
-use resend_testkit::{Script, TestServer};
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tower_resend::reqwest::{client_builder, ReqwestService};
+use tower_resend_testkit::{Script, TestServer};
 
 const CONCURRENCY: usize = 16;
 const PER_TASK: usize = 64;
@@ -76,7 +76,7 @@ fn over_reqwest(c: &mut Criterion) {
             .build()
             .expect("client")
     });
-    let stack = resend::stack()
+    let stack = tower_resend::stack()
         .name("bench")
         .service(ReqwestService::new(client.clone()));
     let middleware = ClientBuilder::new(client.clone())

@@ -4,7 +4,7 @@
 //! counts, which are repeatable on a noisy machine:
 //!
 //! ```text
-//! cargo bench -p resend-benches --bench server_per_request --no-run
+//! cargo bench -p tower-resend-benches --bench server_per_request --no-run
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p \
 //!     target/release/deps/server_per_request-* memory 50000
 //! ```
@@ -21,8 +21,8 @@ use std::convert::Infallible;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
-use resend_server::{IdempotencyLayer, MaybeBuffered, MemoryStore};
 use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_resend_server::{IdempotencyLayer, MaybeBuffered, MemoryStore};
 
 async fn handler<B>(req: Request<B>) -> Result<Response<Full<Bytes>>, Infallible>
 where

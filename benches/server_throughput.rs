@@ -4,7 +4,7 @@
 //! Every request is a POST with a fresh Idempotency-Key (the full path:
 //! body read and hashed, lease taken, handler run, response stored).
 //!
-//! `cargo bench -p resend-benches --all-features --bench server_throughput`
+//! `cargo bench -p tower-resend-benches --all-features --bench server_throughput`
 //! (Redis and PostgreSQL rows need the servers of `RESEND_REDIS_URL` and
 //! `RESEND_PG_URL`; missing ones are skipped). Each round gives every row a
 //! short slice of load, in an order that turns from round to round, and
@@ -25,11 +25,11 @@ use axum::Router;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
-use resend_benches::keyed::{serve, Load};
-use resend_server::store::{Begin, Claim, LeaseState, StoredResponse, Ttl};
-use resend_server::{IdempotencyLayer, MemoryStore, Store, StoreError};
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tower_resend_benches::keyed::{serve, Load};
+use tower_resend_server::store::{Begin, Claim, LeaseState, StoredResponse, Ttl};
+use tower_resend_server::{IdempotencyLayer, MemoryStore, Store, StoreError};
 
 const CONCURRENCY: usize = 16;
 /// Load before a target's first slice: its connections made, its code and
@@ -41,7 +41,7 @@ const SLICE_WARMUP: Duration = Duration::from_millis(50);
 const MEASURE: Duration = Duration::from_millis(500);
 const ROUNDS: usize = 15;
 
-type Client = resend::HyperClient;
+type Client = tower_resend::HyperClient;
 
 async fn handler(body: Bytes) -> String {
     format!("ok {}", body.len())
@@ -267,7 +267,7 @@ async fn bench() {
     if !memory_only {
         let url =
             std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-        let store = resend_server::RedisStore::open(&url)
+        let store = tower_resend_server::RedisStore::open(&url)
             .unwrap()
             .prefix(format!("resend-bench:{}:", uuid::Uuid::new_v4().simple()));
         targets.push((
@@ -285,7 +285,8 @@ async fn bench() {
             .connect_lazy(&url)
             .unwrap();
         let store =
-            resend_server::PostgresStore::with_table(pool, "resend_idempotency_bench").unwrap();
+            tower_resend_server::PostgresStore::with_table(pool, "resend_idempotency_bench")
+                .unwrap();
         match store.migrate().await {
             Ok(()) => targets.push((
                 "IdempotencyLayer + PostgresStore",
@@ -306,7 +307,7 @@ async fn bench() {
     }
     if quick {
         for (_, url, _) in &targets {
-            let client: Client = resend::hyper_client(Duration::from_secs(1));
+            let client: Client = tower_resend::hyper_client(Duration::from_secs(1));
             let req = Request::post(url.as_str())
                 .header("idempotency-key", uuid::Uuid::new_v4().to_string())
                 .body(Full::new(Bytes::from_static(b"{}")))
@@ -322,7 +323,7 @@ async fn bench() {
     // clock) hits every target alike and is compared within the round.
     let clients: Vec<Client> = targets
         .iter()
-        .map(|_| resend::hyper_client(Duration::from_secs(1)))
+        .map(|_| tower_resend::hyper_client(Duration::from_secs(1)))
         .collect();
     for ((_, url, _), client) in targets.iter().zip(&clients) {
         load(client, url, WARMUP, Duration::from_millis(100)).await;

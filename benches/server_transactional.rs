@@ -3,7 +3,7 @@
 //! an axum handler that does one INSERT in a transaction, with and without
 //! the layer. Every request is a POST with a fresh Idempotency-Key.
 //!
-//! `cargo bench -p resend-benches --features postgres --bench server_transactional`
+//! `cargo bench -p tower-resend-benches --features postgres --bench server_transactional`
 //! (the PostgreSQL of `RESEND_PG_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`). Rows:
 //! - the handler's own transaction (`pool.begin()`, INSERT, commit), no
@@ -43,17 +43,17 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use resend_benches::keyed::{serve, Load};
-use resend_server::{IdempotencyLayer, IdempotentTx, PostgresStore};
 use sqlx::PgPool;
 use tokio::time::Instant;
+use tower_resend_benches::keyed::{serve, Load};
+use tower_resend_server::{IdempotencyLayer, IdempotentTx, PostgresStore};
 
 const CONCURRENCY: usize = 16;
 const ROUNDS: usize = 9;
 const MEASURE: Duration = Duration::from_secs(1);
 const TABLE: &str = "resend_idempotency_bench_tx_ff";
 
-type Client = resend::HyperClient;
+type Client = tower_resend::HyperClient;
 
 /// The handler's work: one INSERT, in `conn`'s transaction.
 async fn insert_order(conn: &mut sqlx::PgConnection, body: &[u8]) -> i64 {
@@ -359,7 +359,7 @@ async fn main() {
     }
     let clients: Vec<Client> = targets
         .iter()
-        .map(|_| resend::hyper_client(Duration::from_secs(1)))
+        .map(|_| tower_resend::hyper_client(Duration::from_secs(1)))
         .collect();
     if quick {
         for ((_, url), client) in targets.iter().zip(&clients) {

@@ -2,12 +2,12 @@
 //! telemetry off and on, for `valgrind --tool=callgrind` (as `callgrind.rs`):
 //!
 //! ```sh
-//! cargo bench -p resend-benches --features otel --bench telemetry --no-run
+//! cargo bench -p tower-resend-benches --features otel --bench telemetry --no-run
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.off <bench binary> off 1000
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.off <bench binary> off 6000
 //! ```
 //! (The difference of the two runs, over 5000, is the cost of one call
-//! without the setup's.) Variants, each the full `resend::stack()` over a
+//! without the setup's.) Variants, each the full `tower_resend::stack()` over a
 //! service that answers at once, on a current-thread runtime:
 //! - `off`: no subscriber, no meter (resend built with `otel`);
 //! - `spans`: a global subscriber with tracing-opentelemetry under an
@@ -18,7 +18,7 @@
 //!   (never collected): the instruments recorded on;
 //! - `both`;
 //! - `one_span`, for scale: `off` inside one `info_span!` of the bench's own
-//!   per call, entered for the call, exported as in `spans` (resend's spans
+//!   per call, entered for the call, exported as in `spans` (tower-resend's spans
 //!   filtered out): what one span costs through tracing-opentelemetry.
 #![allow(missing_docs, clippy::unwrap_used)]
 
@@ -28,13 +28,13 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
-use resend_benches::{Body, Instant200};
 use tower::{Service, ServiceExt};
+use tower_resend_benches::{Body, Instant200};
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer as _;
 
-/// Takes the spans and drops them: what is measured is resend's spans and
+/// Takes the spans and drops them: what is measured is tower-resend's spans and
 /// the SDK's work on them, not an exporter's I/O.
 #[derive(Debug)]
 struct Drop;
@@ -92,9 +92,9 @@ fn main() {
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO);
         let registry = tracing_subscriber::registry();
         if one_span {
-            // resend's own spans filtered out.
+            // tower-resend's own spans filtered out.
             let layer = layer.with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-                meta.target() != "resend"
+                meta.target() != "tower_resend"
             }));
             tracing::subscriber::set_global_default(registry.with(layer)).unwrap();
         } else {
@@ -104,9 +104,9 @@ fn main() {
     let meters = SdkMeterProvider::builder()
         .with_reader(ManualReader::builder().build())
         .build();
-    let mut stack = resend::stack().name("bench");
+    let mut stack = tower_resend::stack().name("bench");
     if metrics {
-        stack = stack.meter(&meters.meter("resend"));
+        stack = stack.meter(&meters.meter("tower-resend"));
     }
     let svc = stack.service(Instant200);
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -1,6 +1,6 @@
 //! The caller's deadline, handed down: an inbound request with a 2 s budget,
 //! a handler that spends 300 ms on its own work and then calls a slow
-//! upstream through a resend stack, the upstream seeing the shrunken budget
+//! upstream through a tower-resend stack, the upstream seeing the shrunken budget
 //! on the wire, and the 504 that names the upstream (an RFC 9457 problem
 //! document, `application/problem+json`).
 //!
@@ -17,10 +17,10 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderName, Request};
 use http_body_util::{BodyExt, Empty, Full};
-use resend::{AttemptTimeoutLayer, DeadlineHeaderLayer, DeadlineLayer, Error};
-use resend_server::{ClientErrorResponse, InboundDeadlineLayer};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_resend::{AttemptTimeoutLayer, DeadlineHeaderLayer, DeadlineLayer, Error};
+use tower_resend_server::{ClientErrorResponse, InboundDeadlineLayer};
 
 const BUDGET_HEADER: HeaderName = HeaderName::from_static("x-timeout-ms");
 
@@ -37,16 +37,16 @@ async fn shipping(headers: HeaderMap) -> &'static str {
 
 /// Our handler: its own work, then the upstream, with no deadline plumbing.
 async fn create_order(State(upstream): State<String>) -> Result<String, ClientErrorResponse> {
-    let left = resend::Deadline::current().map_or(0, |d| d.remaining().as_millis());
+    let left = tower_resend::Deadline::current().map_or(0, |d| d.remaining().as_millis());
     println!("  [orders]    handler runs with {left} ms left");
-    resend::deadline::internal("db", tokio::time::sleep(Duration::from_millis(300))).await;
+    tower_resend::deadline::internal("db", tokio::time::sleep(Duration::from_millis(300))).await;
 
     // One stack per upstream; it inherits the caller's deadline.
     let client = ServiceBuilder::new()
         .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
         .layer(DeadlineHeaderLayer::new().http_header(BUDGET_HEADER))
         .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
-        .service(resend::hyper_client(Duration::from_secs(1)));
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
     let req = Request::post(format!("{upstream}/shipments"))
         .body(Empty::<Bytes>::new())
         .expect("a valid request");
@@ -76,7 +76,7 @@ async fn main() {
 
     println!("POST {orders}/orders with x-timeout-ms: 2000");
     let start = tokio::time::Instant::now();
-    let client = resend::hyper_client(Duration::from_secs(1));
+    let client = tower_resend::hyper_client(Duration::from_secs(1));
     let req = Request::post(format!("{orders}/orders"))
         .header(BUDGET_HEADER, "2000")
         .body(Full::<Bytes>::default())

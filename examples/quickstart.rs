@@ -16,20 +16,20 @@ use axum::Router;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use resend::{Attempts, Deadline, Error, IdempotencyKey};
-use resend_server::{IdempotencyLayer, MemoryStore};
-use resend_testkit::{Reply, Script, TestServer};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tower_resend::{Attempts, Deadline, Error, IdempotencyKey};
+use tower_resend_server::{IdempotencyLayer, MemoryStore};
+use tower_resend_testkit::{Reply, Script, TestServer};
 
 type Body = Full<Bytes>;
 
-fn client() -> resend::HyperClient {
-    resend::hyper_client(Duration::from_secs(2))
+fn client() -> tower_resend::HyperClient {
+    tower_resend::hyper_client(Duration::from_secs(2))
 }
 
-/// A payments service that honours Idempotency-Key (resend-server's
+/// A payments service that honours Idempotency-Key (tower-resend-server's
 /// layer): each charge takes 800 ms, longer than the caller's 500 ms
 /// attempt timeout. Returns its address and its count of charges made.
 async fn payments_service() -> std::io::Result<(String, Arc<AtomicU32>)> {
@@ -89,7 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (payments_url, charges) = payments_service().await?;
     println!("upstream listening on {}\n", upstream.addr());
 
-    let stack = resend::stack()
+    let stack = tower_resend::stack()
         .name("inventory")
         .total(Duration::from_secs(3))
         .attempt_timeout(Duration::from_millis(500))
@@ -137,7 +137,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 3. A keyed POST to a server that honours keys: the first attempt
     // times out while the charge runs; the retries carry the same key, are
     // told "in progress" (409), then get the first run's answer.
-    let payments = resend::stack()
+    let payments = tower_resend::stack()
         .name("payments")
         .total(Duration::from_secs(3))
         .attempt_timeout(Duration::from_millis(500))
@@ -166,7 +166,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_or("no", |_| "yes"),
         charges.load(Ordering::SeqCst)
     );
-    println!("   why: the key makes the POST replay-safe, and resend-server runs the work once.\n");
+    println!(
+        "   why: the key makes the POST replay-safe, and tower-resend-server runs the work once.\n"
+    );
 
     // 4. A 429 whose Retry-After was honoured.
     let t = Instant::now();

@@ -1,4 +1,4 @@
-//! resend's guarantees over a reqwest client: an embedded flaky upstream on
+//! tower-resend's guarantees over a reqwest client: an embedded flaky upstream on
 //! 127.0.0.1 and a narrated timeline. No outside services; a few seconds.
 //!
 //! `cargo run --example reqwest_client`
@@ -10,11 +10,11 @@ use examples::ms;
 
 use http::Request;
 use http_body_util::BodyExt;
-use resend::reqwest::{client_builder, ReqwestService};
-use resend::{Attempts, Deadline, Error};
-use resend_testkit::{Reply, Script, TestServer};
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tower_resend::reqwest::{client_builder, ReqwestService};
+use tower_resend::{Attempts, Deadline, Error};
+use tower_resend_testkit::{Reply, Script, TestServer};
 
 fn show_attempts(a: Option<&Attempts>) -> String {
     a.map_or_else(|| "-".to_owned(), ToString::to_string)
@@ -28,7 +28,7 @@ fn show_error(e: &Error) -> String {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), resend::BoxError> {
+async fn main() -> Result<(), tower_resend::BoxError> {
     let upstream = TestServer::start(
         Script::new()
             .route(
@@ -45,10 +45,10 @@ async fn main() -> Result<(), resend::BoxError> {
 
     // The reqwest client, set up to sit under resend: reqwest's own retries
     // off (one layer retries), its connect timeout as the stack's, no
-    // overall timeout of its own (resend's attempt timeout and deadline
+    // overall timeout of its own (tower-resend's attempt timeout and deadline
     // bound every call and say which fired).
     let client = client_builder(Duration::from_secs(2)).no_proxy().build()?;
-    let stack = resend::stack()
+    let stack = tower_resend::stack()
         .name("inventory")
         .total(Duration::from_secs(3))
         .attempt_timeout(Duration::from_millis(500))

@@ -19,17 +19,17 @@ use examples::ms;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use resend::{Attempts, IdempotencyKey, RetryAdvice};
-use resend_testkit::{Reply, Script, TestServer};
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tower_resend::{Attempts, IdempotencyKey, RetryAdvice};
+use tower_resend_testkit::{Reply, Script, TestServer};
 
 type Body = Full<Bytes>;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The shipping service: its first answers are slow or 503. A server that
-    // honours keys (resend-server's IdempotencyLayer) books once per key.
+    // honours keys (tower-resend-server's IdempotencyLayer) books once per key.
     let shipping = TestServer::start(
         Script::new()
             .route(
@@ -47,19 +47,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .await?;
 
     // One stack per use: the job can wait; the page cannot.
-    let job_stack = resend::stack()
+    let job_stack = tower_resend::stack()
         .name("shipping")
         .total(Duration::from_secs(10))
         .attempt_timeout(Duration::from_millis(500))
         .max_attempts(4)
         .idempotency_keys()
-        .service(resend::hyper_client(Duration::from_secs(2)));
-    let page_stack = resend::stack()
+        .service(tower_resend::hyper_client(Duration::from_secs(2)));
+    let page_stack = tower_resend::stack()
         .name("shipping-quotes")
         .total(Duration::from_millis(800))
         .attempt_timeout(Duration::from_millis(350))
         .max_attempts(2)
-        .service(resend::hyper_client(Duration::from_secs(2)));
+        .service(tower_resend::hyper_client(Duration::from_secs(2)));
 
     // The background job: request a shipment for order 42.
     let order = 42;

@@ -1,18 +1,18 @@
 //! Telemetry: the spans and metrics resend emits, by OpenTelemetry's names.
 //!
 //! Two calls on loopback, no outside services:
-//! - a flaky GET (503, 503, 200) through a resend stack: one `resend.call`
+//! - a flaky GET (503, 503, 200) through a tower-resend stack: one `resend.call`
 //!   span, three `GET` client spans under it with `http.request.resend_count`,
 //!   `http.response.status_code` and `error.type`, and a `waiting to retry`
 //!   event per wait;
-//! - a keyed POST to an axum app behind resend-server's `IdempotencyLayer`
+//! - a keyed POST to an axum app behind tower-resend-server's `IdempotencyLayer`
 //!   whose handler takes 500 ms: the first attempt times out (150 ms), the
 //!   retry finds the key still running (409), the third gets the stored
 //!   response, replayed; the handler ran once.
 //!
 //! Spans go through `tracing` and tracing-opentelemetry to an OpenTelemetry
 //! SDK tracer provider; metrics to an SDK meter provider, from the meters
-//! passed to `resend::stack().meter(..)` and `IdempotencyLayer::meter(..)`.
+//! passed to `tower_resend::stack().meter(..)` and `IdempotencyLayer::meter(..)`.
 //! Both are printed at the end, one line per span and per data point:
 //! `cargo run --example telemetry`. With `-- --stdout`, the SDK's stdout
 //! exporters print them instead, in full (several screens).
@@ -33,11 +33,11 @@ use opentelemetry::trace::{SpanId, Status, TracerProvider as _};
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use resend::{Attempts, IdempotencyKey};
-use resend_server::{IdempotencyLayer, MemoryStore};
-use resend_testkit::{Reply, Script, TestServer};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
+use tower_resend::{Attempts, IdempotencyKey};
+use tower_resend_server::{IdempotencyLayer, MemoryStore};
+use tower_resend_testkit::{Reply, Script, TestServer};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer as _;
 
@@ -73,7 +73,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_tracked_inactivity(false)
         .with_filter(tracing_subscriber::filter::LevelFilter::INFO);
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(otel))?;
-    let meter = meters.meter("resend");
+    let meter = meters.meter("tower-resend");
 
     // 1. A flaky GET: 503, 503, 200.
     let quotes = TestServer::start(
@@ -82,12 +82,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .otherwise(Reply::ok().body("rates")),
     )
     .await?;
-    let client = resend::stack()
+    let client = tower_resend::stack()
         .name("quotes")
         .no_budget()
         .retry(|r| r.overload_floor(Duration::from_millis(50)))
         .meter(&meter)
-        .service(resend::hyper_client(Duration::from_secs(1)));
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
     let req = Request::get(quotes.uri("/rates?customer=42")).body(Full::<Bytes>::default())?;
     let resp = client.oneshot(req).await?;
     let made = resp.extensions().get::<Attempts>().map_or(0, Attempts::len);
@@ -109,17 +109,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }),
         )
-        .layer(IdempotencyLayer::new(MemoryStore::new()).meter(&meters.meter("resend-server")));
+        .layer(
+            IdempotencyLayer::new(MemoryStore::new()).meter(&meters.meter("tower-resend-server")),
+        );
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let orders = resend::stack()
+    let orders = tower_resend::stack()
         .name("orders")
         .attempt_timeout(Duration::from_millis(150))
         .idempotency_keys()
         .meter(&meter)
-        .service(resend::hyper_client(Duration::from_secs(1)));
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
     let mut req = Request::post(format!("http://{addr}/orders"))
         .body(Full::new(Bytes::from_static(b"{\"sku\":\"tea\"}")))?;
     req.extensions_mut().insert(IdempotencyKey::new("order-1")?);

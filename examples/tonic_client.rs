@@ -1,5 +1,5 @@
-//! resend's guarantees over gRPC: a tonic server on 127.0.0.1, a tonic
-//! `Channel` wrapped in resend's stack (which recognises gRPC by itself; the
+//! tower-resend's guarantees over gRPC: a tonic server on 127.0.0.1, a tonic
+//! `Channel` wrapped in tower-resend's stack (which recognises gRPC by itself; the
 //! gRPC classifier is named only to declare an idempotent method), and a
 //! client written as tonic generates them. Messages are written by hand with
 //! prost (no protoc). No outside services; a few seconds.
@@ -21,8 +21,6 @@ use examples::ms;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response};
-use resend::tonic::{into_status, resend_error, GrpcClassifier, TonicTransport};
-use resend::BoxError;
 use tokio::time::Instant;
 use tonic::server::NamedService;
 use tonic::transport::server::TcpIncoming;
@@ -31,6 +29,8 @@ use tonic::Status;
 use tonic_prost::ProstCodec;
 use tower::util::MapErr;
 use tower::Service;
+use tower_resend::tonic::{into_status, resend_error, GrpcClassifier, TonicTransport};
+use tower_resend::BoxError;
 
 // package ledger;
 // service Ledger {
@@ -192,7 +192,7 @@ fn show(status: &Status) -> String {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), resend::BoxError> {
+async fn main() -> Result<(), tower_resend::BoxError> {
     let incoming =
         TcpIncoming::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?.with_nodelay(Some(true));
     let addr = incoming.local_addr()?;
@@ -207,7 +207,7 @@ async fn main() -> Result<(), resend::BoxError> {
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .connect_lazy();
-    let stack = resend::stack()
+    let stack = tower_resend::stack()
         .name("ledger")
         .total(Duration::from_secs(3))
         .attempt_timeout(Duration::from_millis(800))
@@ -232,7 +232,7 @@ async fn main() -> Result<(), resend::BoxError> {
         balance.get_ref().cents,
         ms(t.elapsed())
     );
-    if let Some(attempts) = balance.extensions().get::<resend::Attempts>() {
+    if let Some(attempts) = balance.extensions().get::<tower_resend::Attempts>() {
         println!("   attempts: {attempts}\n");
     }
 
@@ -290,7 +290,7 @@ async fn main() -> Result<(), resend::BoxError> {
         .tcp_nodelay(true)
         .connect_lazy();
     // No classifier named: the stack recognises gRPC by itself.
-    let replica = resend::stack()
+    let replica = tower_resend::stack()
         .name("ledger-replica")
         .service(TonicTransport::new(nowhere));
     let mut lost = LedgerClient::new(MapErr::new(replica, into_status));

@@ -15,12 +15,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
-use resend::breaker::{CircuitBreaker, CircuitState};
-use resend::classify::Class;
-use resend::{AttemptTimeoutLayer, CircuitBreakerLayer, Error, ErrorKind, RetryAdvice};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_resend::breaker::{CircuitBreaker, CircuitState};
+use tower_resend::classify::Class;
+use tower_resend::{AttemptTimeoutLayer, CircuitBreakerLayer, Error, ErrorKind, RetryAdvice};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -34,7 +34,7 @@ const DEAD_CALLS: u32 = 1000;
 /// Then 5 s more (calls 1000..1500).
 const ALL_CALLS: u32 = 1500;
 /// The breaker's defaults.
-const BREAK: Duration = resend::breaker::DEFAULT_BREAK_DURATION;
+const BREAK: Duration = tower_resend::breaker::DEFAULT_BREAK_DURATION;
 
 /// An upstream that never answers until it is told it has recovered, and
 /// logs when each call reached it (from the test's start).
@@ -103,7 +103,7 @@ async fn drive<S, B, R>(
 where
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Future: Send,
-    S::Error: Into<resend::BoxError>,
+    S::Error: Into<tower_resend::BoxError>,
     B: Send + 'static,
 {
     let start = up.start;
@@ -249,7 +249,7 @@ async fn a_dead_upstream_at_100_calls_a_second_sees_only_the_probes() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_stack_with_a_breaker_stops_calling_a_dead_upstream() {
     let up = Upstream::new();
-    let client = resend::stack()
+    let client = tower_resend::stack()
         .name("shipping")
         .total(Duration::from_secs(2))
         .attempt_timeout(ATTEMPT)
@@ -321,11 +321,11 @@ async fn the_stack_with_a_breaker_stops_calling_a_dead_upstream() {
 }
 
 /// With retries off, the stack's error is the breaker's own: one concrete
-/// `resend::Error` of kind `CircuitOpen`, named after the stack.
+/// `tower_resend::Error` of kind `CircuitOpen`, named after the stack.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_stacks_error_is_circuit_open_when_it_does_not_retry() {
     let up = Upstream::new();
-    let client = resend::stack()
+    let client = tower_resend::stack()
         .name("shipping")
         .attempt_timeout(ATTEMPT)
         .max_attempts(1)

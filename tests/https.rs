@@ -1,4 +1,4 @@
-//! `https://` through `resend::stack()` over `resend::hyper_client`, written
+//! `https://` through `tower_resend::stack()` over `tower_resend::hyper_client`, written
 //! from the README's "HTTPS" section alone: a local TLS server with a
 //! certificate made for the test, a GET and a keyed POST with the caller's
 //! own body types (no resend wrapper named anywhere), HTTP/2 by ALPN, and a
@@ -15,12 +15,12 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use resend::connect::rustls;
-use resend::{Attempts, ErrorKind, IdempotencyKey};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tower::ServiceExt;
+use tower_resend::connect::rustls;
+use tower_resend::{Attempts, ErrorKind, IdempotencyKey};
 
 /// A TLS server on 127.0.0.1 for `localhost`, speaking HTTP/1.1 and HTTP/2.
 /// `GET /` answers `hello`; `POST /orders` fails the first time with a 503
@@ -110,12 +110,12 @@ async fn answer(
 }
 
 /// The README's way to trust a private CA: its roots in a rustls config.
-fn client_trusting(cert: &CertificateDer<'static>) -> resend::HyperClient {
+fn client_trusting(cert: &CertificateDer<'static>) -> tower_resend::HyperClient {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.clone()).unwrap();
-    resend::connect::hyper_client_with_tls(
+    tower_resend::connect::hyper_client_with_tls(
         &Client::builder(TokioExecutor::new()),
-        resend::connect::tls_config(roots),
+        tower_resend::connect::tls_config(roots),
         Duration::from_secs(2),
     )
 }
@@ -123,7 +123,7 @@ fn client_trusting(cert: &CertificateDer<'static>) -> resend::HyperClient {
 #[tokio::test(flavor = "current_thread")]
 async fn get_and_a_keyed_post_over_https_with_the_callers_own_bodies() {
     let server = server().await;
-    let api = resend::stack()
+    let api = tower_resend::stack()
         .name("orders")
         .total(Duration::from_secs(10))
         .max_attempts(3)
@@ -174,10 +174,10 @@ async fn get_and_a_keyed_post_over_https_with_the_callers_own_bodies() {
 #[tokio::test(flavor = "current_thread")]
 async fn nested_stacks_take_the_body_as_it_is() {
     let server = server().await;
-    let inner = resend::stack()
+    let inner = tower_resend::stack()
         .max_attempts(3)
         .service(client_trusting(&server.cert));
-    let outer = resend::stack()
+    let outer = tower_resend::stack()
         .total(Duration::from_secs(10))
         .service(inner);
     let req = Request::get(format!("{}/", server.url))
@@ -194,10 +194,10 @@ async fn nested_stacks_take_the_body_as_it_is() {
 async fn a_certificate_the_client_does_not_trust_is_not_sent_and_says_why() {
     let server = server().await;
     // The default client trusts the webpki roots, not our test certificate.
-    let api = resend::stack()
+    let api = tower_resend::stack()
         .total(Duration::from_secs(10))
         .max_attempts(2)
-        .service(resend::hyper_client(Duration::from_secs(2)));
+        .service(tower_resend::hyper_client(Duration::from_secs(2)));
     // A POST without a key: nothing may be resent that may have run, yet a
     // refused handshake sent nothing.
     let req = Request::post(format!("{}/orders", server.url))

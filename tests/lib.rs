@@ -1,3 +1,3 @@
-//! End-to-end tests of resend across crates, on loopback: the test targets
-//! of this package (`cargo test -p resend-tests`) run resend's stacks over
-//! hyper-util against `resend-testkit`'s scripted server.
+//! End-to-end tests of tower-resend across crates, on loopback: the test targets
+//! of this package (`cargo test -p tower-resend-tests`) run tower-resend's stacks over
+//! hyper-util against `tower-resend-testkit`'s scripted server.

@@ -9,11 +9,11 @@ use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use resend::connect::ConnectTimeout;
-use resend::{AttemptTimeoutLayer, DeadlineLayer, Error, ErrorKind, Phase};
-use resend_testkit::{Reply, Script, TestServer};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
+use tower_resend::connect::ConnectTimeout;
+use tower_resend::{AttemptTimeoutLayer, DeadlineLayer, Error, ErrorKind, Phase};
+use tower_resend_testkit::{Reply, Script, TestServer};
 
 type Body = Empty<Bytes>;
 
@@ -28,7 +28,7 @@ async fn closed_port() -> u16 {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn connect_refused_is_reported_as_not_sent() {
     let port = closed_port().await;
-    let client = resend::hyper_client(Duration::from_secs(2));
+    let client = tower_resend::hyper_client(Duration::from_secs(2));
     let uri = format!("http://127.0.0.1:{port}/")
         .parse::<http::Uri>()
         .unwrap();
@@ -70,7 +70,7 @@ async fn a_silent_upstream_is_cut_by_the_attempt_timeout_then_the_deadline() {
     let server = TestServer::start(Script::new().otherwise(Reply::never()))
         .await
         .unwrap();
-    let client = resend::hyper_client(Duration::from_secs(2));
+    let client = tower_resend::hyper_client(Duration::from_secs(2));
 
     // Attempt timeout first: 400 ms under a 1 s deadline.
     let svc = ServiceBuilder::new()
@@ -122,7 +122,7 @@ async fn a_reset_mid_body_is_a_transport_error_that_may_have_been_processed() {
             .unwrap();
         let mut b = Client::builder(TokioExecutor::new());
         b.http2_only(http2);
-        let client = resend::connect::hyper_client_with(&b, Duration::from_secs(2));
+        let client = tower_resend::connect::hyper_client_with(&b, Duration::from_secs(2));
         let svc = DeadlineLayer::new(Duration::from_secs(5))
             .upstream("broken")
             .layer(client);

@@ -1,8 +1,8 @@
 //! The behaviour suite of `tests/retry.rs`, over a reqwest client
-//! (`resend::reqwest::ReqwestService`) instead of hyper-util: the same
+//! (`tower_resend::reqwest::ReqwestService`) instead of hyper-util: the same
 //! stack, the same scripted server, the same guarantees.
 //!
-//! `cargo test -p resend-tests --features reqwest --test reqwest`
+//! `cargo test -p tower-resend-tests --features reqwest --test reqwest`
 
 #[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
@@ -10,13 +10,13 @@ mod common;
 use std::time::Duration;
 
 use http::StatusCode;
-use resend::classify::Class;
-use resend::reqwest::{client_builder, ReqwestService};
-use resend::retry::Stop;
-use resend::ErrorKind;
-use resend_testkit::{Reply, Script, TestServer};
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tower_resend::classify::Class;
+use tower_resend::reqwest::{client_builder, ReqwestService};
+use tower_resend::retry::Stop;
+use tower_resend::ErrorKind;
+use tower_resend_testkit::{Reply, Script, TestServer};
 
 use common::{attempts, closed_port, get, idle, post, stack, within, CONNECT_TIMEOUT};
 

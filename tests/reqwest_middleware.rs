@@ -4,7 +4,7 @@
 //! same stack, the same scripted server and the same guarantees as the
 //! tower suites.
 //!
-//! `cargo test -p resend-tests --features reqwest-middleware --test reqwest_middleware`
+//! `cargo test -p tower-resend-tests --features reqwest-middleware --test reqwest_middleware`
 
 #[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use http::{Extensions, StatusCode};
 use reqwest_middleware::{reqwest, ClientBuilder, ClientWithMiddleware, Next};
-use resend::reqwest::{client_builder, resend_error, RequestBuilderExt, ResendMiddleware};
-use resend::retry::{NoRetry, Stop};
-use resend::{Attempts, ErrorKind, RetryAdvice};
-use resend_testkit::{Reply, Script, TestServer};
 use serde_json::json;
 use tokio::time::Instant;
+use tower_resend::reqwest::{client_builder, resend_error, RequestBuilderExt, ResendMiddleware};
+use tower_resend::retry::{NoRetry, Stop};
+use tower_resend::{Attempts, ErrorKind, RetryAdvice};
+use tower_resend_testkit::{Reply, Script, TestServer};
 
 use common::{idle, stack, within, Chunks, CONNECT_TIMEOUT};
 
@@ -48,7 +48,7 @@ fn reqwest_client() -> reqwest::Client {
 }
 
 /// A `ClientWithMiddleware` with resend added in one line.
-fn client(stack: resend::StackBuilder) -> ClientWithMiddleware {
+fn client(stack: tower_resend::StackBuilder) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest_client())
         .with(ResendMiddleware::new(stack))
         .build()
@@ -113,14 +113,14 @@ async fn post_without_key_that_timed_out_is_sent_once_and_outcome_unknown() {
     .await
     .expect_err("nobody answers");
 
-    // reqwest-middleware's error, with resend's inside.
+    // reqwest-middleware's error, with tower-resend's inside.
     assert!(err.is_middleware());
     let reqwest_middleware::Error::Middleware(inner) = &err else {
         panic!("not a middleware error: {err:?}");
     };
     let e = inner
-        .downcast_ref::<resend::Error>()
-        .expect("a resend::Error inside");
+        .downcast_ref::<tower_resend::Error>()
+        .expect("a tower_resend::Error inside");
     assert!(std::ptr::eq(e, resend_error(&err).expect("found")));
     assert_eq!(e.kind(), ErrorKind::OutcomeUnknown, "{e}");
     assert_eq!(e.upstream(), Some("upstream"));
@@ -131,7 +131,7 @@ async fn post_without_key_that_timed_out_is_sent_once_and_outcome_unknown() {
     assert_eq!(history.stop(), Stop::OutcomeUnknown);
     // The attempt timeout fired, and says so down the source chain.
     let cause = std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<resend::Error>())
+        .and_then(|s| s.downcast_ref::<tower_resend::Error>())
         .expect("the attempt's error");
     assert_eq!(cause.kind(), ErrorKind::AttemptTimeout);
 
@@ -435,7 +435,7 @@ async fn one_circuit_breaker_for_every_call_of_the_client() {
             stack()
                 .attempt_timeout(100 * MS)
                 .max_attempts(1)
-                .circuit_breaker_with(resend::CircuitBreakerLayer::new().min_throughput(5)),
+                .circuit_breaker_with(tower_resend::CircuitBreakerLayer::new().min_throughput(5)),
         ))
         .build();
 

@@ -1,5 +1,5 @@
-//! End-to-end tests of resend's retries over loopback, against the scripted
-//! `resend-testkit` server, on tokio's paused clock.
+//! End-to-end tests of tower-resend's retries over loopback, against the scripted
+//! `tower-resend-testkit` server, on tokio's paused clock.
 //!
 //! Every test asserts what the server saw (arrivals, their keys, bodies and
 //! times) and what the client got (status, `Attempts`, error kind), per
@@ -16,13 +16,13 @@ use http::{Request, StatusCode, Version};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use resend::classify::Class;
-use resend::retry::{ReplayBody, RetryLayer, Stop};
-use resend::ErrorKind;
-use resend_testkit::{Arrival, Reply, Script, TestServer};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
+use tower_resend::classify::Class;
+use tower_resend::retry::{ReplayBody, RetryLayer, Stop};
+use tower_resend::ErrorKind;
+use tower_resend_testkit::{Arrival, Reply, Script, TestServer};
 
 use common::{
     attempts, closed_port, get, idle, post, stack, transport, within, Chunks, CONNECT_TIMEOUT,
@@ -178,7 +178,7 @@ const SEEDS: std::ops::Range<u64> = 0..16;
 /// One GET against a silent upstream, 1 s in all and 400 ms per attempt, with
 /// jitter seeded by `seed`; no retry budget, so that time alone limits it.
 /// Returns the error, the time it took and the arrivals at the server.
-async fn give_up_on_a_silent_upstream(seed: u64) -> (resend::Error, Duration, usize) {
+async fn give_up_on_a_silent_upstream(seed: u64) -> (tower_resend::Error, Duration, usize) {
     let server = server(Script::new().otherwise(Reply::never())).await;
     let client = stack()
         .seed(seed)
@@ -249,7 +249,7 @@ async fn a_deadline_that_cuts_the_last_allowed_attempt_is_deadline_exceeded() {
 /// Runs `calls` concurrent logical GETs through clones of `client` against
 /// an always-503 upstream and returns upstream attempts per logical call.
 async fn attempts_per_call_in_an_outage(
-    client: resend::Stack<common::Transport>,
+    client: tower_resend::Stack<common::Transport>,
     calls: usize,
 ) -> f64 {
     let server = server(Script::new().otherwise(Reply::status(503))).await;
@@ -455,7 +455,7 @@ async fn a_two_second_outage_with_retry_after_1_costs_little_and_the_calls_get_t
 /// makes all its attempts, and ends not-sent, not out of budget.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn not_sent_retries_spend_no_budget_token() {
-    let empty = resend::retry::RetryBudget::new(0.0, 0.0, SECOND).expect("a budget");
+    let empty = tower_resend::retry::RetryBudget::new(0.0, 0.0, SECOND).expect("a budget");
     let client = stack().budget(empty).max_attempts(4).service(transport());
     let port = closed_port();
     let mut set = JoinSet::new();
@@ -573,7 +573,7 @@ async fn a_409_in_progress_is_no_failed_probe_the_next_retry_waits_only_its_back
 /// which a job runner would follow with a new key, doing the work twice.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_post_under_a_generated_key_with_no_retry_left_says_retry_with_the_same_key() {
-    use resend::RetryAdvice;
+    use tower_resend::RetryAdvice;
     // Attempts that time out, then no attempt left.
     let silent = server(Script::new().otherwise(Reply::never())).await;
     let client = stack()
@@ -624,7 +624,7 @@ async fn a_post_under_a_generated_key_with_no_retry_left_says_retry_with_the_sam
         .service(transport());
     let mut req = post(silent.uri("/charges"));
     req.extensions_mut()
-        .insert(resend::IdempotencyKey::new("order-7").unwrap());
+        .insert(tower_resend::IdempotencyKey::new("order-7").unwrap());
     let err = within(client.clone().oneshot(req))
         .await
         .expect_err("nobody answers");
@@ -648,7 +648,7 @@ async fn a_post_under_a_generated_key_with_no_retry_left_says_retry_with_the_sam
 /// limit, for that request alone.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn call_options_set_attempts_and_the_attempt_limit_per_request() {
-    use resend::CallOptions;
+    use tower_resend::CallOptions;
     let failing = server(Script::new().otherwise(Reply::status(503))).await;
     let client = stack().no_budget().service(transport());
     for (attempts, expected) in [(Some(5), 5), (Some(1), 1), (None, 3)] {
@@ -696,7 +696,7 @@ async fn a_streamed_put_body_is_replayed_byte_for_byte() {
     let server = server(Script::new().then(Reply::status(503))).await;
     let body = Chunks::new(8, 4096); // 32 KiB, under the 64 KiB cap
     let expected = body.concat();
-    let client = stack().service(resend::hyper_client(CONNECT_TIMEOUT));
+    let client = stack().service(tower_resend::hyper_client(CONNECT_TIMEOUT));
 
     let req = Request::put(server.uri("/objects/1"))
         .body(body)
@@ -718,7 +718,7 @@ async fn a_streamed_body_over_the_cap_is_sent_once_and_not_replayed() {
     let server = server(Script::new().otherwise(Reply::status(503))).await;
     let body = Chunks::new(25, 4096); // 100 KiB, over the 64 KiB cap
     let expected = body.concat();
-    let client = stack().service(resend::hyper_client(CONNECT_TIMEOUT));
+    let client = stack().service(tower_resend::hyper_client(CONNECT_TIMEOUT));
 
     let req = Request::put(server.uri("/objects/1"))
         .body(body)
@@ -748,7 +748,7 @@ async fn a_streamed_body_over_the_cap_is_sent_once_and_not_replayed() {
 async fn three_nested_retry_layers_send_3_times_not_27() {
     let server = server(Script::new().otherwise(Reply::status(503))).await;
     let layer = RetryLayer::new().max_attempts(3).no_budget().seed(7);
-    let hyper = resend::hyper_client(CONNECT_TIMEOUT);
+    let hyper = tower_resend::hyper_client(CONNECT_TIMEOUT);
     let client = layer.layer(layer.layer(layer.layer(hyper)));
 
     let resp = within(client.oneshot(get(server.uri("/items"))))
@@ -768,7 +768,7 @@ async fn a_stack_nested_inside_a_stack_through_an_async_adapter_sends_3_times_no
     let server = server(Script::new().otherwise(Reply::status(503))).await;
     let inner = stack()
         .no_budget()
-        .service(resend::hyper_client(CONNECT_TIMEOUT));
+        .service(tower_resend::hyper_client(CONNECT_TIMEOUT));
     // The idiomatic adapter: call the inner stack when polled.
     let adapter = tower::service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
         let inner = inner.clone();
@@ -801,7 +801,7 @@ async fn over_http2_get_through_503_503_200_answers_200_after_three_attempts() {
         .expect("start the test server");
     let mut builder = Client::builder(TokioExecutor::new());
     builder.http2_only(true);
-    let client = stack().service(resend::connect::hyper_client_with(
+    let client = stack().service(tower_resend::connect::hyper_client_with(
         &builder,
         CONNECT_TIMEOUT,
     ));

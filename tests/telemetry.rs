@@ -2,7 +2,7 @@
 //! from the OpenTelemetry SDK's in-memory span exporter (through
 //! tracing-opentelemetry) and an in-memory metric reader: the call and
 //! attempt spans and their attributes, the wait events, and the client's
-//! metrics, over loopback against the scripted `resend-testkit` server (and
+//! metrics, over loopback against the scripted `tower-resend-testkit` server (and
 //! an in-process gRPC-shaped upstream), on tokio's paused clock.
 
 use std::collections::BTreeMap;
@@ -20,10 +20,10 @@ use opentelemetry::Value;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use resend::retry::{ReplayBody, RetryBudget, RetryLayer};
-use resend::{CircuitBreakerLayer, ErrorKind};
-use resend_testkit::{Reply, Script, TestServer};
 use tower::{service_fn, Layer, ServiceExt};
+use tower_resend::retry::{ReplayBody, RetryBudget, RetryLayer};
+use tower_resend::{CircuitBreakerLayer, ErrorKind};
+use tower_resend_testkit::{Reply, Script, TestServer};
 use tracing_subscriber::layer::SubscriberExt;
 
 /// What one test reads back: the spans exported and the metrics collected.
@@ -60,7 +60,7 @@ impl Telemetry {
     }
 
     fn meter(&self) -> Meter {
-        self.meters.meter("resend")
+        self.meters.meter("tower-resend")
     }
 
     /// The spans ended so far, in the order they ended.
@@ -188,13 +188,13 @@ fn get(uri: http::Uri) -> Request<Full<Bytes>> {
     Request::get(uri).body(Full::new(Bytes::new())).unwrap()
 }
 
-fn transport() -> resend::connect::HyperClient {
-    resend::hyper_client(Duration::from_secs(2))
+fn transport() -> tower_resend::connect::HyperClient {
+    tower_resend::hyper_client(Duration::from_secs(2))
 }
 
 /// The stack under test, named `upstream`, seeded.
-fn stack() -> resend::StackBuilder {
-    resend::stack()
+fn stack() -> tower_resend::StackBuilder {
+    tower_resend::stack()
         .name("upstream")
         .total(Duration::from_secs(10))
         .attempt_timeout(Duration::from_secs(5))

@@ -1,10 +1,10 @@
-//! The behaviour suite of `tests/retry.rs` over gRPC: resend's stack around
-//! a tonic `Channel` ([`resend::tonic::TonicTransport`]) with the
+//! The behaviour suite of `tests/retry.rs` over gRPC: tower-resend's stack around
+//! a tonic `Channel` ([`tower_resend::tonic::TonicTransport`]) with the
 //! [`GrpcClassifier`] (and without naming one: the default recognises gRPC),
 //! against a real tonic server on loopback (prost messages written by hand:
 //! no protoc), on tokio's paused clock.
 //!
-//! `cargo test -p resend-tests --features tonic --test tonic`
+//! `cargo test -p tower-resend-tests --features tonic --test tonic`
 
 #[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
@@ -22,10 +22,6 @@ use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Full};
 use prost::Message;
-use resend::classify::{Class, GrpcCode};
-use resend::retry::Stop;
-use resend::tonic::{grpc_status, into_status, resend_error, GrpcClassifier, TonicTransport};
-use resend::ErrorKind;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::server::NamedService;
@@ -35,6 +31,10 @@ use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
 use tower::util::MapErr;
 use tower::{Service, ServiceExt};
+use tower_resend::classify::{Class, GrpcCode};
+use tower_resend::retry::Stop;
+use tower_resend::tonic::{grpc_status, into_status, resend_error, GrpcClassifier, TonicTransport};
+use tower_resend::ErrorKind;
 
 use common::{attempts, closed_port, idle, stack, within, CONNECT_TIMEOUT};
 
@@ -130,7 +130,7 @@ impl Service<Request<tonic::body::Body>> for Ledger {
     fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
         let path = req.uri().path().to_owned();
         let grpc_timeout = req.headers().get("grpc-timeout").map(|v| {
-            resend::deadline::parse_grpc_timeout(v.as_bytes()).expect("a valid grpc-timeout")
+            tower_resend::deadline::parse_grpc_timeout(v.as_bytes()).expect("a valid grpc-timeout")
         });
         let key = req
             .headers()
@@ -233,7 +233,7 @@ impl Drop for GrpcServer {
 }
 
 /// A channel as a production client would set it up: a connect timeout,
-/// TCP_NODELAY, no `Endpoint::timeout` (resend's limits bound the calls).
+/// TCP_NODELAY, no `Endpoint::timeout` (tower-resend's limits bound the calls).
 fn channel_to(addr: SocketAddr) -> Channel {
     Endpoint::from_shared(format!("http://{addr}"))
         .expect("a valid endpoint")
@@ -247,7 +247,7 @@ fn classifier() -> GrpcClassifier {
     GrpcClassifier::new().idempotent(GET_BALANCE)
 }
 
-type GrpcStack = resend::Stack<TonicTransport<Channel>, GrpcClassifier>;
+type GrpcStack = tower_resend::Stack<TonicTransport<Channel>, GrpcClassifier>;
 
 /// The suite's stack (`common::stack`: 10 s, 5 s per attempt, 3 attempts,
 /// seeded) with the gRPC classifier, around `channel`.
@@ -659,7 +659,7 @@ async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
     .await
     .expect_err("nobody answers");
     assert_eq!(status.code(), Code::Unknown, "{status:?}");
-    assert!(resend_error(&status).is_some_and(resend::Error::is_outcome_unknown));
+    assert!(resend_error(&status).is_some_and(tower_resend::Error::is_outcome_unknown));
     assert_eq!(server.effects(), 1);
 
     // A closed port: UNAVAILABLE, and nothing was sent.
@@ -674,7 +674,7 @@ async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
     .await
     .expect_err("nothing listens");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert!(resend_error(&status).is_some_and(resend::Error::is_not_sent));
+    assert!(resend_error(&status).is_some_and(tower_resend::Error::is_not_sent));
 }
 
 // What tonic users expect: their own timeout, no classifier to remember,
@@ -682,11 +682,11 @@ async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
 
 /// The stack of a generated-style client, its errors as statuses.
 type StatusStack<C> =
-    MapErr<resend::Stack<TonicTransport<Channel>, C>, fn(resend::Error) -> Status>;
+    MapErr<tower_resend::Stack<TonicTransport<Channel>, C>, fn(tower_resend::Error) -> Status>;
 
 /// A generated-style client over `stack`, its errors as statuses.
 fn grpc_client<C>(
-    stack: resend::Stack<TonicTransport<Channel>, C>,
+    stack: tower_resend::Stack<TonicTransport<Channel>, C>,
 ) -> tonic::client::Grpc<StatusStack<C>>
 where
     C: Clone,
@@ -702,9 +702,9 @@ async fn unary<S>(
 ) -> Result<Balance, Status>
 where
     S: tonic::client::GrpcService<tonic::body::Body>,
-    S::Error: Into<resend::BoxError>,
+    S::Error: Into<tower_resend::BoxError>,
     S::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
-    <S::ResponseBody as http_body::Body>::Error: Into<resend::BoxError> + Send,
+    <S::ResponseBody as http_body::Body>::Error: Into<tower_resend::BoxError> + Send,
 {
     grpc.ready()
         .await
@@ -877,7 +877,7 @@ async fn a_method_not_on_an_allowlist_is_not_resent_with_no_classifier_named() {
         .await
         .expect_err("nobody answers");
     assert_eq!(status.code(), Code::Unknown, "{status:?}");
-    assert!(resend_error(&status).is_some_and(resend::Error::is_outcome_unknown));
+    assert!(resend_error(&status).is_some_and(tower_resend::Error::is_outcome_unknown));
 
     idle(30 * SECOND).await;
     assert_eq!(server.arrival_count(), 2, "each sent once");

@@ -18,23 +18,23 @@ use bytes::Bytes;
 use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame};
 use http_body_util::Full;
-use resend::Attempts;
+use tower_resend::Attempts;
 
 /// The connect timeout of every test client.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The hyper-util client of the composed stack for in-memory bodies.
-pub(crate) type Transport = resend::connect::HyperClient;
+pub(crate) type Transport = tower_resend::connect::HyperClient;
 
-/// `resend::hyper_client` for requests with an in-memory body.
+/// `tower_resend::hyper_client` for requests with an in-memory body.
 pub(crate) fn transport() -> Transport {
-    resend::hyper_client(CONNECT_TIMEOUT)
+    tower_resend::hyper_client(CONNECT_TIMEOUT)
 }
 
 /// The stack under test with the DESIGN defaults spelled out, named and
 /// seeded so that every run draws the same jitter.
-pub(crate) fn stack() -> resend::StackBuilder {
-    resend::stack()
+pub(crate) fn stack() -> tower_resend::StackBuilder {
+    tower_resend::stack()
         .name("upstream")
         .total(Duration::from_secs(10))
         .attempt_timeout(Duration::from_secs(5))

@@ -105,7 +105,7 @@ macro_rules! http_behaviour_suite {
                     assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");
                     assert!(matches!(
                         err.retry_advice(),
-                        resend::RetryAdvice::SameKey(_)
+                        tower_resend::RetryAdvice::SameKey(_)
                     ));
                     chosen.push(err.idempotency_key().map(str::to_owned));
                     assert_eq!(err.attempts(), 3);

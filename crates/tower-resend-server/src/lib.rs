@@ -1,0 +1,85 @@
+//! The server half of resend: the caller's deadline handed down to every
+//! outbound call, a 504 that says where the time went, and `Idempotency-Key`
+//! deduplication.
+//!
+//! # Overview
+//!
+//! - [`InboundDeadlineLayer`]: reads the caller's budget (`grpc-timeout`, or
+//!   a header in milliseconds), bounds it by the server's maximum, and runs
+//!   the handler inside tower-resend's task-local deadline scope, so every tower-resend
+//!   client stack the handler calls inherits it. When it runs out, the answer
+//!   is a 504 whose body names where the time went: an upstream, the
+//!   handler's own work, or a budget spent before the handler ran.
+//! - [`IdempotencyLayer`]: a keyed operation's work runs once, whatever the
+//!   caller, the clock, the store or the process does; a repeated
+//!   `Idempotency-Key` gets the first result, with the records in a [`Store`]:
+//!   [`MemoryStore`], `RedisStore` (feature `redis`) or `PostgresStore`
+//!   (feature `postgres`).
+//! - [`ClientErrorResponse`] (feature `axum`): a tower-resend client error as an axum
+//!   response (504 with attribution, 502 "verify before resending", …).
+//!
+//! Every error body, the 504, the idempotency layer's own answers (400,
+//! 409, 413, 422, 503, 500) and the client errors, is one RFC 9457 problem
+//! document (`application/problem+json`) with a stable `error` code; the
+//! types are documented in [`problems`].
+//!
+//! # Layer order
+//!
+//! Outside in: [`InboundDeadlineLayer`], then [`IdempotencyLayer`], then the
+//! handler. A keyed handler cut by the deadline ends with the deadline's
+//! 504, which is kept as its operation's end (the work may have run in
+//! part); a keyed handler whose caller went away runs on to its end.
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let svc = ServiceBuilder::new()
+//!     .layer(InboundDeadlineLayer::new(Duration::from_secs(10)))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .service(service_fn(|_req: Request<_>| async {
+//!         // Every tower-resend stack called here inherits the caller's deadline.
+//!         assert!(tower_resend::Deadline::current().is_some());
+//!         Ok::<_, tower_resend::BoxError>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+//!     }));
+//! let req = Request::post("/orders").header("grpc-timeout", "2S").body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap();
+//! assert_eq!(svc.oneshot(req).await.unwrap().status(), 200);
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! - `axum`: `ClientErrorResponse`, a tower-resend client error as an axum response.
+//! - `redis`: `RedisStore`.
+//! - `postgres`: `PostgresStore`, and `PostgresTransactional` (the record
+//!   commits with the handler's own transaction).
+//! - `otel`: metrics on the OpenTelemetry API from the meter you pass
+//!   (`IdempotencyLayer::meter`): replays, conflicts, lease take-overs,
+//!   store latency and errors. The spans (`resend.idempotency`) need no
+//!   feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+#[cfg(feature = "axum")]
+mod axum;
+mod body;
+pub mod deadline;
+pub mod idempotency;
+pub mod problems;
+pub mod store;
+
+#[cfg(feature = "axum")]
+pub use axum::ClientErrorResponse;
+pub use body::MaybeBuffered;
+pub use deadline::{InboundDeadline, InboundDeadlineLayer};
+pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyStats, NothingDone};
+#[cfg(feature = "postgres")]
+pub use idempotency::{IdempotentTx, PostgresTransactional};
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
+pub use store::{MemoryStore, Store, StoreError};

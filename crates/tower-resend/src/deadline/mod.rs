@@ -1,0 +1,64 @@
+//! One deadline budget for the whole call, handed down.
+//!
+//! A [`Deadline`] is an absolute instant. [`DeadlineLayer`] fixes it for each
+//! call (the earliest of the ambient deadline, the request's own and now +
+//! total), writes it into the request's extensions and enforces it over
+//! everything inside: attempts, waits between them, and the response body.
+//! Inner layers read it from the extensions: the
+//! [`AttemptTimeoutLayer`](crate::AttemptTimeoutLayer) gives each attempt no
+//! more than what is left, and [`DeadlineHeaderLayer`] writes what is left on
+//! the wire (`grpc-timeout`, or a header in milliseconds) with the parsers for
+//! both beside the writers.
+//!
+//! A server or a job runner opens an ambient [`scope`] once; every stack
+//! called inside inherits its deadline. A future spawned onto another task
+//! takes the scope along when wrapped in [`carry`].
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use tower_resend::{Deadline, DeadlineLayer, Error, ErrorKind, Phase};
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // An upstream that never answers.
+//! let silent = service_fn(|_req: Request<()>| std::future::pending::<Result<Response<String>, Error>>());
+//! let svc = DeadlineLayer::new(Duration::from_secs(1)).upstream("shipping").layer(silent);
+//!
+//! let err = Error::from_box(svc.oneshot(Request::new(())).await.unwrap_err());
+//! assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+//! assert_eq!(err.phase(), Some(Phase::Attempt));
+//! assert_eq!(err.elapsed(), Some(Duration::from_secs(1)));
+//! assert_eq!(err.to_string(), "shipping: deadline exceeded while an attempt was in flight after 1 s");
+//! # }
+//! ```
+
+mod body;
+mod carry;
+pub(crate) mod context;
+mod future;
+mod header;
+mod layer;
+mod ledger;
+mod service;
+mod value;
+mod wire;
+
+pub use body::DeadlineBody;
+pub use carry::{carry, Carried};
+pub use future::ResponseFuture;
+pub(crate) use header::is_grpc;
+pub use header::{DeadlineHeader, DeadlineHeaderLayer, DEFAULT_MARGIN, GRPC_TIMEOUT};
+pub use layer::DeadlineLayer;
+pub use ledger::{internal, Entry, Internal, LedgerGuard, Snapshot, Source, TimeLedger};
+pub use service::DeadlineService;
+pub(crate) use value::{ambient, clamp};
+pub use value::{current_ledger, scope, scope_with_ledger, sync_scope, Ambient, Deadline};
+pub(crate) use wire::parse_digits;
+pub use wire::{
+    encode_grpc_timeout, encode_millis, parse_grpc_timeout, parse_millis, InvalidTimeout,
+    GRPC_TIMEOUT_MAX_DIGITS, MILLIS_MAX_DIGITS,
+};
+
+#[cfg(test)]
+mod tests;

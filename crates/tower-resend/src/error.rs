@@ -1,0 +1,962 @@
+//! The one error type of tower-resend, and what it says about a failed call.
+//!
+//! Every tower-resend layer that fails on its own account (a deadline, an attempt
+//! timeout, a connect timeout) fails with [`Error`]. Standalone layers follow
+//! tower and return a [`BoxError`] with an [`Error`] inside, which callers find
+//! with [`Error::from_box`] (or `downcast_ref`). The facts are the same either
+//! way: the [`ErrorKind`], the upstream's name, the attempts made, the time
+//! spent and the cause as [`source`](std::error::Error::source).
+
+use crate::Name;
+use std::fmt;
+use std::time::Duration;
+
+use crate::breaker::state::{Refusal, Why};
+use crate::classify::Class;
+use crate::retry::Attempts;
+
+/// A type-erased error, as tower middleware passes errors around.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong, in terms of what the caller may do next.
+///
+/// The enum is `#[non_exhaustive]`: later layers (retries, budgets) add kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The call's deadline ran out: the whole budget of the call is spent.
+    /// [`Error::phase`] tells whether an attempt was in flight or a wait was running.
+    DeadlineExceeded,
+    /// One attempt took longer than the per-attempt timeout, while the
+    /// call's deadline still had time left.
+    AttemptTimeout,
+    /// The connection could not be made within the connect timeout. Nothing
+    /// was sent.
+    ConnectTimeout,
+    /// The transport failed: connection refused, DNS, reset, a broken body.
+    /// [`Error::is_not_sent`] tells whether the request can have reached the server.
+    Transport,
+    /// The server may have acted on a request that is not safe to send again
+    /// (a POST without an Idempotency-Key that timed out, or got a 5xx).
+    /// Verify before sending it again: look the resource up.
+    OutcomeUnknown,
+    /// Every attempt allowed failed; the last failure is the
+    /// [`source`](std::error::Error::source).
+    RetriesExhausted,
+    /// A retry was allowed but the shared retry budget was empty: the
+    /// upstream is failing for many calls at once.
+    BudgetExhausted,
+    /// A retry was needed but the request body was too large to keep a copy
+    /// of, so it cannot be sent again.
+    BodyNotReplayable,
+    /// The upstream's [circuit breaker](crate::breaker) is open: it looked
+    /// unwell, so the call failed at once. Nothing was sent (safe to fall
+    /// back, or to send elsewhere); [`Error::retry_advice`] says to come back
+    /// after the time it stays open ([`Error::limit`]).
+    CircuitOpen,
+}
+
+impl ErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::DeadlineExceeded => "deadline exceeded",
+            Self::AttemptTimeout => "attempt timed out",
+            Self::ConnectTimeout => "connect timed out",
+            Self::Transport => "transport error",
+            Self::OutcomeUnknown => "outcome unknown",
+            Self::RetriesExhausted => "retries exhausted",
+            Self::BudgetExhausted => "retry budget exhausted",
+            Self::BodyNotReplayable => "body not replayable",
+            Self::CircuitOpen => "circuit open",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the call was doing when its deadline ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Phase {
+    /// No attempt could start: the deadline had passed before the request was
+    /// sent. Nothing was sent.
+    Start,
+    /// An attempt was in flight: the request was sent or being sent, and no
+    /// answer had come.
+    Attempt,
+    /// The call was waiting between attempts (a backoff or a Retry-After).
+    Waiting,
+    /// The response had arrived and its body was being read.
+    Body,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Start => "before the request was sent",
+            Self::Attempt => "while an attempt was in flight",
+            Self::Waiting => "while waiting to retry",
+            Self::Body => "while reading the response body",
+        })
+    }
+}
+
+/// The error of a tower-resend call: what went wrong, where and after how long.
+///
+/// It cannot be built outside resend; it always says something human, and its
+/// cause is available through [`source`](std::error::Error::source).
+///
+/// ```
+/// use tower_resend::{Error, ErrorKind};
+///
+/// fn report(e: &Error) -> String {
+///     match e.kind() {
+///         ErrorKind::DeadlineExceeded => format!("gave up after {:?}", e.elapsed()),
+///         _ if e.is_not_sent() => "never reached the server: safe to send again".to_owned(),
+///         _ => e.to_string(),
+///     }
+/// }
+/// # let _ = report;
+/// ```
+pub struct Error {
+    // Boxed so that `Result<Response, Error>` stays one pointer wide on the
+    // success path.
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: ErrorKind,
+    not_sent: bool,
+    phase: Option<Phase>,
+    limit: Option<Duration>,
+    upstream: Option<Name>,
+    attempts: u32,
+    elapsed: Option<Duration>,
+    history: Option<Attempts>,
+    /// For [`ErrorKind::CircuitOpen`]: why and for how long.
+    circuit: Option<Refusal>,
+    /// The Idempotency-Key the call was sent under when the stack chose it
+    /// (the caller set none): what a retry must carry.
+    key: Option<http::HeaderValue>,
+    source: Option<BoxError>,
+}
+
+/// What a caller that owns the retries (a job runner) should do after an
+/// [`Error`], from [`Error::retry_advice`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryAdvice {
+    /// Safe to run again, after this wait (zero: at once).
+    After(Duration),
+    /// The server may have acted: verify (look the resource up) before
+    /// sending again.
+    VerifyFirst,
+    /// Sending the same request again will not help.
+    Never,
+    /// The server may have acted, under an Idempotency-Key that resend
+    /// chose ([`Error::idempotency_key`]): send it again, after this wait,
+    /// **with that same key** (the upstream answers the repeat from what it
+    /// stored); a new key could do the work twice.
+    SameKey(Duration),
+}
+
+impl Error {
+    fn new(kind: ErrorKind) -> Self {
+        Self {
+            inner: Box::new(Inner {
+                kind,
+                not_sent: matches!(kind, ErrorKind::ConnectTimeout | ErrorKind::CircuitOpen),
+                phase: None,
+                limit: None,
+                upstream: None,
+                attempts: 0,
+                elapsed: None,
+                history: None,
+                circuit: None,
+                key: None,
+                source: None,
+            }),
+        }
+    }
+
+    pub(crate) fn deadline_exceeded(phase: Phase, elapsed: Duration) -> Self {
+        let mut e = Self::new(ErrorKind::DeadlineExceeded);
+        e.inner.not_sent = phase == Phase::Start;
+        e.inner.phase = Some(phase);
+        e.inner.elapsed = Some(elapsed);
+        e
+    }
+
+    pub(crate) fn attempt_timeout(limit: Duration) -> Self {
+        let mut e = Self::new(ErrorKind::AttemptTimeout);
+        e.inner.limit = Some(limit);
+        e.inner.elapsed = Some(limit);
+        e.inner.attempts = 1;
+        e
+    }
+
+    pub(crate) fn connect_timeout(limit: Duration) -> Self {
+        let mut e = Self::new(ErrorKind::ConnectTimeout);
+        e.inner.limit = Some(limit);
+        e.inner.elapsed = Some(limit);
+        e
+    }
+
+    /// A circuit breaker refused the call: nothing was sent. The time it
+    /// stays open is the [`limit`](Self::limit).
+    pub(crate) fn circuit_open(refusal: Refusal, upstream: Option<&Name>) -> Self {
+        let mut e = Self::new(ErrorKind::CircuitOpen);
+        e.inner.limit = Some(match refusal {
+            Refusal::Open { left, .. } => left,
+            Refusal::Probing { wait, .. } => wait,
+        });
+        e.inner.upstream = upstream.cloned();
+        e.inner.circuit = Some(refusal);
+        e
+    }
+
+    /// A connector failed: nothing can have been written to the server.
+    pub(crate) fn connect(source: BoxError) -> Self {
+        let mut e = Self::new(ErrorKind::Transport);
+        e.inner.not_sent = true;
+        e.inner.source = Some(source);
+        e
+    }
+
+    pub(crate) fn transport(source: BoxError) -> Self {
+        let mut e = Self::new(ErrorKind::Transport);
+        e.inner.source = Some(source);
+        e
+    }
+
+    /// The retry layer's verdict on a call that failed: `kind`, with the
+    /// attempt history and the last failure as its source.
+    pub(crate) fn retry(kind: ErrorKind, history: Attempts, source: Option<BoxError>) -> Self {
+        let mut e = Self::new(kind);
+        e.inner.not_sent = !history.any_sent();
+        e.inner.attempts = history.len();
+        e.inner.elapsed = Some(history.elapsed());
+        if kind == ErrorKind::DeadlineExceeded {
+            e.inner.phase = Some(Phase::Waiting);
+        }
+        // Keep what the last failure established (its name; its limit stays
+        // with it, in the source: the call's own time is `elapsed`).
+        if let Some(last) = source.as_deref().and_then(|s| s.downcast_ref::<Self>()) {
+            e.inner.upstream.clone_from(&last.inner.upstream);
+            if kind == ErrorKind::DeadlineExceeded && last.is_deadline_exceeded() {
+                e.inner.phase = last.inner.phase;
+            }
+        }
+        e.inner.history = Some(history);
+        e.inner.source = source;
+        e
+    }
+
+    /// Attaches the attempt history to an error passed on as it was.
+    pub(crate) fn with_history(mut self, history: Attempts) -> Self {
+        self.inner.attempts = history.len();
+        if !history.any_sent() {
+            self.inner.not_sent = true;
+        } else if self.inner.kind == ErrorKind::CircuitOpen {
+            // The last attempt was refused, but an earlier one went out.
+            self.inner.not_sent = false;
+        }
+        self.inner.history = Some(history);
+        self
+    }
+
+    pub(crate) fn with_phase(mut self, phase: Phase) -> Self {
+        self.inner.phase = Some(phase);
+        self
+    }
+
+    /// Fills in the upstream's name if no inner layer did.
+    pub(crate) fn set_upstream_if_none(&mut self, name: Option<&Name>) {
+        if self.inner.upstream.is_none() {
+            self.inner.upstream = name.cloned();
+        }
+    }
+
+    pub(crate) fn set_elapsed(&mut self, elapsed: Duration) {
+        self.inner.elapsed = Some(elapsed);
+    }
+
+    /// Turns any error a tower service returned into a tower-resend [`Error`].
+    ///
+    /// A tower-resend [`Error`] in the box is taken out as it is. Anything else
+    /// becomes [`ErrorKind::Transport`] with the original error as its source;
+    /// when a tower-resend error or a hyper-util connect error is found anywhere in
+    /// its [`source`](std::error::Error::source) chain, the result keeps what
+    /// that says: a connect timeout stays [`ErrorKind::ConnectTimeout`], and a
+    /// failure to connect stays [not sent](Self::is_not_sent).
+    ///
+    /// ```
+    /// use tower_resend::{BoxError, Error, ErrorKind};
+    ///
+    /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+    /// let e = Error::from_box(BoxError::from(io));
+    /// assert_eq!(e.kind(), ErrorKind::Transport);
+    /// assert!(!e.is_not_sent());
+    /// ```
+    pub fn from_box(error: BoxError) -> Self {
+        let error = match error.downcast::<Self>() {
+            Ok(e) => return *e,
+            Err(other) => other,
+        };
+        // Look down the chain for facts an inner layer established.
+        let mut kind = ErrorKind::Transport;
+        let mut not_sent = false;
+        let mut limit = None;
+        let mut upstream = None;
+        let mut circuit = None;
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+        while let Some(e) = next {
+            if let Some(ours) = e.downcast_ref::<Self>() {
+                kind = ours.inner.kind;
+                not_sent = ours.inner.not_sent;
+                limit = ours.inner.limit;
+                upstream.clone_from(&ours.inner.upstream);
+                circuit = ours.inner.circuit;
+                break;
+            }
+            if is_hyper_connect_error(e) {
+                not_sent = true;
+            }
+            next = e.source();
+        }
+        let mut e = Self::new(kind);
+        e.inner.not_sent = not_sent || e.inner.not_sent;
+        e.inner.limit = limit;
+        e.inner.upstream = upstream;
+        e.inner.circuit = circuit;
+        e.inner.source = Some(error);
+        e
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.inner.kind
+    }
+
+    /// True when the request cannot have reached the server: the connection
+    /// was refused, timed out, or failed before anything was written (DNS,
+    /// TLS handshake). Such a request is always safe to send again.
+    pub fn is_not_sent(&self) -> bool {
+        self.inner.not_sent
+    }
+
+    /// True when the upstream did nothing with this call: the request
+    /// [never reached it](Self::is_not_sent), or every attempt made was
+    /// answered in a way that says it was not acted on (see
+    /// [`Attempts::none_processed`]: not sent, 408, 425, 429).
+    ///
+    /// Running the whole operation again is then safe, even without an
+    /// Idempotency-Key. When false, the upstream may have acted (an attempt
+    /// timed out in flight, a 5xx, a connection lost mid-response): the
+    /// outcome is unknown unless the upstream deduplicates. A server uses
+    /// this to tell "nothing was done, the operation may run again" from
+    /// "outcome unknown".
+    ///
+    /// ```
+    /// use tower_resend::Error;
+    ///
+    /// fn may_run_again(e: &Error) -> bool {
+    ///     e.nothing_processed()
+    /// }
+    /// # let _ = may_run_again;
+    /// ```
+    pub fn nothing_processed(&self) -> bool {
+        self.inner.not_sent
+            || self
+                .inner
+                .history
+                .as_ref()
+                .is_some_and(Attempts::none_processed)
+    }
+
+    /// True for [`ErrorKind::DeadlineExceeded`].
+    pub fn is_deadline_exceeded(&self) -> bool {
+        self.inner.kind == ErrorKind::DeadlineExceeded
+    }
+
+    /// True for every kind of timeout: deadline, attempt and connect.
+    pub fn is_timeout(&self) -> bool {
+        matches!(
+            self.inner.kind,
+            ErrorKind::DeadlineExceeded | ErrorKind::AttemptTimeout | ErrorKind::ConnectTimeout
+        )
+    }
+
+    /// For [`ErrorKind::DeadlineExceeded`]: what the call was doing when the
+    /// deadline ran out.
+    pub fn phase(&self) -> Option<Phase> {
+        self.inner.phase
+    }
+
+    /// The limit that fired, for attempt and connect timeouts; for
+    /// [`ErrorKind::CircuitOpen`], how long the circuit stays open (for a
+    /// half-open circuit whose probes are all out, a break's length).
+    pub fn limit(&self) -> Option<Duration> {
+        self.inner.limit
+    }
+
+    /// The upstream's name, when the stack was named.
+    pub fn upstream(&self) -> Option<&str> {
+        self.inner.upstream.as_deref()
+    }
+
+    /// The attempts made before this error, when a layer counted them (0 if
+    /// none did).
+    pub fn attempts(&self) -> u32 {
+        self.inner.attempts
+    }
+
+    /// What each attempt got and how long the call waited between them, when
+    /// a retry layer ran the call.
+    pub fn history(&self) -> Option<&Attempts> {
+        self.inner.history.as_ref()
+    }
+
+    /// True for [`ErrorKind::OutcomeUnknown`]: the server may have acted on
+    /// the request; verify before sending it again.
+    pub fn is_outcome_unknown(&self) -> bool {
+        self.inner.kind == ErrorKind::OutcomeUnknown
+    }
+
+    /// What a caller that owns the retries (a job runner) should do now.
+    ///
+    /// ```
+    /// use tower_resend::{Error, RetryAdvice};
+    ///
+    /// fn after_failure(e: &Error) -> &'static str {
+    ///     match e.retry_advice() {
+    ///         RetryAdvice::After(_) => "release the job for later",
+    ///         RetryAdvice::VerifyFirst => "look the resource up before sending again",
+    ///         RetryAdvice::Never => "fail the job for a person to review",
+    ///         _ => "fail the job",
+    ///     }
+    /// }
+    /// # let _ = after_failure;
+    /// ```
+    pub fn retry_advice(&self) -> RetryAdvice {
+        const LATER: Duration = Duration::from_secs(1);
+        let last = self.inner.history.as_ref().and_then(Attempts::last);
+        match self.inner.kind {
+            ErrorKind::OutcomeUnknown if self.inner.key.is_some() => {
+                RetryAdvice::SameKey(last.and_then(|a| a.server_wait()).unwrap_or(LATER))
+            }
+            ErrorKind::OutcomeUnknown => RetryAdvice::VerifyFirst,
+            // Not sent, but sending again before the circuit closes fails
+            // the same way.
+            ErrorKind::CircuitOpen => RetryAdvice::After(self.inner.limit.unwrap_or(LATER)),
+            _ if self.inner.not_sent => RetryAdvice::After(Duration::ZERO),
+            ErrorKind::BodyNotReplayable => RetryAdvice::VerifyFirst,
+            _ => match last.map(|a| a.class()) {
+                Some(Class::Rejected) => RetryAdvice::Never,
+                _ => RetryAdvice::After(last.and_then(|a| a.server_wait()).unwrap_or(LATER)),
+            },
+        }
+    }
+
+    /// The Idempotency-Key the call was sent under, when resend chose it
+    /// (the caller set none, and the stack declares that the upstream
+    /// honours keys): a retry by the caller must carry this same key. Set
+    /// on errors of calls that may have been processed, which are then
+    /// [`OutcomeUnknown`](ErrorKind::OutcomeUnknown) with the advice
+    /// [`RetryAdvice::SameKey`].
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.inner.key.as_ref().and_then(|k| k.to_str().ok())
+    }
+
+    /// An error of a call sent under `key`, a key resend chose: if the call
+    /// may have been processed (an attempt was sent, and not every attempt
+    /// says it was not acted on), it becomes outcome-unknown, with this
+    /// error as its cause, the key readable and the advice to retry with it;
+    /// otherwise it only carries the key.
+    pub(crate) fn with_generated_key(mut self, key: http::HeaderValue) -> Self {
+        if self.inner.key.is_some() {
+            return self;
+        }
+        let processed = !self.inner.not_sent && !self.nothing_processed();
+        if !processed || self.inner.kind == ErrorKind::OutcomeUnknown {
+            self.inner.key = Some(key);
+            return self;
+        }
+        let mut e = Self::new(ErrorKind::OutcomeUnknown);
+        e.inner.upstream = self.inner.upstream.clone();
+        e.inner.attempts = self.inner.attempts;
+        e.inner.elapsed = self.inner.elapsed;
+        e.inner.phase = self.inner.phase;
+        e.inner.history = self.inner.history.clone();
+        e.inner.key = Some(key);
+        e.inner.source = Some(Box::new(self));
+        e
+    }
+
+    /// How long the call (or, for an attempt or connect timeout, the attempt)
+    /// ran before it failed, when a layer measured it.
+    pub fn elapsed(&self) -> Option<Duration> {
+        self.inner.elapsed
+    }
+}
+
+#[cfg(feature = "hyper-client")]
+fn is_hyper_connect_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(hyper_util::client::legacy::Error::is_connect)
+}
+
+#[cfg(not(feature = "hyper-client"))]
+fn is_hyper_connect_error(_: &(dyn std::error::Error + 'static)) -> bool {
+    false
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &i.kind);
+        if i.not_sent {
+            d.field("not_sent", &true);
+        }
+        if let Some(p) = i.phase {
+            d.field("phase", &p);
+        }
+        if let Some(l) = i.limit {
+            d.field("limit", &l);
+        }
+        if let Some(u) = &i.upstream {
+            d.field("upstream", u);
+        }
+        if i.attempts > 0 {
+            d.field("attempts", &i.attempts);
+        }
+        if let Some(e) = i.elapsed {
+            d.field("elapsed", &e);
+        }
+        if let Some(k) = &i.key {
+            d.field("key", k);
+        }
+        if let Some(h) = &i.history {
+            d.field("history", h);
+        }
+        if let Some(c) = &i.circuit {
+            d.field("circuit", c);
+        }
+        if let Some(s) = &i.source {
+            d.field("source", s);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    /// One sentence: what fired, after how long, over how many attempts,
+    /// the last cause, and for an unknown outcome what to do. Durations in
+    /// milliseconds ("502 ms"), seconds past 10 s ("12.5 s").
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_sentence(f, true)
+    }
+}
+
+/// [`Error::summary`]: the sentence without any text of other errors.
+#[derive(Clone, Copy, Debug)]
+struct Summary<'a>(&'a Error);
+
+impl fmt::Display for Summary<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.write_sentence(f, false)
+    }
+}
+
+impl Error {
+    /// The error's sentence in tower-resend's own words only: what
+    /// [`Display`](fmt::Display) says, less the text of any other error
+    /// down the chain (a peer's message, an address, a path). For answers
+    /// that go back to callers: a `tonic::Status`, a problem document.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use tower::ServiceExt;
+    ///
+    /// let shipping = tower_resend::stack().name("shipping").max_attempts(1)
+    ///     .service(tower_resend::hyper_client(Duration::from_secs(2)));
+    /// let req = http::Request::get("http://127.0.0.1:9/").body(String::new()).unwrap();
+    /// let err = shipping.oneshot(req).await.unwrap_err();
+    /// // "shipping: could not connect (nothing was sent)": no address, no OS text.
+    /// assert_eq!(err.summary().to_string(), "shipping: could not connect (nothing was sent)");
+    /// assert!(err.to_string().len() > err.summary().to_string().len());
+    /// # }
+    /// ```
+    pub fn summary(&self) -> impl fmt::Display + '_ {
+        Summary(self)
+    }
+
+    fn write_sentence(&self, f: &mut fmt::Formatter<'_>, foreign: bool) -> fmt::Result {
+        let i = &self.inner;
+        if let Some(u) = &i.upstream {
+            write!(f, "{u}: ")?;
+        }
+        let out_of_time = i
+            .history
+            .as_ref()
+            .is_some_and(|h| h.stop() == crate::retry::Stop::Deadline);
+        match i.kind {
+            ErrorKind::DeadlineExceeded => {
+                f.write_str("deadline exceeded")?;
+                if let Some(p) = i.phase.filter(|_| !out_of_time) {
+                    write!(f, " {p}")?;
+                }
+            }
+            ErrorKind::AttemptTimeout => f.write_str("attempt timed out")?,
+            ErrorKind::ConnectTimeout => f.write_str("connect timed out (nothing was sent)")?,
+            ErrorKind::Transport if i.not_sent => {
+                f.write_str("could not connect (nothing was sent)")?;
+            }
+            ErrorKind::Transport => f.write_str("transport error")?,
+            ErrorKind::OutcomeUnknown => f.write_str("outcome unknown")?,
+            ErrorKind::RetriesExhausted => f.write_str("retries exhausted")?,
+            ErrorKind::BudgetExhausted => f.write_str("retry budget exhausted")?,
+            ErrorKind::BodyNotReplayable => f.write_str("body not replayable")?,
+            ErrorKind::CircuitOpen => {
+                write_circuit(f, i.circuit)?;
+                if i.attempts > 1 {
+                    write!(f, " ({} attempts)", i.attempts)?;
+                }
+                return Ok(());
+            }
+        }
+        if let Some(l) = i.limit {
+            write!(f, " after {}", Readable(l))?;
+        } else if let Some(e) = i.elapsed {
+            write!(f, " after {}", Readable(e))?;
+        }
+        if i.attempts > 1 {
+            write!(f, " ({} attempts)", i.attempts)?;
+        }
+        match i.kind {
+            // The last attempt's own failure adds nothing to this.
+            ErrorKind::DeadlineExceeded if out_of_time => {
+                return f.write_str(": no time left for another attempt");
+            }
+            ErrorKind::BudgetExhausted => f.write_str(
+                ": the upstream is failing for many calls, so this one was not retried",
+            )?,
+            ErrorKind::BodyNotReplayable => {
+                f.write_str(
+                    ": a retry was needed but the request body was too large to keep, \
+                     so it was not resent",
+                )?;
+            }
+            _ => {}
+        }
+        if let Some(s) = &i.source {
+            if i.kind != ErrorKind::AttemptTimeout && i.kind != ErrorKind::ConnectTimeout {
+                write_cause(f, self, &**s, foreign)?;
+            }
+        }
+        if i.kind == ErrorKind::OutcomeUnknown {
+            match i.key.as_ref().and_then(|k| k.to_str().ok()) {
+                Some(key) => write!(
+                    f,
+                    "; the server may have processed the request: send it again only with \
+                     the same Idempotency-Key, {key}"
+                )?,
+                None => f.write_str(
+                    "; the server may have processed the request, which is not safe to send \
+                     again: verify (look the resource up) before resending",
+                )?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A duration as a message says it: whole milliseconds under a second
+/// ("502 ms", "<1 ms"), seconds to two decimals from there ("1.3 s",
+/// "12 s").
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Readable(pub(crate) Duration);
+
+impl fmt::Display for Readable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if d.is_zero() {
+            f.write_str("0 ms")
+        } else if d < Duration::from_millis(1) {
+            f.write_str("<1 ms")
+        } else {
+            write_ms(f, (d.as_micros() + 500) / 1000)
+        }
+    }
+}
+
+/// `ms` milliseconds: "502 ms" under a second, else "1.3 s", "12 s".
+fn write_ms(f: &mut fmt::Formatter<'_>, ms: u128) -> fmt::Result {
+    if ms < 1000 {
+        return write!(f, "{ms} ms");
+    }
+    let centis = (ms + 5) / 10;
+    let (secs, frac) = (centis / 100, centis % 100);
+    match frac {
+        0 => write!(f, "{secs} s"),
+        _ if frac % 10 == 0 => write!(f, "{secs}.{} s", frac / 10),
+        _ => write!(f, "{secs}.{frac:02} s"),
+    }
+}
+
+/// ": " and the cause of `outer`, once: a tower-resend error as it says itself
+/// (or only its own cause, when it says what `outer` already said); any
+/// other error's text (when `foreign`), then its own cause when that text
+/// does not already say it (hyper-util's "client error (Connect)" is
+/// skipped for what is under it). Without `foreign`, only a tower-resend error
+/// down the chain is said.
+fn write_cause(
+    f: &mut fmt::Formatter<'_>,
+    outer: &Error,
+    cause: &(dyn std::error::Error + 'static),
+    foreign: bool,
+) -> fmt::Result {
+    let mut next = Some(cause);
+    while let Some(e) = next {
+        if let Some(ours) = e.downcast_ref::<Error>() {
+            if ours.kind() == outer.kind() && ours.inner.not_sent == outer.inner.not_sent {
+                next = ours.inner.source.as_deref().map(|s| s as _);
+                continue;
+            }
+            f.write_str(": ")?;
+            return ours.write_sentence(f, foreign);
+        }
+        if !foreign || is_terse_wrapper(e) {
+            next = e.source();
+            continue;
+        }
+        let text = e.to_string();
+        write!(f, ": {text}")?;
+        next = e.source().filter(|c| !text.contains(&c.to_string()));
+    }
+    Ok(())
+}
+
+#[cfg(feature = "hyper-client")]
+fn is_terse_wrapper(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.is::<hyper_util::client::legacy::Error>()
+}
+
+#[cfg(not(feature = "hyper-client"))]
+fn is_terse_wrapper(_: &(dyn std::error::Error + 'static)) -> bool {
+    false
+}
+
+/// "circuit open for another 3.2 s after 57% of 140 calls failed".
+fn write_circuit(f: &mut fmt::Formatter<'_>, circuit: Option<Refusal>) -> fmt::Result {
+    struct Wait(Duration);
+    impl fmt::Display for Wait {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            // Rounded up: never less than is left.
+            write_ms(f, self.0.as_micros().div_ceil(1000))
+        }
+    }
+    match circuit {
+        Some(Refusal::Open {
+            left,
+            why: Why::Ratio { failures, calls },
+        }) => write!(
+            f,
+            "circuit open for another {} after {}% of {calls} calls failed",
+            Wait(left),
+            crate::breaker::state::percent(failures, calls),
+        ),
+        Some(Refusal::Open {
+            left,
+            why: Why::Probe,
+        }) => write!(
+            f,
+            "circuit open for another {} after a probe failed",
+            Wait(left)
+        ),
+        Some(Refusal::Probing { probes, .. }) => write!(
+            f,
+            "circuit half-open and its {probes} probe(s) still out: not sent"
+        ),
+        None => f.write_str("circuit open: not sent"),
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boxed_resend_error_comes_back_as_it_was() {
+        let e = Error::attempt_timeout(Duration::from_millis(400));
+        let back = Error::from_box(Box::new(e));
+        assert_eq!(back.kind(), ErrorKind::AttemptTimeout);
+        assert_eq!(back.limit(), Some(Duration::from_millis(400)));
+    }
+
+    #[test]
+    fn not_sent_is_found_down_the_source_chain() {
+        #[derive(Debug)]
+        struct Wrapper(Error);
+        impl fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("client error")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = Error::from_box(Box::new(Wrapper(Error::connect(Box::new(refused)))));
+        assert_eq!(e.kind(), ErrorKind::Transport);
+        assert!(e.is_not_sent());
+        // The original error is kept as the source.
+        assert!(std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<Wrapper>())
+            .is_some());
+
+        let e = Error::from_box(Box::new(Wrapper(Error::connect_timeout(
+            Duration::from_secs(2),
+        ))));
+        assert_eq!(e.kind(), ErrorKind::ConnectTimeout);
+        assert!(e.is_not_sent());
+    }
+
+    #[test]
+    fn foreign_errors_are_transport_and_maybe_sent() {
+        let e = Error::from_box("boom".into());
+        assert_eq!(e.kind(), ErrorKind::Transport);
+        assert!(!e.is_not_sent());
+        assert_eq!(e.to_string(), "transport error: boom");
+    }
+
+    #[test]
+    fn messages_say_what_fired() {
+        let mut e = Error::deadline_exceeded(Phase::Waiting, Duration::from_secs(1));
+        e.set_upstream_if_none(Some(&crate::Name::from("shipping")));
+        assert_eq!(
+            e.to_string(),
+            "shipping: deadline exceeded while waiting to retry after 1 s"
+        );
+        assert_eq!(
+            Error::attempt_timeout(Duration::from_millis(400)).to_string(),
+            "attempt timed out after 400 ms"
+        );
+    }
+
+    #[test]
+    fn nothing_processed_when_not_sent_or_no_attempt_was_acted_on() {
+        use crate::retry::{Attempt, Stop};
+        use http::StatusCode;
+
+        fn history(attempts: &[(Class, u16)]) -> Attempts {
+            let mut a = Attempts::new();
+            for &(class, status) in attempts {
+                let status = StatusCode::from_u16(status).unwrap();
+                a.push(Attempt::new(
+                    class,
+                    Some(status),
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    None,
+                ));
+            }
+            a.finish(Duration::from_secs(1), Stop::MaxAttempts);
+            a
+        }
+
+        // Not sent: from the connector, the connect timeout, a deadline
+        // that had passed before the start.
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(Error::connect(Box::new(refused)).nothing_processed());
+        assert!(Error::connect_timeout(Duration::from_secs(2)).nothing_processed());
+        assert!(Error::deadline_exceeded(Phase::Start, Duration::ZERO).nothing_processed());
+
+        // The upstream may have acted.
+        assert!(
+            !Error::deadline_exceeded(Phase::Attempt, Duration::from_secs(1)).nothing_processed()
+        );
+        assert!(!Error::attempt_timeout(Duration::from_secs(1)).nothing_processed());
+        assert!(!Error::from_box("reset".into()).nothing_processed());
+
+        // Every attempt refused with 429 or 408, then the cap: nothing done.
+        let h = history(&[(Class::Overloaded, 429), (Class::NotProcessed, 408)]);
+        let e = Error::retry(ErrorKind::RetriesExhausted, h, Some("last".into()));
+        assert!(!e.is_not_sent());
+        assert!(e.nothing_processed());
+
+        // One attempt got a 503 or a 500: unknown.
+        for (class, status) in [(Class::Overloaded, 503), (Class::Unknown, 500)] {
+            let h = history(&[(Class::Overloaded, 429), (class, status)]);
+            let e = Error::retry(ErrorKind::RetriesExhausted, h, Some("last".into()));
+            assert!(!e.nothing_processed(), "{status}");
+        }
+        let h = history(&[(Class::Unknown, 500)]);
+        assert!(!Error::retry(ErrorKind::OutcomeUnknown, h, None).nothing_processed());
+    }
+
+    #[test]
+    fn a_circuit_open_call_is_not_sent_unless_an_earlier_attempt_was() {
+        use crate::breaker::state::{Refusal, Why};
+        use crate::retry::{Attempt, Stop};
+
+        let open = || {
+            Error::circuit_open(
+                Refusal::Open {
+                    left: Duration::from_secs(2),
+                    why: Why::Probe,
+                },
+                None,
+            )
+        };
+        let history = |classes: &[Class]| {
+            let mut a = Attempts::new();
+            for &class in classes {
+                a.push(Attempt::new(
+                    class,
+                    None,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    None,
+                ));
+            }
+            a.finish(Duration::from_secs(1), Stop::Final);
+            a
+        };
+        let e = open().with_history(history(&[Class::NotSent]));
+        assert!(e.is_not_sent());
+        assert_eq!(e.retry_advice(), RetryAdvice::After(Duration::from_secs(2)));
+        // The first attempt timed out in flight: the call may have reached it.
+        let e = open().with_history(history(&[Class::Unknown, Class::NotSent]));
+        assert_eq!(e.kind(), ErrorKind::CircuitOpen);
+        assert!(!e.is_not_sent());
+        assert!(!e.nothing_processed());
+        assert_eq!(e.retry_advice(), RetryAdvice::After(Duration::from_secs(2)));
+        assert_eq!(
+            e.to_string(),
+            "circuit open for another 2 s after a probe failed (2 attempts)"
+        );
+    }
+
+    #[test]
+    fn error_is_one_pointer_wide() {
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+    }
+}

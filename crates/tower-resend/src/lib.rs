@@ -1,0 +1,175 @@
+//! Tower middleware for outbound HTTP and gRPC calls: how long to wait, and
+//! whether a failure may be sent again.
+//!
+//! [`tower_resend::stack()`](stack()) wraps any [`tower::Service`](tower_service::Service)
+//! that speaks [`http::Request`] (tower-resend's [`hyper_client`], a reqwest client,
+//! a tonic channel) in every layer below, in the right order, with one error
+//! type. It retries what is safe to send again, and says what happened:
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use tower_resend::{Attempts, ErrorKind};
+//! use tower::{service_fn, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_resend::BoxError> {
+//! // Stands in for your HTTP client: an upstream that answers 503 once.
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let upstream = service_fn(move |_req: Request<_>| {
+//!     let status = match calls.fetch_add(1, Ordering::SeqCst) {
+//!         0 => StatusCode::SERVICE_UNAVAILABLE,
+//!         _ => StatusCode::OK,
+//!     };
+//!     async move { Response::builder().status(status).body(String::from("rates")) }
+//! });
+//!
+//! let shipping = tower_resend::stack()
+//!     .name("shipping")                        // in errors, traces and 504s
+//!     .total(Duration::from_secs(10))          // the whole call, waits included
+//!     .attempt_timeout(Duration::from_secs(2)) // each attempt
+//!     .max_attempts(3)
+//!     .service(upstream);
+//!
+//! let req = Request::get("http://shipping/rates").body(String::new())?;
+//! match shipping.oneshot(req).await {
+//!     Ok(resp) => {
+//!         // What it took: the 503, then the 200.
+//!         let attempts = resp.extensions().get::<Attempts>().map_or(0, Attempts::len);
+//!         assert_eq!(attempts, 2);
+//!     }
+//!     Err(e) => {
+//!         let what = match e.kind() {
+//!             // The server may have acted: look it up before sending again.
+//!             ErrorKind::OutcomeUnknown => "may have happened",
+//!             ErrorKind::DeadlineExceeded => "out of time", // e.phase(): in what
+//!             ErrorKind::CircuitOpen => "unwell, not called",
+//!             _ => "failed", // e.retry_advice(), e.history(), e.is_not_sent()
+//!         };
+//!         return Err(format!("shipping {what}: {e}").into());
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The layers
+//!
+//! Outside in, as [`stack()`] composes them (each also stands alone, and
+//! [`ServiceBuilderExt`] adds them to tower's `ServiceBuilder`):
+//!
+//! - [`DeadlineLayer`]: one deadline budget for the whole call, the earliest
+//!   of the ambient one ([`deadline::scope`]), the request's own
+//!   [`Deadline`], a `grpc-timeout` the caller set, and now + total. It
+//!   shrinks as it is spent and is handed down through request extensions.
+//! - [`IdempotencyKeyLayer`] (opt-in, [`StackBuilder::idempotency_keys`]):
+//!   gives an unsafe request one `Idempotency-Key` before any retry, so every
+//!   attempt carries the same key and the upstream can deduplicate.
+//! - [`RetryLayer`]: classifies each attempt by what the server may have
+//!   done ([`classify`]), resends only what is safe (idempotent methods, or a
+//!   request with a key), waits with full-jitter backoff and `Retry-After`,
+//!   and draws on a shared [`RetryBudget`](retry::RetryBudget). A POST
+//!   without a key that may have run comes back as
+//!   [`ErrorKind::OutcomeUnknown`]: verify first. Only one layer retries,
+//!   however many are nested.
+//! - [`CircuitBreakerLayer`] (opt-in): while an upstream looks unwell
+//!   (too many of its attempts fail or time out), calls fail at once with
+//!   [`ErrorKind::CircuitOpen`], not sent, until probes find it well again.
+//! - [`DeadlineHeaderLayer`]: the time left goes on the wire, as
+//!   `grpc-timeout` or an HTTP header in milliseconds.
+//! - [`AttemptTimeoutLayer`]: each attempt waits `min(per attempt, time left)`.
+//! - [`ConnectTimeoutLayer`](connect::ConnectTimeoutLayer): a connect timeout
+//!   apart from the attempt timeout; [`hyper_client`] builds a hyper-util
+//!   client with it (and `https://` with the `https` feature).
+//!
+//! Every failure is a [`tower_resend::Error`](Error) that says what fired
+//! ([`ErrorKind`]), where ([`Error::upstream`], [`Error::phase`]), after how
+//! long ([`Error::elapsed`]), whether the request can have reached the
+//! server ([`Error::is_not_sent`]), and what to do ([`Error::retry_advice`]).
+//!
+//! # One layer on its own
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use tower_resend::{AttemptTimeoutLayer, DeadlineHeaderLayer, DeadlineLayer, Error, ErrorKind};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // An upstream that takes 2 s to answer.
+//! let slow = service_fn(|_req: Request<()>| async {
+//!     tokio::time::sleep(Duration::from_secs(2)).await;
+//!     Ok::<_, Error>(Response::new(()))
+//! });
+//!
+//! let client = ServiceBuilder::new()
+//!     .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
+//!     .layer(DeadlineHeaderLayer::new())
+//!     .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)))
+//!     .service(slow);
+//!
+//! let err = Error::from_box(client.oneshot(Request::new(())).await.unwrap_err());
+//! assert_eq!(err.kind(), ErrorKind::AttemptTimeout);
+//! assert_eq!(err.upstream(), Some("shipping"));
+//! # }
+//! ```
+//!
+//! # Time
+//!
+//! All time is [`tokio::time::Instant`], so tests on tokio's paused clock
+//! (`start_paused = true`, `tokio::time::advance`) control every limit.
+//!
+//! # Feature flags
+//!
+//! - `hyper-client` (default): [`hyper_client`], a hyper-util legacy client
+//!   with a connect timeout, taking any request body.
+//! - `https`: `https://` for [`hyper_client`] (hyper-rustls on `ring`, the
+//!   webpki roots; [`connect::hyper_client_with_tls`] for your own).
+//! - `reqwest`: [`reqwest::ReqwestService`], a reqwest client as the
+//!   transport, its errors mapped to what they say about the request; and
+//!   [`reqwest::ResendMiddleware`], the stack around reqwest's own calls,
+//!   with [`reqwest::RequestBuilderExt::send_with`] to send a reqwest request
+//!   through it.
+//! - `reqwest-middleware` (with `reqwest`): `ResendMiddleware` is a
+//!   `reqwest_middleware::Middleware`, for a `ClientWithMiddleware`.
+//! - `otel`: metrics on the OpenTelemetry API, from the meter you pass
+//!   (`StackBuilder::meter`; see [`telemetry`], whose spans need no feature).
+//! - `tonic`: [`tonic::TonicTransport`], a tonic channel as the transport;
+//!   the stack's errors as `tonic::Status` ([`tonic::into_status`], and
+//!   `From<tower_resend::Error>`). The gRPC rules need no feature: the default
+//!   classifier applies them to gRPC requests, and
+//!   [`classify::GrpcClassifier`] (also [`tonic::GrpcClassifier`]) adds an
+//!   allowlist of idempotent methods.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod breaker;
+mod builder;
+pub mod classify;
+pub mod connect;
+pub mod deadline;
+mod error;
+pub mod idempotency;
+mod name;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
+pub mod retry;
+mod stack;
+pub mod telemetry;
+pub mod timeout;
+#[cfg(feature = "tonic")]
+pub mod tonic;
+
+pub use breaker::CircuitBreakerLayer;
+pub use builder::ServiceBuilderExt;
+#[cfg(feature = "hyper-client")]
+pub use connect::{hyper_client, HyperClient};
+pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
+pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
+pub use idempotency::{IdempotencyKey, IdempotencyKeyLayer};
+pub use name::Name;
+pub use retry::{Attempts, CallOptions, RetryLayer};
+pub use stack::{stack, Stack, StackBuilder, StackFuture, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
+pub use timeout::AttemptTimeoutLayer;

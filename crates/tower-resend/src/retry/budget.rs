@@ -1,0 +1,501 @@
+//! A retry budget shared by every clone of a stack.
+//!
+//! Written here rather than taken from tower: tower's `TpsBudget` locks a
+//! mutex on every deposit (that is, on the success path of every call) and
+//! panics on out-of-range settings; its default reserve of 100 retries would
+//! also let an outage double the load before the ratio bites. Here a deposit
+//! is one relaxed atomic add; all the arithmetic happens when a retry is
+//! wanted, which is the slow path by definition. The deposit counter is
+//! sharded by thread, so calls on different cores do not contend for one
+//! cache line; a withdrawal sums the shards.
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How many seconds of the floor rate the floor bucket keeps.
+const FLOOR_SECONDS: f64 = 5.0;
+
+/// The first rate of recovery tokens, per second, once a retry succeeds
+/// after failures (see `give_back`).
+const RECOVERY_START: f64 = 10.0;
+/// The most recovery tokens per second.
+const RECOVERY_MAX: f64 = 100.0;
+
+/// Limits retries to a share of the calls, so that an outage costs the
+/// upstream a little extra load instead of a multiple of it — and throttles
+/// rather than fails, so that the calls still get through when it ends.
+///
+/// Every logical call deposits `ratio` tokens (0.2 by default: retries may be
+/// at most about 20% of calls); every retry of a request that may have
+/// reached the upstream withdraws one (a request that was not sent —
+/// connection refused, REFUSED_STREAM — costs the upstream nothing and
+/// spends none). A retry that succeeds gives its token back, so as the
+/// upstream recovers the tokens return as fast as it answers. Deposits fade
+/// with time (an exponential decay with time constant `window`, 10 s by
+/// default), so the balance reflects recent traffic, not all traffic since
+/// start. A floor of `min_per_sec` retries per second (1 by default), of
+/// which up to five seconds' worth is kept, lets a quiet client still retry
+/// (a call's two retries, and then some).
+///
+/// A retry that finds no token does not fail at once: it waits for one,
+/// within the call's deadline and the retry layer's
+/// [`max_budget_wait`](super::RetryLayer::max_budget_wait); only a call
+/// whose time cannot fit ends
+/// [`BudgetExhausted`](crate::ErrorKind::BudgetExhausted).
+///
+/// Clones share the same balance: build one per upstream, and give it to the
+/// layer once; every clone of the stack draws on it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_resend::retry::RetryBudget;
+///
+/// let budget = RetryBudget::new(0.1, 2.0, Duration::from_secs(10)).unwrap();
+/// assert!(RetryBudget::new(-1.0, 1.0, Duration::from_secs(10)).is_err());
+/// # let _ = budget;
+/// ```
+#[derive(Clone)]
+pub struct RetryBudget {
+    inner: Arc<Inner>,
+}
+
+/// Deposit shards: enough for the cores a service typically runs on; threads
+/// beyond that share shards, which is still correct.
+const SHARDS: usize = 8;
+
+/// One deposit counter on its own cache line.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard(AtomicU64);
+
+thread_local! {
+    /// This thread's shard, given out round-robin on first use.
+    static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+fn shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    SHARD.with(|s| {
+        let mut i = s.get();
+        if i == usize::MAX {
+            i = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            s.set(i);
+        }
+        i
+    })
+}
+
+struct Inner {
+    calls: [Shard; SHARDS],
+    ratio: f64,
+    min_per_sec: f64,
+    /// What the floor bucket holds at most: five seconds' worth, and at
+    /// least one token when there is a floor at all.
+    floor_cap: f64,
+    window: Duration,
+    state: Mutex<State>,
+    /// Retries waiting for a token are woken when one is given back.
+    returned: Arc<tokio::sync::Notify>,
+}
+
+struct State {
+    balance: f64,
+    floor: f64,
+    calls_seen: u64,
+    last: Instant,
+    /// The floor is not drawn on until then: a retry it paid for failed
+    /// (the upstream is still down), so it probes, no faster.
+    floor_paused_until: Instant,
+    /// The pause after the next failed probe: doubled by each, reset by a
+    /// success.
+    probe_interval: Duration,
+    /// A retry the floor paid for failed, and none has succeeded since: the
+    /// floor holds one token at most (one probe at a time, never a burst).
+    probing: bool,
+    /// Recovery: tokens per second earned by retries that succeed (0: not
+    /// recovering), and the bucket they fill (at most one token, so that
+    /// they come evenly spaced, never in a burst).
+    recovery_rate: f64,
+    recovery: f64,
+}
+
+/// Where a retry's token came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Token {
+    /// The deposits of calls.
+    Balance,
+    /// The floor: a retry a quiet client may make, or a probe of an
+    /// upstream that has been failing.
+    Floor,
+    /// Recovery: earned by retries that succeeded after failures.
+    Recovery,
+}
+
+/// Why a retry budget's settings were refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidBudget {
+    reason: &'static str,
+}
+
+impl fmt::Display for InvalidBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid retry budget: {}", self.reason)
+    }
+}
+
+impl std::error::Error for InvalidBudget {}
+
+impl RetryBudget {
+    /// A budget allowing retries of `ratio` of the calls, plus `min_per_sec`
+    /// retries per second, with deposits fading over `window`.
+    ///
+    /// `ratio` and `min_per_sec` must be finite and non-negative, `window` at
+    /// least one millisecond.
+    pub fn new(ratio: f64, min_per_sec: f64, window: Duration) -> Result<Self, InvalidBudget> {
+        let bad = |reason| Err(InvalidBudget { reason });
+        if !ratio.is_finite() || ratio < 0.0 {
+            return bad("ratio must be a finite number, zero or more");
+        }
+        if !min_per_sec.is_finite() || min_per_sec < 0.0 {
+            return bad("min_per_sec must be a finite number, zero or more");
+        }
+        if window < Duration::from_millis(1) {
+            return bad("window must be at least 1 ms");
+        }
+        Ok(Self::build(ratio, min_per_sec, window))
+    }
+
+    fn build(ratio: f64, min_per_sec: f64, window: Duration) -> Self {
+        let floor_cap = if min_per_sec > 0.0 {
+            (min_per_sec * FLOOR_SECONDS).max(1.0)
+        } else {
+            0.0
+        };
+        Self {
+            inner: Arc::new(Inner {
+                calls: Default::default(),
+                ratio,
+                min_per_sec,
+                floor_cap,
+                window,
+                state: Mutex::new(State {
+                    balance: 0.0,
+                    // A new client may retry at once.
+                    floor: floor_cap,
+                    calls_seen: 0,
+                    last: Instant::now(),
+                    floor_paused_until: Instant::now(),
+                    probe_interval: first_probe(min_per_sec),
+                    probing: false,
+                    recovery_rate: 0.0,
+                    recovery: 0.0,
+                }),
+                returned: Arc::new(tokio::sync::Notify::new()),
+            }),
+        }
+    }
+
+    /// Records one logical call. Lock-free: one relaxed atomic add, on this
+    /// thread's shard.
+    pub(crate) fn deposit(&self) {
+        self.inner.calls[shard()].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes one retry token, if there is one, and says where from.
+    pub(crate) fn withdraw(&self) -> Option<Token> {
+        // Within this of a whole token is a whole token: the decay of the
+        // microseconds between the last deposit and this look would
+        // otherwise take k deposits' worth of tokens down to k - 1.
+        const WHOLE: f64 = 1.0 - 1e-6;
+        let i = &*self.inner;
+        let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let dt = now.saturating_duration_since(st.last).as_secs_f64();
+        st.last = now;
+        let calls: u64 = i.calls.iter().map(|s| s.0.load(Ordering::Relaxed)).sum();
+        let new_calls = calls.saturating_sub(st.calls_seen);
+        st.calls_seen = calls;
+        let decay = (-dt / i.window.as_secs_f64()).exp();
+        // Calls since the last look count as if made now: a slight
+        // overestimate, bounded by one window's traffic.
+        st.balance = st.balance * decay + new_calls as f64 * i.ratio;
+        let floor_cap = if st.probing { 1.0 } else { i.floor_cap };
+        st.floor = (st.floor + dt * i.min_per_sec).min(floor_cap);
+        st.recovery = (st.recovery + dt * st.recovery_rate).min(1.0);
+        if st.balance >= WHOLE {
+            st.balance = (st.balance - 1.0).max(0.0);
+            Some(Token::Balance)
+        } else if st.recovery >= WHOLE {
+            st.recovery = 0.0;
+            Some(Token::Recovery)
+        } else if st.floor >= WHOLE && now >= st.floor_paused_until {
+            st.floor = (st.floor - 1.0).max(0.0);
+            Some(Token::Floor)
+        } else {
+            None
+        }
+    }
+
+    /// A retry paid for by the floor failed: the upstream is still down.
+    /// The floor is paused for the probe interval, which doubles (up to
+    /// 30 s) until a retry succeeds; retries that fail together pause it
+    /// once. So a long outage costs the upstream a probe now and then, not
+    /// a retry a second.
+    pub(crate) fn floor_failed(&self) {
+        let i = &*self.inner;
+        let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        st.probing = true;
+        st.floor = st.floor.min(1.0);
+        if now >= st.floor_paused_until {
+            st.floor_paused_until = now + st.probe_interval;
+            st.probe_interval = (st.probe_interval * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    /// A retry succeeded: the upstream answers again. The floor is free
+    /// again, and the budget recovers: it earns tokens at a rate that starts
+    /// at 10 a second and doubles with each retry that succeeds, up to 100 a
+    /// second (halved by each that fails), one at a time, evenly spaced. So
+    /// the calls held back by an outage drain within seconds as the
+    /// upstream comes back — a slow start, never a burst — and a failing
+    /// upstream earns nothing. A retry waiting for a token is woken.
+    pub(crate) fn give_back(&self) {
+        {
+            let i = &*self.inner;
+            let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
+            st.floor_paused_until = st.last;
+            st.probe_interval = first_probe(i.min_per_sec);
+            st.probing = false;
+            st.recovery_rate = (st.recovery_rate * 2.0).clamp(RECOVERY_START, RECOVERY_MAX);
+        }
+        self.inner.returned.notify_one();
+    }
+
+    /// A retry paid for by the deposits or by recovery failed: recovery
+    /// slows to half (and stops below its first rate).
+    pub(crate) fn failed(&self) {
+        let i = &*self.inner;
+        let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
+        st.recovery_rate /= 2.0;
+        if st.recovery_rate < RECOVERY_START {
+            st.recovery_rate = 0.0;
+        }
+    }
+
+    /// When a token is likely to be there again without any given back:
+    /// the floor's next whole token (once its pause ends), or recovery's;
+    /// `None` if neither refills.
+    pub(crate) fn next_refill(&self) -> Option<Duration> {
+        let i = &*self.inner;
+        let st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let floor = (i.min_per_sec > 0.0).then(|| {
+            let missing = (1.0 - st.floor).max(0.0);
+            let refill = Duration::from_secs_f64((missing / i.min_per_sec).min(3600.0));
+            let paused = st
+                .floor_paused_until
+                .saturating_duration_since(Instant::now());
+            refill.max(paused)
+        });
+        let recovery = (st.recovery_rate > 0.0).then(|| {
+            let missing = (1.0 - st.recovery).max(0.0);
+            Duration::from_secs_f64(missing / st.recovery_rate)
+        });
+        match (floor, recovery) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Resolves when a token is given back (the caller then tries
+    /// [`withdraw`](Self::withdraw) again; it also wakes at
+    /// [`next_refill`](Self::next_refill)).
+    pub(crate) fn returned(&self) -> tokio::sync::futures::OwnedNotified {
+        Arc::clone(&self.inner.returned).notified_owned()
+    }
+}
+
+/// The first pause of the floor after a failed probe: one floor period.
+fn first_probe(min_per_sec: f64) -> Duration {
+    if min_per_sec > 0.0 {
+        Duration::from_secs_f64((1.0 / min_per_sec).min(30.0))
+    } else {
+        Duration::from_secs(1)
+    }
+}
+
+impl Default for RetryBudget {
+    /// 20% of calls, 1 retry per second at least, over a 10 s window.
+    fn default() -> Self {
+        Self::build(0.2, 1.0, Duration::from_secs(10))
+    }
+}
+
+impl fmt::Debug for RetryBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBudget")
+            .field("ratio", &self.inner.ratio)
+            .field("min_per_sec", &self.inner.min_per_sec)
+            .field("window", &self.inner.window)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(b: &RetryBudget) -> usize {
+        std::iter::from_fn(|| b.withdraw().map(|_| ()))
+            .take(10_000)
+            .count()
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn retries_are_a_share_of_calls_plus_a_floor() {
+        let b = RetryBudget::default();
+        for _ in 0..100 {
+            b.deposit();
+        }
+        // 20% of 100 calls, plus the floor's five seconds' worth.
+        assert_eq!(drain(&b), 25);
+        // The floor refills at one per second, and holds at most five.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(drain(&b), 2);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(drain(&b), 5);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn old_deposits_fade() {
+        let b = RetryBudget::new(0.2, 0.0, Duration::from_secs(10)).unwrap();
+        for _ in 0..1000 {
+            b.deposit();
+        }
+        assert!(b.withdraw().is_some()); // takes the deposits into account now
+        tokio::time::advance(Duration::from_secs(60)).await;
+        // 199 tokens left a minute ago; e^-6 of them remain.
+        let left = drain(&b);
+        assert!(left <= 1, "{left}");
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn clones_share_the_balance_and_zero_means_none() {
+        let b = RetryBudget::new(0.5, 0.0, Duration::from_secs(10)).unwrap();
+        let c = b.clone();
+        for _ in 0..4 {
+            c.deposit();
+        }
+        assert_eq!(drain(&b), 2);
+        assert_eq!(drain(&c), 0);
+        let none = RetryBudget::new(0.0, 0.0, Duration::from_secs(1)).unwrap();
+        none.deposit();
+        assert!(none.withdraw().is_none());
+    }
+
+    /// k deposits' worth of tokens is k retries, whatever microseconds of
+    /// decay pass between the deposits and the withdrawal.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_balance_of_k_tokens_is_k_retries() {
+        for k in [1usize, 2, 7] {
+            let b = RetryBudget::new(0.2, 0.0, Duration::from_secs(10)).unwrap();
+            for _ in 0..5 * k {
+                b.deposit();
+            }
+            tokio::time::advance(Duration::from_micros(300)).await;
+            assert_eq!(drain(&b), k, "{k}");
+        }
+    }
+
+    /// A retry that succeeds after failures starts recovery: tokens at 10 a
+    /// second, doubling with each success up to 100, one at a time; a
+    /// failure halves the rate, and below the first rate stops it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn successes_start_a_paced_recovery() {
+        let b = RetryBudget::new(0.2, 0.0, Duration::from_secs(10)).unwrap();
+        assert!(b.withdraw().is_none());
+        let waiter = b.returned();
+        b.give_back();
+        waiter.await;
+        // 10 a second: the next in 100 ms, and never two at once.
+        assert_eq!(b.next_refill(), Some(Duration::from_millis(100)));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(drain(&b), 1);
+        // Each success doubles the rate: 20, 40, 80, then 100 at most.
+        for next_us in [50_000, 25_000, 12_500, 10_000, 10_000] {
+            b.give_back();
+            assert_eq!(b.next_refill(), Some(Duration::from_micros(next_us)));
+        }
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(b.withdraw(), Some(Token::Recovery));
+        // Failures halve it: 50, 25, 12.5, then stopped.
+        for _ in 0..3 {
+            b.failed();
+            assert!(b.next_refill().is_some());
+        }
+        b.failed();
+        assert_eq!(b.next_refill(), None);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(drain(&b), 0);
+    }
+
+    /// A probe the floor paid for that fails pauses the floor, for twice as
+    /// long each time; retries failing together pause it once; a success
+    /// frees it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn failed_probes_pause_the_floor_longer_each_time() {
+        let b = RetryBudget::new(0.0, 1.0, Duration::from_secs(10)).unwrap();
+        assert_eq!(b.withdraw(), Some(Token::Floor));
+        b.floor_failed();
+        b.floor_failed();
+        // Paused for 1 s, though floor tokens are left; and while probing,
+        // it holds one at most.
+        assert_eq!(b.withdraw(), None);
+        assert_eq!(b.next_refill(), Some(Duration::from_secs(1)));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(b.withdraw(), Some(Token::Floor));
+        b.floor_failed();
+        tokio::time::advance(Duration::from_millis(1999)).await;
+        assert_eq!(b.withdraw(), None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(b.withdraw(), Some(Token::Floor));
+        // A success frees the floor (no longer paused), and starts
+        // recovery.
+        b.floor_failed();
+        assert_eq!(b.withdraw(), None);
+        b.give_back();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(b.withdraw(), Some(Token::Recovery));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(b.withdraw(), Some(Token::Recovery));
+        assert_eq!(b.withdraw(), Some(Token::Floor));
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_next_refill_follows_the_floor() {
+        let b = RetryBudget::new(0.0, 2.0, Duration::from_secs(10)).unwrap();
+        assert_eq!(drain(&b), 10);
+        let next = b.next_refill().unwrap();
+        assert!(next <= Duration::from_millis(500), "{next:?}");
+        tokio::time::advance(next).await;
+        assert_eq!(drain(&b), 1);
+        let none = RetryBudget::new(0.2, 0.0, Duration::from_secs(10)).unwrap();
+        assert_eq!(none.next_refill(), None);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_a_reason() {
+        assert!(RetryBudget::new(f64::NAN, 1.0, Duration::from_secs(1)).is_err());
+        assert!(RetryBudget::new(0.2, f64::INFINITY, Duration::from_secs(1)).is_err());
+        let e = RetryBudget::new(0.2, 1.0, Duration::ZERO).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid retry budget: window must be at least 1 ms"
+        );
+    }
+}

@@ -1,0 +1,152 @@
+//! What a retry needs to send the request again, kept without cloning the
+//! extension map on the success path when it holds only tower-resend's own entries.
+
+use http::request::Parts;
+use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
+
+use crate::classify::RequestFacts;
+use crate::deadline::Deadline;
+
+/// Marks a request that a retry layer is in charge of, so that a retry layer
+/// further in passes it through: retries never multiply (3 layers of 3
+/// attempts send 3 times, not 27). An extension, not a thread-local, so that
+/// it survives whatever lies between the layers (an `async` adapter, a
+/// buffer's worker task). Zero-sized: inserting it allocates nothing.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RetryInCharge;
+
+/// The head of the request, for the attempts after the first.
+#[derive(Debug)]
+pub(crate) struct Head {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+    extensions: Own,
+}
+
+/// The request's extensions, for later attempts.
+#[derive(Debug)]
+enum Own {
+    /// Only tower-resend's own entries were there (the deadline, the key resend
+    /// chose): rebuilt for a retry, so the success path clones no map.
+    Rebuild(Option<Deadline>, Option<http::HeaderValue>),
+    /// The caller's extensions too: a clone of them all.
+    Cloned(Extensions),
+}
+
+impl Head {
+    /// Keeps what later attempts need from `parts` (which already carry the
+    /// [`RetryInCharge`] marker, and `deadline`, the `Deadline` among their
+    /// extensions, if any); the first attempt takes `parts` itself.
+    /// `key` is the key resend chose, if the caller's extensions hold one
+    /// (looked up only when they hold more than tower-resend's deadline).
+    pub(super) fn keep(
+        parts: &Parts,
+        deadline: Option<Deadline>,
+        key: Option<http::HeaderValue>,
+    ) -> Self {
+        let ours = 1 + usize::from(deadline.is_some()) + usize::from(key.is_some());
+        let extensions = if parts.extensions.len() == ours {
+            Own::Rebuild(deadline, key)
+        } else {
+            Own::Cloned(parts.extensions.clone())
+        };
+        Self {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            version: parts.version,
+            // An empty map is made, not cloned: cheaper, and the usual case.
+            headers: if parts.headers.is_empty() {
+                HeaderMap::new()
+            } else {
+                parts.headers.clone()
+            },
+            extensions,
+        }
+    }
+
+    /// A request with this head and `body`.
+    pub(super) fn request<B>(&self, body: B) -> Request<B> {
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        match &self.extensions {
+            Own::Rebuild(deadline, key) => {
+                let ext = req.extensions_mut();
+                ext.insert(RetryInCharge);
+                if let Some(d) = deadline {
+                    ext.insert(*d);
+                }
+                if let Some(k) = key {
+                    ext.insert(crate::idempotency::GeneratedKey(k.clone()));
+                }
+            }
+            Own::Cloned(ext) => *req.extensions_mut() = ext.clone(),
+        }
+        req
+    }
+
+    /// The Idempotency-Key resend chose for the request, if it did.
+    pub(super) fn generated_key(&self) -> Option<http::HeaderValue> {
+        match &self.extensions {
+            Own::Rebuild(_, key) => key.clone(),
+            Own::Cloned(ext) => ext
+                .get::<crate::idempotency::GeneratedKey>()
+                .map(|k| k.0.clone()),
+        }
+    }
+
+    pub(super) fn facts(&self) -> RequestFacts<'_> {
+        RequestFacts::new(&self.method, &self.uri, &self.headers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Mine(u8);
+
+    fn parts(ext: impl FnOnce(&mut Extensions)) -> Parts {
+        let mut req = Request::put("http://up/x?q=1")
+            .header("a", "b")
+            .body(())
+            .unwrap();
+        ext(req.extensions_mut());
+        req.extensions_mut().insert(RetryInCharge);
+        req.into_parts().0
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn later_attempts_get_the_same_head_and_extensions() {
+        let d = Deadline::after(Duration::from_secs(1));
+        for p in [
+            parts(|_| {}),
+            parts(|e| {
+                e.insert(d);
+            }),
+            parts(|e| {
+                e.insert(d);
+                e.insert(Mine(7));
+            }),
+        ] {
+            let head = Head::keep(&p, p.extensions.get::<Deadline>().copied(), None);
+            let again = head.request(());
+            assert_eq!(again.method(), p.method);
+            assert_eq!(again.uri(), &p.uri);
+            assert_eq!(again.headers(), &p.headers);
+            assert!(again.extensions().get::<RetryInCharge>().is_some());
+            assert_eq!(
+                again.extensions().get::<Deadline>(),
+                p.extensions.get::<Deadline>()
+            );
+            assert_eq!(again.extensions().get::<Mine>(), p.extensions.get::<Mine>());
+            assert_eq!(again.extensions().len(), p.extensions.len());
+        }
+    }
+}

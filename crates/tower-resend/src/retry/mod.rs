@@ -1,0 +1,144 @@
+//! Safe retries: classify, decide, wait, replay.
+//!
+//! [`RetryLayer`] runs each call's attempts. After every attempt the
+//! [classifier](crate::classify) says what the server may have done, and the
+//! layer decides by this table. A request is
+//! **replay-safe** when its method is idempotent (GET, HEAD, OPTIONS, TRACE,
+//! PUT, DELETE) or it carries an `Idempotency-Key` (or `X-Idempotency-Key`);
+//! the classifier has the last word
+//! ([`Classify::is_replay_safe`](crate::classify::Classify::is_replay_safe)):
+//! the gRPC one, whose methods are all POST, uses an allowlist of idempotent
+//! methods instead.
+//!
+//! | class | replay-safe request | unsafe request without key |
+//! |---|---|---|
+//! | Success, Rejected | return it | return it |
+//! | NotSent, NotProcessed | retry after backoff | retry after backoff |
+//! | Overloaded | retry after Retry-After (or the 1 s floor) plus jittered backoff | 429: same; 503: stop, [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown) |
+//! | InProgress | retry after backoff, with the same key | (cannot happen) |
+//! | Unknown | retry after backoff | stop: [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown), verify before resending |
+//!
+//! Every retry also needs an attempt left (3 in all by default), time left (the
+//! wait plus a useful attempt must fit before the deadline; a Retry-After past
+//! it ends the call at once), a token from the shared [`RetryBudget`], and a
+//! body that can be replayed ([`ReplayBody`], 64 KiB kept by default).
+//!
+//! Backoff is exponential with full jitter ([`Backoff`]): random in
+//! `[0, min(cap, base * 2^n)]`. After an overloaded answer the jittered
+//! backoff is added on top of the server's wait, so that clients told the same
+//! `Retry-After` do not come back in step.
+//!
+//! Only one layer retries: a `RetryLayer` called by another one passes the
+//! request through. A request can opt out with the [`NoRetry`] extension.
+//! Every final response carries [`Attempts`] in its extensions; every error
+//! carries them in [`Error::history`](crate::Error::history).
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Empty;
+//! use bytes::Bytes;
+//! use tower_resend::retry::{Attempts, ReplayBody, RetryLayer};
+//! use tower::{service_fn, Layer, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // An upstream that answers 503 twice, then 200.
+//! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+//! let upstream = service_fn(move |_req: Request<ReplayBody<Empty<Bytes>>>| {
+//!     let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+//!     let status = if n < 2 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+//!     async move { Ok::<_, std::convert::Infallible>(Response::builder().status(status).body(()).unwrap()) }
+//! });
+//! let client = RetryLayer::new().seed(7).layer(upstream);
+//!
+//! let resp = client.oneshot(Request::get("http://up/items").body(Empty::new()).unwrap()).await.unwrap();
+//! assert_eq!(resp.status(), StatusCode::OK);
+//! assert_eq!(resp.extensions().get::<Attempts>().unwrap().len(), 3);
+//! # }
+//! ```
+
+mod attempts;
+mod backoff;
+mod body;
+mod budget;
+mod future;
+mod head;
+mod layer;
+mod policy;
+mod read_ahead;
+mod service;
+
+pub use attempts::{Attempt, Attempts, Stop};
+pub use backoff::{Backoff, InvalidBackoff};
+pub use body::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
+pub(crate) use budget::Token;
+pub use budget::{InvalidBudget, RetryBudget};
+pub use future::ResponseFuture;
+pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS};
+pub use policy::{
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BUDGET_WAIT, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT,
+    DEFAULT_OVERLOAD_FLOOR, DEFAULT_WAIT_SPREAD,
+};
+pub use read_ahead::{
+    ReadAheadBody, ReadAheadLayer, ReadAheadService, ResponseFuture as ReadAheadFuture,
+    DEFAULT_READ_AHEAD,
+};
+pub use service::Retry;
+
+/// A request extension that sets, for this request alone, what the retry
+/// layer's configuration says for every call: the attempts in all, and the
+/// limit of each attempt (applied by the [`AttemptTimeoutLayer`](crate::AttemptTimeoutLayer)
+/// below the retry layer, the stack's included; still never more than the
+/// time left). Fields left `None` keep the layer's setting.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_resend::retry::CallOptions;
+///
+/// let mut req = http::Request::get("http://api/report").body(()).unwrap();
+/// req.extensions_mut().insert(
+///     CallOptions::new().max_attempts(5).attempt_timeout(Duration::from_secs(30)),
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallOptions {
+    /// Attempts in all, the first included (0 counts as 1).
+    pub max_attempts: Option<u32>,
+    /// The limit of each attempt.
+    pub attempt_timeout: Option<std::time::Duration>,
+}
+
+impl CallOptions {
+    /// No override: the layer's settings.
+    pub const fn new() -> Self {
+        Self {
+            max_attempts: None,
+            attempt_timeout: None,
+        }
+    }
+
+    /// Attempts in all for this request, the first included.
+    #[must_use]
+    pub const fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// The limit of each attempt of this request.
+    #[must_use]
+    pub const fn attempt_timeout(mut self, limit: std::time::Duration) -> Self {
+        self.attempt_timeout = Some(limit);
+        self
+    }
+}
+
+/// A request extension that turns retries off for that request: it is sent
+/// once, whatever happens.
+///
+/// ```
+/// let mut req = http::Request::post("http://api/charge").body(()).unwrap();
+/// req.extensions_mut().insert(tower_resend::retry::NoRetry);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoRetry;

@@ -1,0 +1,482 @@
+//! The composed stack: every layer in the right order, one error type.
+
+use crate::Name;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::breaker::{BreakerSlot, CircuitBreakerLayer, NoBreaker, Slot};
+use crate::classify::HttpClassifier;
+use crate::deadline::{
+    DeadlineBody, DeadlineHeader, DeadlineHeaderLayer, DeadlineLayer, DeadlineService,
+};
+use crate::error::{BoxError, Error};
+use crate::idempotency::{IdempotencyKeyLayer, SetIdempotencyKey};
+use crate::retry::{
+    Backoff, ReadAheadLayer, ReadAheadService, Retry, RetryBudget, RetryLayer, DEFAULT_READ_AHEAD,
+};
+
+use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
+
+/// Default deadline budget of a call: 10 s.
+pub const DEFAULT_TOTAL: Duration = Duration::from_secs(10);
+/// Default limit of one attempt: 5 s.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Starts a [`StackBuilder`]: the whole of tower-resend, composed in the right
+/// order, with the defaults (10 s per call, 5 s per attempt, 3 attempts in
+/// all, the default backoff and retry budget).
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http::Request;
+/// use http_body_util::Full;
+/// use tower_resend::IdempotencyKey;
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // One stack per upstream, built once, cloned into every task.
+/// let shipping = tower_resend::stack()
+///     .name("shipping")
+///     .total(Duration::from_secs(10))
+///     .attempt_timeout(Duration::from_secs(5))
+///     .max_attempts(3)
+///     .idempotency_keys()
+///     .service(tower_resend::hyper_client(Duration::from_secs(2)));
+///
+/// let mut req = Request::post("http://127.0.0.1:9/shipments").body(Full::new(Bytes::from("{}"))).unwrap();
+/// req.extensions_mut().insert(IdempotencyKey::new("shipment-request:42").unwrap());
+/// match shipping.clone().oneshot(req).await {
+///     Ok(resp) => { /* resp.extensions().get::<tower_resend::Attempts>() says what happened */ }
+///     Err(e) if e.is_outcome_unknown() => { /* may have happened: look it up first */ }
+///     Err(e) => assert!(e.is_not_sent()), // nothing listens on port 9
+/// }
+/// # }
+/// ```
+pub fn stack() -> StackBuilder {
+    StackBuilder::new()
+}
+
+/// Builds a [`Stack`]; see [`stack`]. Every setting's default is stated on
+/// its method.
+///
+/// `C` classifies attempts for the retry layer; `B` is the circuit
+/// breaker's place: [`NoBreaker`], or a [`CircuitBreakerLayer`] once
+/// [`circuit_breaker`](Self::circuit_breaker) put one there.
+#[derive(Clone, Debug)]
+pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
+    name: Option<Name>,
+    total: Duration,
+    attempt_timeout: Duration,
+    retry: RetryLayer<C>,
+    keys: IdempotencyKeyLayer,
+    header: DeadlineHeaderLayer,
+    breaker: B,
+    read_ahead: ReadAheadLayer,
+}
+
+impl StackBuilder {
+    /// The defaults; see [`stack`].
+    pub fn new() -> Self {
+        Self {
+            name: None,
+            total: DEFAULT_TOTAL,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+            retry: RetryLayer::new(),
+            keys: IdempotencyKeyLayer::disabled(),
+            header: DeadlineHeaderLayer::new(),
+            breaker: NoBreaker,
+            read_ahead: ReadAheadLayer::new(DEFAULT_READ_AHEAD),
+        }
+    }
+}
+
+impl Default for StackBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C, B> StackBuilder<C, B> {
+    /// Names the upstream: it shows up in errors, tracing and 504 bodies,
+    /// names the circuit breaker (unless its layer was named), and counts
+    /// this upstream's [derived](crate::idempotency::derive_keys)
+    /// Idempotency-Keys. Default: unnamed.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<Name>) -> Self {
+        let name = name.into();
+        self.retry = self.retry.upstream(name.clone());
+        self.keys = self.keys.upstream(name.clone());
+        self.name = Some(name);
+        self
+    }
+
+    /// The deadline budget of a call, shrunk to an inherited one. Default 10 s.
+    #[must_use]
+    pub fn total(mut self, total: Duration) -> Self {
+        self.total = total;
+        self
+    }
+
+    /// The limit of one attempt (never more than the time left). Default 5 s.
+    #[must_use]
+    pub fn attempt_timeout(mut self, per_attempt: Duration) -> Self {
+        self.attempt_timeout = per_attempt;
+        self
+    }
+
+    /// Attempts in all, the first included. Default 3.
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.retry = self.retry.max_attempts(attempts);
+        self
+    }
+
+    /// The backoff between attempts. Default [`Backoff::DEFAULT`].
+    #[must_use]
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.retry = self.retry.backoff(backoff);
+        self
+    }
+
+    /// The retry budget, shared by every clone of the stack. Default
+    /// [`RetryBudget::default`].
+    #[must_use]
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.retry = self.retry.budget(budget);
+        self
+    }
+
+    /// No retry budget: only attempts and time limit retries.
+    #[must_use]
+    pub fn no_budget(mut self) -> Self {
+        self.retry = self.retry.no_budget();
+        self
+    }
+
+    /// Seeds the jitter, for tests. Default: seeded from the system.
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.retry = self.retry.seed(seed);
+        self
+    }
+
+    /// Configures the retry layer further (overload floor, server waits,
+    /// replay cap…).
+    #[must_use]
+    pub fn retry<C2>(self, f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>) -> StackBuilder<C2, B> {
+        StackBuilder {
+            name: self.name,
+            total: self.total,
+            attempt_timeout: self.attempt_timeout,
+            retry: f(self.retry),
+            keys: self.keys,
+            header: self.header,
+            breaker: self.breaker,
+            read_ahead: self.read_ahead,
+        }
+    }
+
+    /// Adds a circuit breaker with the defaults (see [`CircuitBreakerLayer`]:
+    /// open when 10 % of at least 100 attempts in 30 s say the upstream is
+    /// unwell, for 5 s, then 3 probes). It sits inside the retry layer and
+    /// outside the attempt timeout, so it counts every attempt, timeouts
+    /// included, and is shared by every clone of the stack. While it is
+    /// open, calls fail at once with
+    /// [`ErrorKind::CircuitOpen`](crate::ErrorKind::CircuitOpen), not sent.
+    /// The stack is then a `Stack<S, C, CircuitBreakerLayer>`. Default: no
+    /// breaker, and no layer in its place.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let shipping = tower_resend::stack()
+    ///     .name("shipping")
+    ///     .attempt_timeout(Duration::from_secs(2))
+    ///     .circuit_breaker();
+    /// # let _ = shipping;
+    /// ```
+    #[must_use]
+    pub fn circuit_breaker(self) -> StackBuilder<C, CircuitBreakerLayer> {
+        self.circuit_breaker_with(CircuitBreakerLayer::new())
+    }
+
+    /// Adds the circuit breaker `layer`, configured (ratio, throughput,
+    /// window, break, probes, what counts, its classifier); see
+    /// [`circuit_breaker`](Self::circuit_breaker). An unnamed layer takes
+    /// the stack's [`name`](Self::name). Default: no breaker.
+    #[must_use]
+    pub fn circuit_breaker_with<K>(
+        self,
+        layer: CircuitBreakerLayer<K>,
+    ) -> StackBuilder<C, CircuitBreakerLayer<K>> {
+        StackBuilder {
+            name: self.name,
+            total: self.total,
+            attempt_timeout: self.attempt_timeout,
+            // The stack's meter, if it has one, counts the breaker's changes
+            // too (unless the layer has its own).
+            breaker: layer.or_metrics(self.retry.metrics()),
+            retry: self.retry,
+            keys: self.keys,
+            header: self.header,
+            read_ahead: self.read_ahead,
+        }
+    }
+
+    /// Declares that this upstream honours `Idempotency-Key`: unsafe requests
+    /// get one key per call (the caller's [`IdempotencyKey`](crate::IdempotencyKey),
+    /// a key [derived](crate::idempotency::derive_keys) from a keyed inbound
+    /// operation, or a UUID v4), reused on every attempt, which makes them
+    /// replay-safe. Default: off.
+    #[must_use]
+    pub fn idempotency_keys(mut self) -> Self {
+        self.keys = match &self.name {
+            Some(name) => IdempotencyKeyLayer::new().upstream(name.clone()),
+            None => IdempotencyKeyLayer::new(),
+        };
+        self
+    }
+
+    /// Reads the response bodies of replay-safe attempts up to `bytes` (by
+    /// their known length) before returning them, so that a connection that
+    /// breaks inside one is a failed attempt, retried; bodies longer, or of
+    /// no known length (streams, chunked, gRPC), reach the caller as they
+    /// come, and a break in them is the caller's error (see
+    /// [`ReadAheadLayer`]). Default [`DEFAULT_READ_AHEAD`] (64 KiB); 0 turns
+    /// it off.
+    #[must_use]
+    pub fn read_ahead(mut self, bytes: usize) -> Self {
+        self.read_ahead = ReadAheadLayer::new(bytes);
+        self
+    }
+
+    /// Also writes the time left, in milliseconds, as `name` on HTTP requests
+    /// (gRPC requests always carry `grpc-timeout`). Default: none.
+    #[must_use]
+    pub fn deadline_header(mut self, name: HeaderName) -> Self {
+        self.header = self.header.http_header(name);
+        self
+    }
+
+    /// Wraps `transport` (a hyper-util client, a reqwest adapter, a tonic
+    /// channel) in the stack.
+    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B>
+    where
+        B: BreakerSlot,
+    {
+        let total = match &self.name {
+            Some(n) => DeadlineLayer::new(self.total).upstream(n.clone()),
+            None => DeadlineLayer::new(self.total),
+        };
+        // Small bodies read ahead under the attempt timeout (which then
+        // covers them too) and the breaker (which counts their breaks).
+        let inner = self.read_ahead.layer(transport);
+        let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
+        let inner = self.header.layer(inner);
+        // The breaker (if any) inside the retry layer, so it sees every attempt.
+        let inner = self.breaker.wrap(inner, self.name.as_ref(), self.retry);
+        let inner = self.keys.layer(inner);
+        Stack {
+            inner: total.layer(inner),
+        }
+    }
+}
+
+#[cfg(feature = "otel")]
+impl<C> StackBuilder<C, NoBreaker> {
+    /// Records the stack's metrics on instruments made from `meter` (your
+    /// meter provider's, or [`global_meter`](crate::telemetry::global_meter)):
+    /// attempts and retries per call, each wait, budget exhaustion,
+    /// outcome-unknown ends, and the circuit breaker's changes of state
+    /// once one is added, named by the stack's [name](Self::name); see the
+    /// [table](crate::telemetry#metrics-feature-otel). Default: none, and
+    /// no cost.
+    ///
+    /// ```
+    /// // `provider.meter("tower-resend")` from your `SdkMeterProvider`; the
+    /// // global provider here, a no-op until one is set.
+    /// let meter = opentelemetry::global::meter("tower-resend");
+    /// let shipping = tower_resend::stack().name("shipping").meter(&meter);
+    /// # let _ = shipping;
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.retry = self.retry.meter(meter);
+        self
+    }
+}
+
+#[cfg(feature = "otel")]
+impl<C, K> StackBuilder<C, CircuitBreakerLayer<K>> {
+    /// Records the stack's metrics on instruments made from `meter`, the
+    /// circuit breaker's changes of state included (unless its layer was
+    /// given a meter of its own); see the `meter` of a stack without a
+    /// breaker, and the [table](crate::telemetry#metrics-feature-otel).
+    /// Default: none, and no cost.
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.retry = self.retry.meter(meter);
+        self.breaker = self.breaker.or_metrics(self.retry.metrics());
+        self
+    }
+}
+
+type Inner<S, C, B> = DeadlineService<
+    SetIdempotencyKey<
+        Retry<<B as Slot>::Service<DeadlineHeader<AttemptTimeout<ReadAheadService<S>>>>, C>,
+    >,
+>;
+
+/// The composed stack, outside in: [`DeadlineLayer`],
+/// [`IdempotencyKeyLayer`], [`RetryLayer`], the [`CircuitBreakerLayer`] if
+/// one was added (`B`; none by default, and then no layer at all),
+/// [`DeadlineHeaderLayer`], [`AttemptTimeoutLayer`], the
+/// [`ReadAheadLayer`], then the transport. Its error is always a
+/// [`tower_resend::Error`](Error).
+pub struct Stack<S, C = HttpClassifier, B = NoBreaker>
+where
+    B: BreakerSlot,
+{
+    inner: Inner<S, C, B>,
+}
+
+impl<S, C, B> Clone for Stack<S, C, B>
+where
+    B: BreakerSlot,
+    Inner<S, C, B>: Clone,
+{
+    #[inline]
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S, C, B> std::fmt::Debug for Stack<S, C, B>
+where
+    B: BreakerSlot,
+    Inner<S, C, B>: std::fmt::Debug,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack").field("inner", &self.inner).finish()
+    }
+}
+
+impl<S, C, B, ReqB, ResB> Service<Request<ReqB>> for Stack<S, C, B>
+where
+    B: BreakerSlot,
+    Inner<S, C, B>:
+        Service<Request<ReqB>, Response = Response<DeadlineBody<ResB>>, Error = BoxError>,
+{
+    type Response = Response<DeadlineBody<ResB>>;
+    type Error = Error;
+    type Future = StackFuture<<Inner<S, C, B> as Service<Request<ReqB>>>::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner.poll_ready(cx).map_err(Error::from_box)
+    }
+
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        // The key, chosen here rather than by the key layer inside (which
+        // then finds it and does nothing), so that an error of the call —
+        // the deadline's too, which fires outside the key layer — can say
+        // which key a retry must carry.
+        let key = self.inner.get_ref().write_key(&mut req);
+        StackFuture {
+            inner: self.inner.call(req),
+            key,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`Stack`].
+    #[derive(Debug)]
+    pub struct StackFuture<F> {
+        #[pin]
+        inner: F,
+        // The Idempotency-Key the stack chose, if it did.
+        key: Option<http::HeaderValue>,
+    }
+}
+
+impl<F, T> Future for StackFuture<F>
+where
+    F: Future<Output = Result<T, BoxError>>,
+{
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        this.inner.poll(cx).map_err(|e| {
+            let e = Error::from_box(e);
+            match this.key.take() {
+                Some(key) => e.with_generated_key(key),
+                None => e,
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::{derive_keys, IDEMPOTENCY_KEY};
+    use crate::retry::ReplayBody;
+    use http::HeaderValue;
+    use tower::{service_fn, ServiceExt};
+
+    /// The key a POST to `uri` was sent with, inside a keyed operation.
+    async fn derived(builder: StackBuilder, uri: &'static str) -> HeaderValue {
+        let echo = service_fn(|req: Request<ReplayBody<String>>| async move {
+            let key = req.headers()[IDEMPOTENCY_KEY].to_str().unwrap().to_owned();
+            Ok::<_, std::convert::Infallible>(Response::new(key))
+        });
+        let stack = builder.service(echo);
+        let req = Request::post(uri).body(String::new()).unwrap();
+        let resp = derive_keys("s", HeaderValue::from_static("k"), stack.oneshot(req))
+            .await
+            .unwrap();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap();
+        HeaderValue::from_bytes(&body.to_bytes()).unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_stacks_name_counts_its_derived_keys() {
+        let by_name = derived(
+            stack().name("shipping").idempotency_keys(),
+            "http://10.0.0.7/",
+        )
+        .await;
+        // In either order of the builder's calls.
+        let keys_first = derived(
+            stack().idempotency_keys().name("shipping"),
+            "http://10.0.0.7/",
+        )
+        .await;
+        assert_eq!(by_name, keys_first);
+        // The same key as an unnamed stack calling `shipping` by host.
+        assert_eq!(
+            by_name,
+            derived(stack().idempotency_keys(), "http://shipping/").await
+        );
+        assert_ne!(
+            by_name,
+            derived(stack().idempotency_keys(), "http://10.0.0.7/").await
+        );
+    }
+}
