@@ -38,7 +38,7 @@
 //! - `internal_detail`: only when configured, see above.
 //!
 //! ```json
-//! {"type": "https://docs.rs/resend-server/latest/tower_resend_server/problems/index.html#deadline_exceeded",
+//! {"type": "https://docs.rs/tower-resend-server/latest/tower_resend_server/problems/index.html#deadline_exceeded",
 //!  "title": "Deadline exceeded", "status": 504,
 //!  "detail": "the request's deadline ran out during a call to the upstream shipping",
 //!  "error": "deadline_exceeded", "error_source": "upstream", "upstream": "shipping",
@@ -200,7 +200,7 @@ pub const CONTENT_TYPE: &str = "application/problem+json";
 /// What every `type` begins with; the `error` code follows, naming its
 /// section of these docs.
 pub const TYPE_BASE: &str =
-    "https://docs.rs/resend-server/latest/tower_resend_server/problems/index.html#";
+    "https://docs.rs/tower-resend-server/latest/tower_resend_server/problems/index.html#";
 
 /// Every code, with its title: the types documented above.
 const TITLES: &[(&str, &str)] = &[
@@ -393,7 +393,7 @@ mod tests {
         let body = String::from_utf8(p.body().to_vec()).unwrap();
         assert_eq!(
             body,
-            "{\"type\":\"https://docs.rs/resend-server/latest/tower_resend_server/problems/index.html#idempotency_key_in_progress\",\
+            "{\"type\":\"https://docs.rs/tower-resend-server/latest/tower_resend_server/problems/index.html#idempotency_key_in_progress\",\
              \"title\":\"Request with this Idempotency-Key in progress\",\"status\":409,\"detail\":\"busy\",\
              \"error\":\"idempotency_key_in_progress\",\"upstream\":\"shipping\",\"attempts\":3}"
         );

@@ -44,7 +44,7 @@ fn assert_problem(status: StatusCode, body: &Value) {
     assert_eq!(
         body["type"],
         format!(
-            "https://docs.rs/resend-server/latest/tower_resend_server/problems/index.html#{code}"
+            "https://docs.rs/tower-resend-server/latest/tower_resend_server/problems/index.html#{code}"
         )
     );
     assert!(

@@ -190,7 +190,7 @@ mod tests {
         assert_eq!(
             a.problem().to_json(),
             serde_json::json!({
-                "type": "https://docs.rs/resend-server/latest/tower_resend_server/problems/index.html#deadline_exceeded",
+                "type": "https://docs.rs/tower-resend-server/latest/tower_resend_server/problems/index.html#deadline_exceeded",
                 "title": "Deadline exceeded",
                 "status": 504,
                 "detail": "the request's deadline ran out during a call to the upstream shipping",

@@ -15,7 +15,7 @@
 //! RFC 9457) of type [`deadline_exceeded`](crate::problems#deadline_exceeded):
 //!
 //! ```json
-//! {"type": "https://docs.rs/resend-server/latest/tower_resend_server/problems/index.html#deadline_exceeded",
+//! {"type": "https://docs.rs/tower-resend-server/latest/tower_resend_server/problems/index.html#deadline_exceeded",
 //!  "title": "Deadline exceeded", "status": 504,
 //!  "detail": "the request's deadline ran out during a call to the upstream shipping",
 //!  "error": "deadline_exceeded", "error_source": "upstream", "upstream": "shipping",

@@ -182,7 +182,7 @@ async fn a_budget_spent_on_arrival_is_504_deadline_and_nothing_runs() {
     assert_eq!(body["error"], "deadline_exceeded");
     assert_eq!(
         body["type"],
-        "https://docs.rs/resend-server/latest/tower_resend_server/problems/index.html#deadline_exceeded"
+        "https://docs.rs/tower-resend-server/latest/tower_resend_server/problems/index.html#deadline_exceeded"
     );
     assert_eq!(body["error_source"], "deadline");
     assert_eq!(body["upstream"], Value::Null);
