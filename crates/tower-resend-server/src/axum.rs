@@ -8,7 +8,7 @@ use tower_resend::retry::Stop;
 use tower_resend::{Deadline, Error, ErrorKind, Phase};
 
 use crate::deadline::{Attribution, ErrorSource};
-use crate::problems::Problem;
+use crate::problems::{Problem, ProblemType};
 
 /// A tower-resend client error, answered the way a server should pass it on: a
 /// [problem document](crate::problems) (`application/problem+json`), the
@@ -133,40 +133,33 @@ impl ClientErrorResponse {
         let mut p = match e.kind() {
             _ if caused_by_deadline(e) => deadline_exceeded(e),
             ErrorKind::OutcomeUnknown => Problem::new(
-                StatusCode::BAD_GATEWAY,
-                "outcome_unknown",
+                ProblemType::OutcomeUnknown,
                 format!("{the} may have acted on the request; verify (look the resource up) before sending it again"),
             ),
             ErrorKind::BudgetExhausted => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "upstream_overloaded",
+                ProblemType::UpstreamOverloaded,
                 format!("{the} is failing for many calls; try again later"),
             )
             .retry_after(Duration::from_secs(1)),
             ErrorKind::CircuitOpen => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "circuit_open",
+                ProblemType::CircuitOpen,
                 format!("{the} looks unwell and is not called for now (its circuit is open); nothing was sent; try again later"),
             )
             .retry_after(e.limit().unwrap_or(Duration::from_secs(1))),
             ErrorKind::AttemptTimeout => Problem::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
+                ProblemType::UpstreamTimeout,
                 format!("{the} did not answer in time"),
             ),
             ErrorKind::ConnectTimeout => Problem::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
+                ProblemType::UpstreamTimeout,
                 format!("{the} could not be reached in time; nothing was sent"),
             ),
             _ if e.is_not_sent() => Problem::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_failed",
+                ProblemType::UpstreamFailed,
                 format!("the call to {the} failed; nothing was sent"),
             ),
             _ => Problem::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_failed",
+                ProblemType::UpstreamFailed,
                 format!("the call to {the} failed"),
             ),
         };
@@ -263,7 +256,7 @@ fn internal_text(e: &Error) -> String {
 
 impl IntoResponse for ClientErrorResponse {
     fn into_response(self) -> Response {
-        let stored = self.problem().stored();
+        let stored = self.problem().stored(crate::problems::Protocol::Http);
         tracing::warn!(status = stored.status.as_u16(), error = %internal_text(&self.error), "upstream call failed");
         let mut resp = Response::new(axum::body::Body::from(stored.body));
         *resp.status_mut() = stored.status;

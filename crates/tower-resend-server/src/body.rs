@@ -1,11 +1,12 @@
 //! The response body of this crate's middleware: the inner service's own
-//! body, a buffered body (a stored or generated response), or a buffered
-//! prefix followed by the rest of a stream.
+//! body, a buffered body (a stored or generated response, with its trailers),
+//! or a buffered prefix followed by the rest of a stream.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -15,12 +16,14 @@ pin_project! {
     /// Request and response body of [`InboundDeadline`](crate::InboundDeadline) and
     /// [`Idempotency`](crate::Idempotency): the handler's body as it is, or
     /// bytes the middleware holds (a stored response replayed, a 504), or
-    /// both (bytes already read, then the rest of the handler's body).
+    /// both (bytes already read, then the rest of the handler's body). A
+    /// buffered body may end with trailers (a gRPC response's `grpc-status`).
     #[derive(Debug)]
     pub struct MaybeBuffered<B> {
         prefix: Option<Bytes>,
         #[pin]
         rest: Option<B>,
+        trailers: Option<HeaderMap>,
     }
 }
 
@@ -30,6 +33,7 @@ impl<B> MaybeBuffered<B> {
         Self {
             prefix: None,
             rest: Some(body),
+            trailers: None,
         }
     }
 
@@ -39,6 +43,15 @@ impl<B> MaybeBuffered<B> {
         Self {
             prefix: (!bytes.is_empty()).then_some(bytes),
             rest: None,
+            trailers: None,
+        }
+    }
+
+    /// A body of `bytes`, then `trailers` (if any).
+    pub fn with_trailers(bytes: impl Into<Bytes>, trailers: Option<HeaderMap>) -> Self {
+        Self {
+            trailers,
+            ..Self::full(bytes)
         }
     }
 
@@ -47,6 +60,7 @@ impl<B> MaybeBuffered<B> {
         Self {
             prefix: (!prefix.is_empty()).then_some(prefix),
             rest: Some(body),
+            trailers: None,
         }
     }
 
@@ -55,6 +69,7 @@ impl<B> MaybeBuffered<B> {
         Self {
             prefix: None,
             rest: None,
+            trailers: None,
         }
     }
 }
@@ -83,12 +98,14 @@ where
         }
         match this.rest.as_pin_mut() {
             Some(rest) => rest.poll_frame(cx).map_err(Into::into),
-            None => Poll::Ready(None),
+            None => Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.prefix.is_none() && self.rest.as_ref().is_none_or(Body::is_end_stream)
+        self.prefix.is_none()
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -108,10 +125,21 @@ where
     }
 }
 
-/// Reads `body` until it ends or more than `cap` bytes have come. Returns the
-/// bytes and whether the body ended (`false`: the cap was passed, and the
-/// body still holds the rest).
-pub(crate) async fn read_capped<B>(body: &mut B, cap: usize) -> Result<(Bytes, bool), BoxError>
+/// What [`read_capped`] read of a body.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Read {
+    /// The bytes: all of them, or the first ones past the cap.
+    pub(crate) bytes: Bytes,
+    /// Whether the body ended (`false`: the cap was passed, and the body
+    /// still holds the rest).
+    pub(crate) whole: bool,
+    /// The trailers it ended with, if any.
+    pub(crate) trailers: Option<HeaderMap>,
+}
+
+/// Reads `body` until it ends or more than `cap` bytes have come: the
+/// bytes, whether it ended, and its trailers.
+pub(crate) async fn read_capped<B>(body: &mut B, cap: usize) -> Result<Read, BoxError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -120,11 +148,17 @@ where
 
     let mut buf = bytes::BytesMut::new();
     let mut first: Option<Bytes> = None;
+    let mut trailers: Option<HeaderMap> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(Into::into)?;
-        let Ok(data) = frame.into_data() else {
-            // Trailers: nothing to keep for a buffered body.
-            continue;
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers.get_or_insert_with(HeaderMap::new).extend(t);
+                }
+                continue;
+            }
         };
         if first.is_none() && buf.is_empty() {
             first = Some(data);
@@ -137,10 +171,18 @@ where
         let len = first.as_ref().map_or(buf.len(), Bytes::len);
         if len > cap {
             let bytes = first.unwrap_or_else(|| buf.freeze());
-            return Ok((bytes, false));
+            return Ok(Read {
+                bytes,
+                whole: false,
+                trailers,
+            });
         }
     }
-    Ok((first.unwrap_or_else(|| buf.freeze()), true))
+    Ok(Read {
+        bytes: first.unwrap_or_else(|| buf.freeze()),
+        whole: true,
+        trailers,
+    })
 }
 
 #[cfg(test)]
@@ -179,19 +221,39 @@ mod tests {
     #[tokio::test]
     async fn read_capped_stops_past_the_cap() {
         let mut body = Chunks(10);
-        let (bytes, done) = read_capped(&mut body, 25).await.unwrap();
-        assert!(!done);
-        assert_eq!(bytes.len(), 30);
-        let rest = MaybeBuffered::chain(bytes, body)
+        let read = read_capped(&mut body, 25).await.unwrap();
+        assert!(!read.whole);
+        assert_eq!(read.bytes.len(), 30);
+        let rest = MaybeBuffered::chain(read.bytes, body)
             .collect()
             .await
             .unwrap()
             .to_bytes();
         assert_eq!(rest.len(), 100);
         let mut small = Full::new(Bytes::from("hello"));
-        assert_eq!(
-            read_capped(&mut small, 5).await.unwrap(),
-            (Bytes::from("hello"), true)
-        );
+        let read = read_capped(&mut small, 5).await.unwrap();
+        assert_eq!((read.bytes, read.whole), (Bytes::from("hello"), true));
+    }
+
+    /// A gRPC response's trailers are read with its body, and a buffered
+    /// body gives them back after its bytes.
+    #[tokio::test]
+    async fn trailers_are_read_and_given_back() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let frames = [
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"msg"))),
+            Ok(Frame::trailers(trailers.clone())),
+        ];
+        let mut body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        let read = read_capped(&mut body, 1024).await.unwrap();
+        assert_eq!(read.bytes, "msg");
+        assert!(read.whole);
+        assert_eq!(read.trailers.as_ref(), Some(&trailers));
+
+        let again = MaybeBuffered::<Full<Bytes>>::with_trailers(read.bytes, read.trailers);
+        let collected = again.collect().await.unwrap();
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(collected.to_bytes(), "msg");
     }
 }

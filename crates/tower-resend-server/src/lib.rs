@@ -75,7 +75,7 @@ pub mod store;
 pub use axum::ClientErrorResponse;
 pub use body::MaybeBuffered;
 pub use deadline::{InboundDeadline, InboundDeadlineLayer};
-pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyStats, NothingDone};
+pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyStats, KeepResponse, NothingDone};
 #[cfg(feature = "postgres")]
 pub use idempotency::{IdempotentTx, PostgresTransactional};
 #[cfg(feature = "postgres")]

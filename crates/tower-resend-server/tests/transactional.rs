@@ -25,7 +25,7 @@ use http_body_util::BodyExt;
 use sqlx::{PgPool, Row};
 use tokio::sync::OnceCell;
 use tower::ServiceExt;
-use tower_resend_server::idempotency::NothingDone;
+use tower_resend_server::idempotency::{KeepResponse, NothingDone};
 use tower_resend_server::{IdempotencyLayer, IdempotentTx, InboundDeadlineLayer, PostgresStore};
 
 const TABLE: &str = "resend_idempotency_tx_test";
@@ -113,7 +113,7 @@ async fn records(pool: &PgPool, key: &str) -> i64 {
 
 /// What the handler does, from the query: `op=` names its effect; `ms=`
 /// is how long it works (holding its transaction) after writing it; `then=`
-/// how it ends: `500`, `nothing` (503 marked NothingDone), `429`, `panic`,
+/// how it ends: `500`, `500kept` (marked KeepResponse), `conflict` (a failed statement, answered 409), `ignore` (a failed statement, answered 201), `nothing` (503 marked NothingDone), `429`, `panic`,
 /// `forget` (it deletes its key's claim row through its transaction, then
 /// answers 201), or else 201; `size=` pads a 201's body to that many bytes.
 struct How {
@@ -164,6 +164,11 @@ async fn charge(
             .await
             .unwrap();
     }
+    // A statement of the handler's that fails aborts its transaction.
+    let failed = match how.then.as_str() {
+        "conflict" | "ignore" => sqlx::query("SELECT 1 / 0").execute(&mut *tx).await.is_err(),
+        _ => false,
+    };
     if how.ms > 0 {
         tokio::time::sleep(Duration::from_millis(how.ms)).await;
     }
@@ -171,6 +176,16 @@ async fn charge(
     let run = uuid::Uuid::new_v4().simple().to_string();
     match how.then.as_str() {
         "500" => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed {run}")).into_response(),
+        "500kept" => {
+            let mut r =
+                (StatusCode::INTERNAL_SERVER_ERROR, format!("failed {run}")).into_response();
+            r.extensions_mut().insert(KeepResponse);
+            r
+        }
+        // The handler's own answer to its statement's failure.
+        "conflict" if failed => {
+            (StatusCode::CONFLICT, format!("already there {run}")).into_response()
+        }
         "429" => (StatusCode::TOO_MANY_REQUESTS, "slow down").into_response(),
         "nothing" => {
             let mut r = (StatusCode::SERVICE_UNAVAILABLE, "try later").into_response();
@@ -270,15 +285,16 @@ async fn the_record_commits_with_the_work() {
     assert_committed_together(&pool, &key, &op).await;
 }
 
-/// What is kept: a final response commits with its work (5xx included);
-/// nothing done (NothingDone, 429), a panic or the deadline roll the work
-/// back with the claim, so the retry runs on a clean slate.
+/// What is kept: a final response commits with its work, a 5xx only when
+/// the handler marks it `KeepResponse`; nothing done (NothingDone, 429), a
+/// 5xx, a panic or the deadline roll the work back with the claim, so the
+/// retry runs on a clean slate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_commits_and_what_rolls_back() {
     let Some(pool) = pool().await else { return };
-    // A 500: committed, replayed, not run again.
+    // A 500 the handler keeps: committed, replayed, not run again.
     let (op, key) = (unique("op"), unique("k"));
-    let q = format!("op={op}&then=500");
+    let q = format!("op={op}&then=500kept");
     let first = app(&pool).oneshot(req(Some(&key), &q, "a")).await.unwrap();
     assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let body = text(first).await;
@@ -286,19 +302,22 @@ async fn what_commits_and_what_rolls_back() {
     assert!(replayed(again.headers()));
     assert_eq!(text(again).await, body);
     assert_eq!(effects(&pool, &op).await, 1);
-    // Rolled back, then the retry (told to succeed) runs and commits once.
-    for then in ["nothing", "429", "panic"] {
+    // Rolled back, then the retry runs again: the handler's own answer each
+    // time (the 500's body says which run), nothing replayed.
+    for then in ["500", "nothing", "429", "panic"] {
         let (op, key) = (unique("op"), unique("k"));
         let first = app(&pool)
             .oneshot(req(Some(&key), &format!("op={op}&then={then}"), "a"))
             .await
             .unwrap();
         assert!(first.status().as_u16() >= 429, "{then}: {}", first.status());
+        let first_body = text(first).await;
         assert_eq!(
             effects(&pool, &op).await,
             0,
             "{then}: the work is rolled back"
         );
+        assert_eq!(records(&pool, &key).await, 0, "{then}: the key is free");
         // (Same fingerprint: the query is part of it, so the retry says
         // `then` the same way; the handler's outcome differs only by run.)
         let retry = app(&pool)
@@ -306,6 +325,9 @@ async fn what_commits_and_what_rolls_back() {
             .await
             .unwrap();
         assert!(!replayed(retry.headers()), "{then}: the retry runs again");
+        if then == "500" {
+            assert_ne!(text(retry).await, first_body, "a second run answers");
+        }
         assert_eq!(effects(&pool, &op).await, 0, "{then}");
     }
     // The deadline cuts the handler: rolled back (the effect written before
@@ -323,6 +345,40 @@ async fn what_commits_and_what_rolls_back() {
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert!(!replayed(retry.headers()));
     assert_eq!(effects(&pool, &op).await, 1);
+}
+
+/// A statement of the handler's that fails (here a division by zero; a
+/// unique violation alike) aborts its transaction: the handler's own answer
+/// to it is the answer, nothing is kept, and the key is free (not 503
+/// "commit outcome unknown": an aborted transaction cannot commit). A
+/// handler that answers as if it had succeeded gets a 500 that says nothing
+/// was committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_statement_in_the_handler_is_its_answer_not_an_unknown_commit() {
+    let Some(pool) = pool().await else { return };
+    for (then, status, error) in [
+        ("conflict", StatusCode::CONFLICT, None),
+        (
+            "ignore",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Some("transaction_aborted"),
+        ),
+    ] {
+        let (op, key) = (unique("op"), unique("k"));
+        let q = format!("op={op}&then={then}");
+        for run in 0..2 {
+            let resp = app(&pool).oneshot(req(Some(&key), &q, "a")).await.unwrap();
+            assert_eq!(resp.status(), status, "{then}, run {run}");
+            assert!(!replayed(resp.headers()), "{then}: nothing is kept");
+            let body = text(resp).await;
+            match error {
+                Some(code) => assert!(body.contains(code), "{then}: {body}"),
+                None => assert!(body.starts_with("already there"), "{then}: {body}"),
+            }
+            assert_eq!(effects(&pool, &op).await, 0, "{then}");
+            assert_eq!(records(&pool, &key).await, 0, "{then}: the key is free");
+        }
+    }
 }
 
 /// A POST without a key gets a transaction too, committed by the same rule,
@@ -701,6 +757,7 @@ mod traced {
 
 const CLAIMED_WITH_BEGIN: &str = "idempotency key claimed with its transaction's BEGIN";
 const NOT_NEW: &str = "idempotency key not new: claimed the long way";
+const REPLAYING: &str = "replaying a stored response";
 const STILL_WAITING: &str = "idempotency key claim still waiting: claimed the long way";
 const RECORDED_WITH_COMMIT: &str = "idempotent response recorded with the COMMIT";
 const RECORDED_THEN_COMMITTED: &str = "idempotent response recorded, then committed";
@@ -780,7 +837,13 @@ async fn a_key_that_is_not_new_takes_the_long_way() {
     assert_eq!(effects(&pool, &op).await, 1);
     assert_eq!(
         traced::of(&key),
-        [CLAIMED_WITH_BEGIN, RECORDED_WITH_COMMIT, NOT_NEW, NOT_NEW]
+        [
+            CLAIMED_WITH_BEGIN,
+            RECORDED_WITH_COMMIT,
+            NOT_NEW,
+            REPLAYING,
+            NOT_NEW
+        ]
     );
     // An expired record: the plain INSERT conflicts with it, and the long
     // way takes it over; the work runs again, once.
@@ -795,7 +858,7 @@ async fn a_key_that_is_not_new_takes_the_long_way() {
     assert_eq!(after.status(), StatusCode::CREATED);
     assert!(!replayed(after.headers()));
     assert_eq!(effects(&pool, &op).await, 2);
-    assert_eq!(traced::of(&key)[4..], [NOT_NEW, RECORDED_WITH_COMMIT]);
+    assert_eq!(traced::of(&key)[5..], [NOT_NEW, RECORDED_WITH_COMMIT]);
 }
 
 /// A claim that fails in its one round trip leaves its connection out of

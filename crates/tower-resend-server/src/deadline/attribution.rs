@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::CONTENT_TYPE;
-use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use http::Response;
 use serde_json::{Map, Value};
 use tower_resend::deadline::{Snapshot, Source};
 
 use crate::body::MaybeBuffered;
-use crate::problems::{ms, Problem};
+use crate::problems::{ms, Problem, ProblemType, Protocol};
 use crate::store::StoredResponse;
 
 /// Where a request's time ran out, as the 504 body says it.
@@ -89,12 +87,9 @@ impl Attribution {
             "unattributed".into(),
             ms(self.elapsed.saturating_sub(attributed)),
         );
-        let mut p = Problem::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "deadline_exceeded",
-            self.detail(),
-        )
-        .with("error_source", self.source.as_str());
+        let mut p = Problem::new(ProblemType::DeadlineExceeded, self.detail())
+            .with("error_source", self.source.as_str())
+            .grpc_message(self.summary());
         match (self.source, &self.name) {
             (ErrorSource::Upstream, Some(name)) => p = p.with("upstream", name.as_str()),
             (ErrorSource::Internal, Some(name)) => p = p.with("internal", name.as_str()),
@@ -137,32 +132,15 @@ impl Attribution {
     }
 
     /// 504 with the problem document; for a gRPC request, the gRPC way:
-    /// `grpc-status: 4` (DEADLINE_EXCEEDED) in a trailers-only response.
-    pub(crate) fn response<B>(&self, grpc: bool) -> Response<MaybeBuffered<B>> {
-        let stored = self.stored(grpc);
-        let mut resp = Response::new(MaybeBuffered::full(stored.body));
-        *resp.status_mut() = stored.status;
-        *resp.headers_mut() = stored.headers;
-        resp
+    /// `grpc-status: 4` (DEADLINE_EXCEEDED) in a trailers-only response,
+    /// the summary in `grpc-message`.
+    pub(crate) fn response<B>(&self, protocol: Protocol) -> Response<MaybeBuffered<B>> {
+        self.problem().response(protocol)
     }
 
     /// [`response`](Self::response), as a record keeps it.
-    pub(crate) fn stored(&self, grpc: bool) -> StoredResponse {
-        if !grpc {
-            return self.problem().stored();
-        }
-        let mut headers = HeaderMap::new();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert("grpc-status", HeaderValue::from_static("4"));
-        if let Ok(v) = HeaderValue::from_str(&self.summary().replace('%', "%25")) {
-            headers.insert("grpc-message", v);
-        }
-        StoredResponse {
-            status: StatusCode::OK,
-            headers,
-            body: Bytes::new(),
-            body_omitted: false,
-        }
+    pub(crate) fn stored(&self, protocol: Protocol) -> StoredResponse {
+        self.problem().stored(protocol)
     }
 }
 
@@ -201,9 +179,16 @@ mod tests {
                 "spent_ms": {"total": 2000, "upstream": {"shipping": 1500}, "internal": {"db": 300}, "unattributed": 200}
             })
         );
-        let stored = a.stored(false);
-        assert_eq!(stored.status, StatusCode::GATEWAY_TIMEOUT);
+        let stored = a.stored(Protocol::Http);
+        assert_eq!(stored.status, http::StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(stored.headers["content-type"], "application/problem+json");
         assert_eq!(a.summary(), "deadline exceeded in upstream shipping");
+        let grpc = a.stored(Protocol::Grpc);
+        assert_eq!(grpc.status, http::StatusCode::OK);
+        assert_eq!(grpc.headers["grpc-status"], "4");
+        assert_eq!(
+            grpc.headers["grpc-message"],
+            "deadline exceeded in upstream shipping"
+        );
     }
 }

@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use super::attribution::Attribution;
 use crate::body::MaybeBuffered;
+use crate::problems::Protocol;
 
 pin_project! {
     /// Calls the service on the first poll, so that its `call` too runs
@@ -67,7 +68,7 @@ pin_project! {
             ledger: TimeLedger,
             start: Instant,
             budget: Duration,
-            grpc: bool,
+            protocol: Protocol,
         },
         Expired { response: Option<Response<MaybeBuffered<B>>> },
     }
@@ -90,7 +91,7 @@ where
         ledger: TimeLedger,
         start: Instant,
         budget: Duration,
-        grpc: bool,
+        protocol: Protocol,
     ) -> Self {
         let lazy = Lazy {
             service: Some(service),
@@ -104,7 +105,7 @@ where
                 ledger,
                 start,
                 budget,
-                grpc,
+                protocol,
             },
         }
     }
@@ -132,7 +133,7 @@ where
                 ledger,
                 start,
                 budget,
-                grpc,
+                protocol,
             } => {
                 if let Poll::Ready(r) = inner.poll(cx) {
                     return Poll::Ready(r.map(|resp| resp.map(MaybeBuffered::inner)));
@@ -147,7 +148,7 @@ where
                     "inbound deadline exceeded: {}",
                     a.summary()
                 );
-                Poll::Ready(Ok(a.response(*grpc)))
+                Poll::Ready(Ok(a.response(*protocol)))
             }
             StateProj::Expired { response } => match response.take() {
                 Some(r) => Poll::Ready(Ok(r)),

@@ -11,6 +11,7 @@ use super::attribution::{Attribution, ErrorSource};
 use super::future::ResponseFuture;
 use super::layer::{Config, InboundDeadlineLayer};
 use crate::body::MaybeBuffered;
+use crate::problems::Protocol;
 
 /// Middleware that runs each request inside the caller's deadline; see
 /// [`InboundDeadlineLayer`].
@@ -52,12 +53,6 @@ impl<S> InboundDeadline<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
-}
-
-pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
-    req.headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 impl Config {
@@ -106,7 +101,7 @@ where
         if let Some(d) = Deadline::current() {
             deadline = deadline.min(d);
         }
-        let grpc = is_grpc(&req);
+        let protocol = Protocol::of(req.headers());
         if deadline.is_expired() {
             tracing::warn!(
                 ?budget,
@@ -119,11 +114,19 @@ where
                 elapsed: Duration::ZERO,
                 snapshot: Default::default(),
             };
-            return ResponseFuture::expired(a.response(grpc));
+            return ResponseFuture::expired(a.response(protocol));
         }
         req.extensions_mut().insert(deadline);
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(inner, req, deadline, TimeLedger::new(), start, budget, grpc)
+        ResponseFuture::new(
+            inner,
+            req,
+            deadline,
+            TimeLedger::new(),
+            start,
+            budget,
+            protocol,
+        )
     }
 }

@@ -1,22 +1,22 @@
-//! Where a layer keeps its records, and so how a keyed request runs: under a
-//! lease in a [`Store`], or inside the handler's own transaction
-//! ([`PostgresTransactional`](crate::PostgresTransactional)).
+//! Where a layer keeps its records, and so what holds a key while its
+//! handler runs: a lease in a [`Store`], or the handler's own transaction
+//! ([`PostgresTransactional`](crate::PostgresTransactional)). The rules
+//! ([`rules`](super::rules)) and the flow of a request
+//! ([`keyed`](super::keyed)) are the same for both; a backend only does the
+//! I/O of its mode.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body::Body;
-use tower_resend::{BoxError, Deadline};
-use tower_service::Service;
+use http::{Extensions, StatusCode};
+use tower_resend::Deadline;
 
-use super::future::Slow;
+use super::config::Shared;
 use super::request::Key;
-use super::run::{run, LeaseGuard};
-use super::service::Shared;
-use crate::body::MaybeBuffered;
-use crate::store::Store;
+use super::rules::{Kept, Mode};
+use crate::store::{Begin, Fingerprint, LeaseState, Store, StoreError, StoredResponse, Ttl};
 
 /// Where an [`IdempotencyLayer`](crate::IdempotencyLayer) keeps its records:
 /// any [`Store`] (the memory, Redis and PostgreSQL stores, or your own), or
@@ -25,63 +25,28 @@ use crate::store::Store;
 /// while the handler runs (a lease, or the handler's transaction).
 ///
 /// Sealed: implement [`Store`] to bring a store of your own.
-pub trait Backend: sealed::Sealed + Clone + Send + Sync + 'static {}
+pub trait Backend: sealed::Sealed {}
 
 impl<St: Store> Backend for St {}
 
-/// The handler a backend runs a request through: the inner service, on
-/// the request with its body read (or not), sent to other tasks.
-pub(crate) trait Handler<B, RB>:
-    Service<
-        Request<MaybeBuffered<B>>,
-        Response = Response<RB>,
-        Future: Send + 'static,
-        Error: Send + 'static,
-    > + Send
-    + 'static
-{
-}
-
-impl<T, B, RB> Handler<B, RB> for T
-where
-    T: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
-    T::Future: Send + 'static,
-    T::Error: Send + 'static,
-{
-}
-
-/// A request body the layer takes: bytes, with an error it can box.
-pub(crate) trait RequestBody:
-    Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
-{
-}
-
-impl<T> RequestBody for T
-where
-    T: Body<Data = Bytes> + Send + 'static,
-    T::Error: Into<BoxError>,
-{
-}
-
-/// A handler's response body, which the layer reads to store it.
-pub(crate) trait ResponseBody:
-    Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
-{
-}
-
-impl<T> ResponseBody for T
-where
-    T: Body<Data = Bytes> + Send + Unpin + 'static,
-    T::Error: Into<BoxError>,
-{
-}
-
-/// What the layer knows of a keyed request when it hands it to the backend.
-pub(crate) struct Keyed {
-    pub(crate) scope: Cow<'static, str>,
-    pub(crate) key: Key,
+/// What a keyed request asks of its backend.
+#[derive(Debug)]
+pub(crate) struct KeyClaim<'a> {
+    pub(crate) scope: &'a Cow<'static, str>,
+    pub(crate) key: &'a Key,
+    pub(crate) fingerprint: Fingerprint,
+    /// The lease, sized from the deadline, and the record's life.
+    pub(crate) ttl: Ttl,
     pub(crate) deadline: Option<Deadline>,
-    pub(crate) grpc: bool,
+}
+
+/// What a claim found: what holds the key (for the rules), and the hold
+/// when the key may be this request's. A hold dropped before its handler
+/// starts gives the key back.
+#[derive(Debug)]
+pub(crate) struct Claimed<H> {
+    pub(crate) found: Result<Begin, StoreError>,
+    pub(crate) hold: Option<H>,
 }
 
 // The sealed trait names crate-private types: it cannot be named, nor
@@ -90,72 +55,64 @@ pub(crate) struct Keyed {
 pub(crate) mod sealed {
     use super::*;
 
-    /// How a backend runs requests (not nameable outside the crate).
-    pub trait Sealed: Sized {
-        /// Whether unsafe requests without a key go through the backend
-        /// too ([`unkeyed`](Self::unkeyed)) rather than straight to the
-        /// handler.
-        const TAKES_UNKEYED: bool;
+    /// The I/O of a backend's mode (not nameable outside the crate).
+    pub trait Sealed: Clone + Send + Sync + 'static {
+        /// What holds a key while its handler runs.
+        const MODE: Mode;
+        /// A claimed key: a lease, or a transaction.
+        type Hold: Send + Sync + 'static;
 
-        /// A keyed request, start to end.
-        fn keyed<S, B, RB>(
-            shared: Arc<Shared<Self>>,
-            keyed: Keyed,
-            inner: S,
-            parts: http::request::Parts,
-            body: B,
-        ) -> Slow<RB, S::Error>
-        where
-            S: Handler<B, RB>,
-            B: RequestBody,
-            RB: ResponseBody;
+        /// Claims the key (each wait for the store bounded by its
+        /// timeout), or says what holds it.
+        fn claim(
+            shared: &Arc<Shared<Self>>,
+            claim: &KeyClaim<'_>,
+        ) -> impl Future<Output = Claimed<Self::Hold>> + Send;
 
-        /// An unsafe request without a key, when [`TAKES_UNKEYED`](Self::TAKES_UNKEYED).
-        fn unkeyed<S, B, RB>(
-            shared: Arc<Shared<Self>>,
-            deadline: Option<Deadline>,
-            inner: S,
-            req: Request<MaybeBuffered<B>>,
-        ) -> Slow<RB, S::Error>
-        where
-            S: Handler<B, RB>,
-            B: RequestBody,
-            RB: ResponseBody;
-    }
+        /// A hold for an unsafe request without a key
+        /// ([`Action::Transact`](super::super::rules::Action::Transact)).
+        fn transact(
+            shared: &Arc<Shared<Self>>,
+        ) -> impl Future<Output = Result<Self::Hold, StoreError>> + Send;
 
-    impl<St: Store> Sealed for St {
-        const TAKES_UNKEYED: bool = false;
+        /// The handler starts now: from here on the hold is never given
+        /// back on a drop (the work may have been done). What the handler
+        /// needs of it goes in its request's `extensions`.
+        fn start(hold: &mut Self::Hold, extensions: &mut Extensions);
 
-        fn keyed<S, B, RB>(
-            shared: Arc<Shared<Self>>,
-            keyed: Keyed,
-            inner: S,
-            parts: http::request::Parts,
-            body: B,
-        ) -> Slow<RB, S::Error>
-        where
-            S: Handler<B, RB>,
-            B: RequestBody,
-            RB: ResponseBody,
-        {
-            let guard = LeaseGuard::new(shared, keyed);
-            run(inner, guard, parts, body)
-        }
+        /// How often the hold is renewed while the handler runs, if at all.
+        fn renew_every(hold: &Self::Hold) -> Option<Duration>;
 
-        fn unkeyed<S, B, RB>(
-            _: Arc<Shared<Self>>,
-            _: Option<Deadline>,
-            mut inner: S,
-            req: Request<MaybeBuffered<B>>,
-        ) -> Slow<RB, S::Error>
-        where
-            S: Handler<B, RB>,
-            B: RequestBody,
-            RB: ResponseBody,
-        {
-            // (Not called: a store leaves unkeyed requests alone.)
-            let fut = inner.call(req);
-            Box::pin(async move { fut.await.map(|r| r.map(MaybeBuffered::inner)) })
-        }
+        /// Renews the hold (bounded by the store timeout).
+        fn renew(
+            shared: &Arc<Shared<Self>>,
+            hold: &Self::Hold,
+        ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send;
+
+        /// Takes the hold back from the ended handler: false when the
+        /// handler kept it (a transaction it did not let go of).
+        fn take_back(
+            shared: &Arc<Shared<Self>>,
+            hold: &mut Self::Hold,
+        ) -> impl Future<Output = bool> + Send;
+
+        /// Keeps `record` as the key's end (a store's `complete`; a
+        /// transaction's record and commit), the handler having answered
+        /// `status`.
+        fn keep(
+            shared: &Arc<Shared<Self>>,
+            hold: &mut Self::Hold,
+            record: &StoredResponse,
+            status: StatusCode,
+        ) -> impl Future<Output = Kept> + Send;
+
+        /// The store did not take `record`: holds it in this process and
+        /// stores it in the background.
+        fn hold(shared: &Arc<Shared<Self>>, hold: Self::Hold, record: StoredResponse);
+
+        /// Gives the key back: the lease released, the transaction rolled
+        /// back.
+        fn release(shared: &Arc<Shared<Self>>, hold: Self::Hold)
+            -> impl Future<Output = ()> + Send;
     }
 }

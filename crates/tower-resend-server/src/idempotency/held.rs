@@ -10,14 +10,23 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::layer::{Config, MAX_HELD};
-use super::rules::{self, OnRenew, OnStore};
-use super::service::with_timeout;
+use super::rules::{decide, Action, Kept, Step};
+use super::store_call::with_timeout;
 use super::IdempotencyStats;
 use crate::store::{Begin, Claim, Fingerprint, RecordKey, Store, StoredResponse, Ttl};
+
+/// The most responses one layer holds while the store does not take them.
+const MAX_HELD: usize = 10_000;
+
+/// How long a store call may take, and how long a response is retried.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Retrying {
+    pub(crate) store_timeout: Duration,
+    pub(crate) retry_for: Duration,
+}
 
 /// A held response's key (scope, key), and what is held: its request's
 /// fingerprint and the response.
@@ -91,22 +100,18 @@ impl Held {
 /// background: again and again, each try bounded by the store timeout, with
 /// a backoff from 100 ms to a third of the lease (5 s at most), renewing the
 /// lease at each try that fails, until the store takes it or
-/// `store_retry_for` has passed.
+/// `retrying.retry_for` has passed.
 pub(crate) fn store_later<St: Store>(
     store: &St,
-    config: &Config,
+    held: &Arc<Held>,
+    stats: &IdempotencyStats,
+    retrying: Retrying,
     claim: &Claim<'_>,
     response: StoredResponse,
     ttl: Ttl,
 ) {
-    let held = &config.held;
-    if !held.hold(
-        &claim.key,
-        claim.fingerprint,
-        response.clone(),
-        &config.stats,
-    ) {
-        config.stats.count_unstored();
+    if !held.hold(&claim.key, claim.fingerprint, response.clone(), stats) {
+        stats.count_unstored();
         tracing::error!(
             key = claim.key.key,
             "idempotency store unavailable and too many responses held: this response is given up, and a retry of its key may run the work again"
@@ -116,7 +121,7 @@ pub(crate) fn store_later<St: Store>(
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let (store, config) = (store.clone(), config.clone());
+    let (store, held, stats) = (store.clone(), Arc::clone(held), stats.clone());
     let (scope, key): (Box<str>, Box<str>) = (claim.key.scope.into(), claim.key.key.into());
     let (fingerprint, token) = (claim.fingerprint, claim.token);
     runtime.spawn(async move {
@@ -128,22 +133,22 @@ pub(crate) fn store_later<St: Store>(
             fingerprint,
             token,
         };
-        let outcome = retry(&store, &config, &claim, &response, ttl).await;
-        config.held.forget(&claim.key, &config.stats);
+        let outcome = retry(&store, retrying, &claim, &response, ttl).await;
+        held.forget(&claim.key, &stats);
         match outcome {
-            Some(OnStore::Stored) => {
-                config.stats.count_stored_late();
+            Some(Action::Answered | Action::AlreadyStored) => {
+                stats.count_stored_late();
                 tracing::info!(key = &*key, "idempotent response stored late: the store answers for it again");
             }
-            Some(OnStore::LeaseLost) => {
-                config.stats.count_lease_lost();
+            Some(Action::LeaseLost) => {
+                stats.count_lease_lost();
                 tracing::error!(key = &*key, "idempotency lease lost before the response could be stored: another run of this key may have happened");
             }
-            Some(OnStore::Hold) | None => {
-                config.stats.count_unstored();
+            _ => {
+                stats.count_unstored();
                 tracing::error!(
                     key = &*key,
-                    period = ?config.store_retry_for,
+                    period = ?retrying.retry_for,
                     "idempotency store did not take a response in time: it is given up, and a retry of its key may run the work again"
                 );
             }
@@ -151,14 +156,16 @@ pub(crate) fn store_later<St: Store>(
     });
 }
 
+/// Stores `response` until the store answers: what it answered at last
+/// (stored, or the lease lost), or `None` when the time is up.
 async fn retry<St: Store>(
     store: &St,
-    config: &Config,
+    retrying: Retrying,
     claim: &Claim<'_>,
     response: &StoredResponse,
     ttl: Ttl,
-) -> Option<OnStore> {
-    let give_up = tokio::time::Instant::now() + config.store_retry_for;
+) -> Option<Action> {
+    let give_up = tokio::time::Instant::now() + retrying.retry_for;
     // Never longer than a third of the lease between tries: the lease is
     // renewed at each try that does not store, so that no other process
     // takes the key over while this one holds its response.
@@ -170,19 +177,21 @@ async fn retry<St: Store>(
             return None;
         }
         tokio::time::sleep_until(at).await;
-        let found = with_timeout(config.store_timeout, store.complete(claim, response, ttl)).await;
-        match rules::on_store(&found) {
-            OnStore::Hold => {
-                if let Err(e) = found {
-                    tracing::debug!(error = %e, "idempotency store still unavailable");
-                }
-                let renewed = with_timeout(config.store_timeout, store.renew(claim, ttl)).await;
-                if rules::on_renew(&renewed) == OnRenew::Lost {
-                    return Some(OnStore::LeaseLost);
-                }
-                wait = (wait * 2).min(most);
-            }
+        let timeout = retrying.store_timeout;
+        let found = with_timeout(timeout, store.complete(claim, response, ttl)).await;
+        if let Err(e) = &found {
+            tracing::debug!(error = %e, "idempotency store still unavailable");
+        }
+        match decide(Step::Kept(Kept::Stored(found))) {
+            Action::Hold => {}
             done => return Some(done),
+        }
+        // Not stored: the lease is kept meanwhile. A renewal that finds the
+        // response stored (the last `complete` landed after all) is done.
+        let renewed = with_timeout(timeout, store.renew(claim, ttl)).await;
+        match decide(Step::Renewed(renewed)) {
+            done @ (Action::LeaseLost | Action::AlreadyStored) => return Some(done),
+            _ => wait = (wait * 2).min(most),
         }
     }
 }
@@ -192,12 +201,11 @@ mod tests {
     use super::*;
 
     fn response() -> StoredResponse {
-        StoredResponse {
-            status: http::StatusCode::CREATED,
-            headers: http::HeaderMap::new(),
-            body: bytes::Bytes::from_static(b"done"),
-            body_omitted: false,
-        }
+        StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"done"),
+        )
     }
 
     /// Holding and letting go keep the `held` gauge at what is held (the

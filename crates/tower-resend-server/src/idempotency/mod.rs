@@ -101,45 +101,56 @@
 //! ```
 
 mod backend;
+mod config;
 mod future;
 mod held;
+mod keyed;
 mod layer;
-mod renewals;
+mod lease;
 mod request;
 mod response;
 mod rules;
-mod run;
 mod service;
 mod stats;
+mod store_call;
+mod supervise;
 mod telemetry;
 #[cfg(feature = "postgres")]
 mod transactional;
 
 pub use backend::Backend;
-pub use future::ResponseFuture;
-pub use layer::{
-    Anonymous, IdempotencyLayer, DEFAULT_LEASE, DEFAULT_RECORD_TTL, DEFAULT_REQUEST_CAP,
-    DEFAULT_RESPONSE_CAP, DEFAULT_RETRY_AFTER, DEFAULT_STORE_RETRY_FOR, DEFAULT_STORE_TIMEOUT,
-    LEASE_RANGE, RECORD_TTL_RANGE, RETRY_AFTER_RANGE, STORE_TIMEOUT_RANGE, X_API_KEY,
+pub use config::{
+    Anonymous, DEFAULT_LEASE, DEFAULT_RECORD_TTL, DEFAULT_REQUEST_CAP, DEFAULT_RESPONSE_CAP,
+    DEFAULT_RETRY_AFTER, DEFAULT_STORE_RETRY_FOR, DEFAULT_STORE_TIMEOUT, LEASE_RANGE,
+    RECORD_TTL_RANGE, RETRY_AFTER_RANGE, STORE_TIMEOUT_RANGE, X_API_KEY,
 };
+pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
 pub use request::{
     credential_scope, CREDENTIAL_HEADERS, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED,
     IDEMPOTENT_REPLAYED, X_IDEMPOTENCY_KEY,
 };
+pub use response::{IDEMPOTENT_KEEP, IDEMPOTENT_NOTHING_DONE};
 pub use service::Idempotency;
 pub use stats::IdempotencyStats;
 #[cfg(feature = "postgres")]
 pub use transactional::{HandlerTransaction, IdempotentTx, NoTransaction, PostgresTransactional};
 
 /// A response extension by which a handler says that it did nothing: the
-/// layer then drops the lease instead of storing the response, so the
-/// caller's retry runs the handler again.
+/// layer then drops the lease (or rolls the transaction back) instead of
+/// keeping the response, so the caller's retry runs the handler again.
 ///
 /// Set it only when nothing at all was done — validation failed before any
 /// write, an upstream said the request was never sent or processed.
 /// [`ClientErrorResponse`](crate::ClientErrorResponse) sets it for tower-resend
 /// client errors that say so
 /// ([`nothing_processed`](tower_resend::Error::nothing_processed)).
+///
+/// A handler that cannot set a response extension says the same with the
+/// header (or gRPC trailer) [`IDEMPOTENT_NOTHING_DONE`]`: true`, which the
+/// layer takes off: a tonic handler, in its `Status`'s metadata. A gRPC
+/// UNAVAILABLE, or RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`, says
+/// it without a mark.
 ///
 /// ```
 /// use http::{Response, StatusCode};
@@ -149,5 +160,37 @@ pub use transactional::{HandlerTransaction, IdempotentTx, NoTransaction, Postgre
 /// *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
 /// resp.extensions_mut().insert(NothingDone);
 /// ```
+///
+/// From a tonic handler:
+///
+/// ```
+/// use tower_resend_server::idempotency::IDEMPOTENT_NOTHING_DONE;
+///
+/// let mut status = tonic::Status::failed_precondition("the account is frozen; nothing was charged");
+/// status.metadata_mut().insert(IDEMPOTENT_NOTHING_DONE.as_str(), "true".parse().unwrap());
+/// # let _ = status;
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NothingDone;
+
+/// A response extension by which a handler says that its response is the
+/// operation's end even though it is a server error: under
+/// [`PostgresTransactional`](crate::PostgresTransactional), where a 5xx (or
+/// a gRPC server error) rolls back and frees the key, the transaction
+/// commits with the response instead, and a retry gets it replayed. (Over a
+/// lease store every end is kept already; this changes nothing there.)
+///
+/// Set it when the 5xx reports work that was done and must not be done
+/// again: a downstream call that may have charged a card, say. The header
+/// (or gRPC trailer) [`IDEMPOTENT_KEEP`]`: true` says the same.
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use tower_resend_server::idempotency::KeepResponse;
+///
+/// let mut resp = Response::new(String::from("charged, but the receipt failed"));
+/// *resp.status_mut() = StatusCode::BAD_GATEWAY;
+/// resp.extensions_mut().insert(KeepResponse);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeepResponse;

@@ -6,7 +6,7 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use super::layer::Scope;
+use super::config::Scope;
 use crate::store::Fingerprint;
 
 /// `Idempotency-Key`.
@@ -122,7 +122,7 @@ pub const CREDENTIAL_HEADERS: [HeaderName; 3] = [
 /// assert_eq!(scope(Request::post("/").body(()).unwrap()), None);
 /// ```
 pub fn credential_scope(parts: &Parts) -> Option<String> {
-    credentials(parts, &[super::layer::X_API_KEY]).map(Cow::into_owned)
+    credentials(parts, &[super::config::X_API_KEY]).map(Cow::into_owned)
 }
 
 /// The scope of a request under the layer's configuration, and whether the

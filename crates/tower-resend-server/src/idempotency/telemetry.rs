@@ -4,16 +4,11 @@
 //! errors). The names are listed on `IdempotencyLayer::meter`; no key, no
 //! scope and no path goes into a span or a metric.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use http::{Method, StatusCode};
-use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::Span;
 
-use crate::store::StoreError;
+use crate::problems::{Answer, ProblemType};
 
 /// What became of a keyed request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +31,19 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// What became of a request the layer answered with `answer`.
+    pub(crate) const fn of(answer: &Answer) -> Self {
+        match answer.kind() {
+            ProblemType::IdempotencyKeyInProgress => Self::InProgress,
+            ProblemType::IdempotencyKeyReused => Self::Mismatch,
+            ProblemType::RequestTooLarge => Self::TooLarge,
+            ProblemType::IdempotencyStoreUnavailable | ProblemType::IdempotencyStoreNotSetUp => {
+                Self::StoreUnavailable
+            }
+            _ => Self::BadRequest,
+        }
+    }
+
     pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Ran => "ran",
@@ -108,47 +116,6 @@ pub(crate) fn outcome(span: &Span, metrics: &ServerMetrics, outcome: Outcome) {
 pub(crate) fn answered(span: &Span, status: StatusCode) {
     if !span.is_disabled() {
         span.record("http.response.status_code", i64::from(status.as_u16()));
-    }
-}
-
-/// `fut`, a store call, timed and its errors counted when there are
-/// instruments; as it is otherwise (no clock is read).
-pub(crate) fn timed<F>(metrics: &ServerMetrics, op: Op, fut: F) -> Timed<'_, F> {
-    Timed {
-        fut,
-        metrics,
-        op,
-        start: None,
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A store call, timed: see [`timed`].
-    pub(crate) struct Timed<'a, F> {
-        #[pin]
-        fut: F,
-        metrics: &'a ServerMetrics,
-        op: Op,
-        start: Option<Instant>,
-    }
-}
-
-impl<F, T> Future for Timed<'_, F>
-where
-    F: Future<Output = Result<T, StoreError>>,
-{
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if !this.metrics.is_on() {
-            return this.fut.poll(cx);
-        }
-        let start = *this.start.get_or_insert_with(Instant::now);
-        let out = std::task::ready!(this.fut.poll(cx));
-        this.metrics
-            .store_call(*this.op, start.elapsed(), out.is_ok());
-        Poll::Ready(out)
     }
 }
 

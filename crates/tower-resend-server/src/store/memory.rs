@@ -508,6 +508,7 @@ struct Done<'a> {
 }
 
 impl Done<'_> {
+    #[allow(dead_code)]
     fn body(&self) -> &[u8] {
         if self.slim {
             &[]
@@ -516,9 +517,19 @@ impl Done<'_> {
         }
     }
 
+    /// Its stored response, encoded.
+    fn encoded(&self) -> Vec<u8> {
+        let mut r = self.response.clone();
+        if self.slim {
+            r.body = bytes::Bytes::new();
+            r.body_omitted = true;
+        }
+        r.encode()
+    }
+
     /// The bytes of its stored response.
     fn size(&self) -> usize {
-        super::encoded_len(&self.response.headers, self.body())
+        self.encoded().len()
     }
 
     /// The bytes of the record.
@@ -532,14 +543,8 @@ impl Done<'_> {
         let (claim, response) = (self.claim, self.response);
         let token = claim.token.as_u128();
         start_into(out, &claim.key, DONE, token, &claim.fingerprint, self.until)?;
-        let omitted = self.slim || response.body_omitted;
-        super::encode_into(
-            out,
-            response.status,
-            &response.headers,
-            omitted,
-            self.body(),
-        );
+        let _ = response;
+        out.extend_from_slice(&self.encoded());
         Ok(())
     }
 }
@@ -1185,6 +1190,7 @@ mod tests {
             headers: HeaderMap::new(),
             body: Bytes::from_static(body.as_bytes()),
             body_omitted: false,
+            trailers: None,
         }
     }
 

@@ -130,6 +130,8 @@ pub struct Ttl {
 }
 
 /// What [`Store::begin`] found.
+// (Returned once a request: a box would cost an allocation on every replay.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Begin {
     /// The caller holds the lease: run the handler.
@@ -148,7 +150,8 @@ pub enum Begin {
     },
 }
 
-/// A final response, as stored and replayed: status, headers and body.
+/// A final response, as stored and replayed: status, headers, body and
+/// trailers (a gRPC response's `grpc-status` and `grpc-message`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredResponse {
     /// The status code.
@@ -159,99 +162,104 @@ pub struct StoredResponse {
     pub body: Bytes,
     /// True when the body was larger than the cap and was not stored.
     pub body_omitted: bool,
+    /// The trailers the body ended with, if any.
+    pub trailers: Option<HeaderMap>,
 }
 
-const FORMAT_VERSION: u8 = 1;
+/// Version 1: status, headers, body. Version 2 adds the trailers; both are
+/// read.
+const FORMAT_V1: u8 = 1;
+const FORMAT_V2: u8 = 2;
 
 impl StoredResponse {
-    /// Encodes the response for a store that keeps bytes.
-    pub fn encode(&self) -> Vec<u8> {
-        encode(self.status, &self.headers, self.body_omitted, &self.body)
+    /// A response of `status`, `headers` and `body`, without trailers.
+    pub fn new(status: StatusCode, headers: HeaderMap, body: Bytes) -> Self {
+        Self {
+            status,
+            headers,
+            body,
+            body_omitted: false,
+            trailers: None,
+        }
     }
 
-    /// Decodes what [`encode`](Self::encode) wrote; `None` if the bytes are
-    /// not such a record.
+    /// Encodes the response for a store that keeps bytes: one allocation
+    /// of exactly the encoded length.
+    pub fn encode(&self) -> Vec<u8> {
+        let trailers = self.trailers.as_ref();
+        let len = 5 + map_len(&self.headers) + trailers.map_or(4, map_len) + self.body.len();
+        let mut out = Vec::with_capacity(len);
+        out.push(FORMAT_V2);
+        out.extend_from_slice(&self.status.as_u16().to_be_bytes());
+        out.push(u8::from(self.body_omitted));
+        put_map(&mut out, &self.headers);
+        out.push(u8::from(trailers.is_some()));
+        put_map(&mut out, trailers.unwrap_or(&HeaderMap::new()));
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Decodes what [`encode`](Self::encode) wrote (or its version 1,
+    /// without trailers); `None` if the bytes are not such a record.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let mut r = Reader(bytes);
-        if r.take(1)? != [FORMAT_VERSION] {
+        let version = r.take(1)?[0];
+        if version != FORMAT_V1 && version != FORMAT_V2 {
             return None;
         }
         let status = StatusCode::from_u16(u16::from_be_bytes(r.take(2)?.try_into().ok()?)).ok()?;
         let body_omitted = r.take(1)?[0] != 0;
-        let n = u32::from_be_bytes(r.take(4)?.try_into().ok()?);
-        let mut headers = HeaderMap::new();
-        for _ in 0..n {
-            let name = HeaderName::from_bytes(r.chunk()?).ok()?;
-            let value = HeaderValue::from_bytes(r.chunk()?).ok()?;
-            headers.append(name, value);
-        }
+        let headers = r.map()?;
+        let trailers = if version == FORMAT_V2 {
+            let some = r.take(1)?[0] != 0;
+            let map = r.map()?;
+            some.then_some(map)
+        } else {
+            None
+        };
         Some(Self {
             status,
             headers,
             body: Bytes::copy_from_slice(r.0),
             body_omitted,
+            trailers,
         })
     }
 
     /// Roughly how many bytes the record holds.
     pub fn size(&self) -> usize {
-        self.body.len()
-            + self
-                .headers
-                .iter()
+        let map = |m: &HeaderMap| {
+            m.iter()
                 .map(|(n, v)| n.as_str().len() + v.len() + 8)
                 .sum::<usize>()
-            + 16
+        };
+        self.body.len() + map(&self.headers) + self.trailers.as_ref().map_or(0, map) + 16
     }
 }
 
-/// What [`StoredResponse::encode`] writes, from the parts: one allocation of
-/// exactly the encoded length.
-pub(crate) fn encode(
-    status: StatusCode,
-    headers: &HeaderMap,
-    body_omitted: bool,
-    body: &[u8],
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(encoded_len(headers, body));
-    encode_into(&mut out, status, headers, body_omitted, body);
-    out
+/// The entries a map's encoding holds: all of them, unless there are more
+/// than a `u32` counts.
+fn entry_count(map: &HeaderMap) -> u32 {
+    u32::try_from(map.len()).unwrap_or(u32::MAX)
 }
 
-/// The headers an encoding holds: all of them, unless there are more than
-/// a `u32` counts.
-fn header_count(headers: &HeaderMap) -> u32 {
-    u32::try_from(headers.len()).unwrap_or(u32::MAX)
-}
-
-/// The length of what [`encode_into`] writes.
-pub(crate) fn encoded_len(headers: &HeaderMap, body: &[u8]) -> usize {
-    8 + headers
+/// The length of [`put_map`]'s encoding of `map`.
+fn map_len(map: &HeaderMap) -> usize {
+    4 + map
         .iter()
-        .take(header_count(headers) as usize)
+        .take(entry_count(map) as usize)
         .map(|(name, value)| 8 + name.as_str().len() + value.len())
         .sum::<usize>()
-        + body.len()
 }
 
-/// [`encode`], appended to `out`.
-pub(crate) fn encode_into(
-    out: &mut Vec<u8>,
-    status: StatusCode,
-    headers: &HeaderMap,
-    body_omitted: bool,
-    body: &[u8],
-) {
-    let n = header_count(headers);
-    out.push(FORMAT_VERSION);
-    out.extend_from_slice(&status.as_u16().to_be_bytes());
-    out.push(u8::from(body_omitted));
+/// A header map: its count, then each name and value.
+fn put_map(out: &mut Vec<u8>, map: &HeaderMap) {
+    let n = entry_count(map);
     out.extend_from_slice(&n.to_be_bytes());
-    for (name, value) in headers.iter().take(n as usize) {
+    for (name, value) in map.iter().take(n as usize) {
         put(out, name.as_str().as_bytes());
         put(out, value.as_bytes());
     }
-    out.extend_from_slice(body);
 }
 
 fn put(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -276,6 +284,17 @@ impl<'a> Reader<'a> {
         let n = u32::from_be_bytes(self.take(4)?.try_into().ok()?);
         self.take(usize::try_from(n).ok()?)
     }
+
+    fn map(&mut self) -> Option<HeaderMap> {
+        let n = u32::from_be_bytes(self.take(4)?.try_into().ok()?);
+        let mut map = HeaderMap::new();
+        for _ in 0..n {
+            let name = HeaderName::from_bytes(self.chunk()?).ok()?;
+            let value = HeaderValue::from_bytes(self.chunk()?).ok()?;
+            map.append(name, value);
+        }
+        Some(map)
+    }
 }
 
 /// A store could not answer. The layer fails closed on it (503).
@@ -283,6 +302,7 @@ impl<'a> Reader<'a> {
 pub struct StoreError {
     message: String,
     source: Option<tower_resend::BoxError>,
+    not_set_up: bool,
 }
 
 impl StoreError {
@@ -291,6 +311,7 @@ impl StoreError {
         Self {
             message: message.into(),
             source: None,
+            not_set_up: false,
         }
     }
 
@@ -302,7 +323,33 @@ impl StoreError {
         Self {
             message: message.into(),
             source: Some(source.into()),
+            not_set_up: false,
         }
+    }
+
+    /// An error saying that the store is reachable but not set up: its
+    /// table (or whatever the store keeps records in) is missing. The
+    /// layer's 503 then says so (`idempotency_store_not_set_up`), rather
+    /// than that the store cannot be reached.
+    ///
+    /// ```
+    /// use tower_resend_server::StoreError;
+    ///
+    /// let e = StoreError::not_set_up("the table app.idem does not exist: run migrate()");
+    /// assert!(e.is_not_set_up());
+    /// assert!(!StoreError::new("timed out").is_not_set_up());
+    /// ```
+    #[must_use]
+    pub fn not_set_up(message: impl Into<String>) -> Self {
+        Self {
+            not_set_up: true,
+            ..Self::new(message)
+        }
+    }
+
+    /// True for an error made by [`not_set_up`](Self::not_set_up).
+    pub fn is_not_set_up(&self) -> bool {
+        self.not_set_up
     }
 }
 
@@ -341,10 +388,16 @@ pub struct Claim<'a> {
 pub enum LeaseState {
     /// The lease was the claim's, or the key had no record at all (the store
     /// lost it, or it expired and nobody took it), and the write was made:
-    /// the lease renewed, or the response stored.
+    /// the lease renewed, or the response stored. `complete` also answers
+    /// `Held` when the key already holds this claim's finished record (its
+    /// first answer was lost).
     Held,
+    /// (`renew` only.) The key holds this claim's own finished record: its
+    /// response is stored already (a `complete` whose answer was lost
+    /// landed). Nothing was written, and nothing is wrong.
+    Completed,
     /// Another request took the key over (after the lease expired), or it
-    /// is finished: nothing was written.
+    /// is finished under another claim: nothing was written.
     Lost,
 }
 
@@ -378,7 +431,9 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
     /// Extends the lease held with `claim.token` to `ttl.lease` from now (or
-    /// writes the lease anew where the key has no record).
+    /// writes the lease anew where the key has no record). Where the key
+    /// holds the claim's own finished record, writes nothing and answers
+    /// [`LeaseState::Completed`].
     fn renew(
         &self,
         claim: &Claim<'_>,
@@ -420,17 +475,40 @@ mod tests {
         headers.insert("content-type", HeaderValue::from_static("application/json"));
         headers.append("set-cookie", HeaderValue::from_static("a=1"));
         headers.append("set-cookie", HeaderValue::from_bytes(b"b=\xff").unwrap());
-        let r = StoredResponse {
-            status: StatusCode::CREATED,
-            headers,
-            body: Bytes::from_static(b"{\"id\":1}"),
-            body_omitted: false,
-        };
-        assert_eq!(StoredResponse::decode(&r.encode()), Some(r.clone()));
-        let enc = r.encode();
-        for cut in 0..enc.len() - r.body.len() {
-            assert_eq!(StoredResponse::decode(&enc[..cut]), None, "cut at {cut}");
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.insert("grpc-message", HeaderValue::from_static("done"));
+        for trailers in [None, Some(HeaderMap::new()), Some(trailers)] {
+            let r = StoredResponse {
+                status: StatusCode::CREATED,
+                headers: headers.clone(),
+                body: Bytes::from_static(b"{\"id\":1}"),
+                body_omitted: false,
+                trailers,
+            };
+            let enc = r.encode();
+            assert_eq!(enc.len(), enc.capacity(), "one exact allocation");
+            assert_eq!(StoredResponse::decode(&enc), Some(r.clone()));
+            for cut in 0..enc.len() - r.body.len() {
+                assert_eq!(StoredResponse::decode(&enc[..cut]), None, "cut at {cut}");
+            }
         }
-        assert_eq!(StoredResponse::decode(b"\x02garbage"), None);
+        assert_eq!(StoredResponse::decode(b"\x03garbage"), None);
+    }
+
+    /// Records written before trailers were kept (version 1) still read.
+    #[test]
+    fn version_one_records_still_read() {
+        let mut v1 = vec![1, 0, 201, 0, 0, 0, 0, 1];
+        v1.extend_from_slice(&4u32.to_be_bytes());
+        v1.extend_from_slice(b"x-id");
+        v1.extend_from_slice(&1u32.to_be_bytes());
+        v1.extend_from_slice(b"7");
+        v1.extend_from_slice(b"body");
+        let r = StoredResponse::decode(&v1).expect("a version 1 record");
+        assert_eq!(r.status, StatusCode::CREATED);
+        assert_eq!(r.headers["x-id"], "7");
+        assert_eq!(r.body, "body");
+        assert_eq!(r.trailers, None);
     }
 }

@@ -38,18 +38,23 @@ return redis.call('GET', KEYS[1])
 
 /// Extends the lease, only if it is still ours; writes it anew (`ARGV[3]`)
 /// if the key has no record (Redis lost it, or it expired unclaimed).
-/// Returns 1 when the lease is ours, 0 when another request holds the key.
+/// Returns 1 when the lease is ours, 2 when the key holds our own finished
+/// record (our response is stored: nothing to renew), 0 when another
+/// request holds the key.
 const RENEW: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then
   redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
   return 1
 end
-if string.sub(v, 1, 1) == 'L' and string.sub(v, 34) == ARGV[1] then
+if string.sub(v, 34, 65) ~= ARGV[1] then
+  return 0
+end
+if string.sub(v, 1, 1) == 'L' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-return 0
+return 2
 ";
 
 /// Replaces the lease with the response (keeping the fingerprint), only if
@@ -356,6 +361,7 @@ fn parse(value: &[u8]) -> Result<Begin, StoreError> {
 fn lease_state(v: i64) -> Result<LeaseState, StoreError> {
     match v {
         1 => Ok(LeaseState::Held),
+        2 => Ok(LeaseState::Completed),
         0 => Ok(LeaseState::Lost),
         _ => Err(StoreError::new("unexpected answer from Redis")),
     }

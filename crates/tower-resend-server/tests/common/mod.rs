@@ -861,6 +861,7 @@ pub async fn a_stale_holder_cannot_touch_the_new_holders_lease<St: Store>(
         headers: http::HeaderMap::new(),
         body: Bytes::from_static(body.as_bytes()),
         body_omitted: false,
+        trailers: None,
     };
     let in_progress = |found: Begin| matches!(found, Begin::InProgress { .. });
     assert_eq!(store.begin(&stale, ttl).await.unwrap(), Begin::Acquired);

@@ -1,64 +1,21 @@
-//! Idempotency records in PostgreSQL, on the application's own sqlx pool.
+//! The statements of the PostgreSQL store and of the transactional mode,
+//! the literals of the statements sent as text, and the migration.
 
-use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgPool, PgRow};
-use sqlx::{Executor, Postgres, Row};
+use sqlx::{Executor, Row};
 
-use super::{Begin, Claim, Fingerprint, LeaseState, Store, StoreError, StoredResponse, Ttl};
-
-/// The default table of a [`PostgresStore`]: `resend_idempotency`.
-pub const DEFAULT_TABLE: &str = "resend_idempotency";
-
-/// Idempotency records in PostgreSQL (feature `postgres`), on the
-/// application's own [sqlx](https://docs.rs/sqlx) [`PgPool`]: TLS, pool size
-/// and timeouts are the pool's.
-///
-/// One table, created by [`migrate`](Self::migrate) (or by your own
-/// migrations, from [`migration_sql`](Self::migration_sql)), with a primary
-/// key on (scope, key). `INSERT ... ON CONFLICT DO UPDATE ... WHERE expired`
-/// decides who runs: of any number of concurrent requests with one key, the
-/// database constraint lets exactly one insert (or take over an expired
-/// row). A lease and a finished record are the same row; `expires_at` ends
-/// either. Expired rows are taken over in place;
-/// [`purge_expired`](Self::purge_expired) deletes the rest (run it from a
-/// periodic job; an index on `expires_at` serves it).
-///
-/// Each keyed request costs two commits of its own (the lease, then the
-/// response). [`transactional`](Self::transactional) puts the record in the
-/// handler's own transaction instead: no commit of its own, and no window
-/// between the work and its record.
-///
-/// While the database cannot be reached, requests with a key get 503.
-///
-/// ```no_run
-/// use tower_resend_server::{IdempotencyLayer, PostgresStore};
-///
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = sqlx::PgPool::connect("postgres://app@db/app?sslmode=prefer").await?;
-/// let store = PostgresStore::new(pool);
-/// store.migrate().await?;
-/// let layer = IdempotencyLayer::new(store);
-/// # let _ = layer;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct PostgresStore {
-    pool: PgPool,
-    sql: Arc<Sql>,
-    prepared: bool,
-}
+use crate::store::{Begin, Fingerprint, StoreError, StoredResponse};
 
 /// The statements, made once for the table.
 pub(crate) struct Sql {
     pub(crate) table: String,
     pub(crate) begin: String,
     pub(crate) select: String,
-    renew: String,
+    pub(crate) renew: String,
     pub(crate) complete: String,
-    release: String,
+    pub(crate) release: String,
     /// The transactional mode's record: the claimed row, made final in
     /// the same transaction. Its indexed columns (the key, `expires_at`,
     /// set at the claim) do not change, so PostgreSQL can update it in
@@ -71,7 +28,7 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
-    fn new(t: &str) -> Self {
+    pub(crate) fn new(t: &str) -> Self {
         Self {
             table: t.to_owned(),
             begin: format!(
@@ -91,13 +48,15 @@ impl Sql {
             // expired unrenewed) writes it anew; one whose row is another
             // holder's writes nothing and returns no row. A finished row
             // keeps its token, so a holder's `complete` again (its first
-            // answer was lost) finds its own row.
+            // answer was lost) finds its own row, and so does its renewal
+            // (which then changes nothing, and returns `done`).
             renew: format!(
                 "INSERT INTO {t} AS r (scope, key, fingerprint, token, done, expires_at, response)
                  VALUES ($1, $2, $3, $4, false, clock_timestamp() + $5::bigint * interval '1 millisecond', NULL)
-                 ON CONFLICT (scope, key) DO UPDATE SET expires_at = EXCLUDED.expires_at
-                   WHERE r.token = EXCLUDED.token AND NOT r.done
-                 RETURNING 1"
+                 ON CONFLICT (scope, key) DO UPDATE
+                   SET expires_at = CASE WHEN r.done THEN r.expires_at ELSE EXCLUDED.expires_at END
+                   WHERE r.token = EXCLUDED.token
+                 RETURNING r.done"
             ),
             complete: format!(
                 "INSERT INTO {t} AS r (scope, key, fingerprint, token, done, expires_at, response)
@@ -116,15 +75,6 @@ impl Sql {
             ),
             record_fn: record_fn_name(t),
         }
-    }
-}
-
-impl fmt::Debug for PostgresStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresStore")
-            .field("table", &self.sql.table)
-            .field("prepared", &self.prepared)
-            .finish_non_exhaustive()
     }
 }
 
@@ -257,8 +207,21 @@ pub(crate) fn push_bytes(out: &mut String, bytes: &[u8]) {
     out.push_str("', 'hex')");
 }
 
+/// A database error as a store error saying `what` failed; a missing
+/// table (SQLSTATE 42P01, `undefined_table`) or function (42883) says the
+/// store is not set up: `migrate` was not run.
 pub(crate) fn pg_error(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |e| StoreError::with_source(what, e)
+    move |e| {
+        match &e {
+        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("42P01" | "42883")) => {
+            StoreError::not_set_up(format!(
+                "{what}: the idempotency table (or its function) does not exist: run `migrate()`, or apply `migration_sql()` in your migrations ({})",
+                db.message()
+            ))
+        }
+        _ => StoreError::with_source(what, e),
+    }
+    }
 }
 
 /// True for an SQL identifier (letters, digits, `_`; optionally
@@ -326,7 +289,16 @@ pub(crate) fn record_function_sql(table: &str) -> String {
     let name = record_fn_name(table);
     format!(
         "CREATE OR REPLACE FUNCTION {name}(p_scope text, p_key text, p_token text, p_response bytea)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql AS $${}$$;
+",
+        record_function_body(table)
+    )
+}
+
+/// The record function's body, as `pg_proc.prosrc` keeps it.
+fn record_function_body(table: &str) -> String {
+    format!(
+        "
 BEGIN
     UPDATE {table} SET done = true, response = p_response
     WHERE scope = p_scope AND key = p_key AND token = p_token;
@@ -334,135 +306,66 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '{ROW_GONE_CODE}', MESSAGE = '{ROW_GONE}';
     END IF;
 END
-$$;
 "
     )
 }
 
 /// Runs [`migration_sql`] on `pool` (and, for the transactional mode,
-/// [`record_function_sql`]). Safe to run from several processes at once.
+/// [`record_function_sql`]), unless what it makes is there already. Safe to
+/// run from several processes at once, and while the table is in use: the
+/// catalog is read first, so a migration finds the schema in place without
+/// a lock that row writes would wait on (`CREATE INDEX IF NOT EXISTS` takes
+/// a SHARE lock on the table before it looks, and so waits for every open
+/// transaction that wrote to it).
 pub(crate) async fn migrate(
     pool: &PgPool,
     table: &str,
     transactional: bool,
 ) -> Result<(), StoreError> {
+    if made(pool, table, transactional).await {
+        return Ok(());
+    }
     let mut sql = migration_sql(table);
     if transactional {
         sql.push_str(&record_function_sql(table));
     }
     match pool.execute(sqlx::raw_sql(&sql)).await {
         Ok(_) => Ok(()),
-        Err(e) => {
-            // Two processes creating the table (or replacing the function)
-            // at once: one of them loses the race on the catalog, and what
-            // it made is there all the same.
-            let there = |check: &'static str, name: String| async move {
-                sqlx::query_scalar::<_, bool>(check)
-                    .bind(name)
-                    .fetch_one(pool)
-                    .await
-                    .unwrap_or(false)
-            };
-            const CLASS: &str = "SELECT to_regclass($1) IS NOT NULL";
-            let made = there(CLASS, table.to_owned()).await
-                && there(CLASS, index_name(table).1).await
-                && (!transactional
-                    || there(
-                        "SELECT to_regprocedure($1) IS NOT NULL",
-                        Sql::new(table).record_fn_signature(),
-                    )
-                    .await);
-            if made {
-                Ok(())
-            } else {
-                Err(StoreError::with_source("migration failed", e))
-            }
-        }
+        // Two processes creating the table (or replacing the function) at
+        // once: one of them loses the race on the catalog, and what it
+        // made is there all the same.
+        Err(_) if made(pool, table, transactional).await => Ok(()),
+        Err(e) => Err(StoreError::with_source("migration failed", e)),
     }
 }
 
-impl PostgresStore {
-    /// A store on `pool`, in the table [`DEFAULT_TABLE`].
-    pub fn new(pool: PgPool) -> Self {
-        Self {
-            pool,
-            sql: Arc::new(Sql::new(DEFAULT_TABLE)),
-            prepared: true,
-        }
-    }
-
-    /// A store on `pool`, in `table`: an SQL identifier (letters, digits,
-    /// `_`; optionally `schema.table`), or an error saying it is not one.
-    pub fn with_table(pool: PgPool, table: &str) -> Result<Self, StoreError> {
-        if !valid_table(table) {
-            return Err(StoreError::new(format!(
-                "invalid table name {table:?}: letters, digits and `_` only, optionally schema.table"
-            )));
-        }
-        Ok(Self {
-            pool,
-            sql: Arc::new(Sql::new(table)),
-            prepared: true,
-        })
-    }
-
-    /// Whether the store's statements are prepared once per connection
-    /// (named prepared statements, cached by sqlx). Turn it off behind
-    /// PgBouncer in transaction mode, which cannot keep named statements
-    /// across transactions: each statement is then parsed where it runs.
-    /// Default: on.
-    #[must_use]
-    pub fn prepared_statements(mut self, on: bool) -> Self {
-        self.prepared = on;
-        self
-    }
-
-    /// The pool.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// The table.
-    pub fn table(&self) -> &str {
-        &self.sql.table
-    }
-
-    /// The table's definition and the index that serves
-    /// [`purge_expired`](Self::purge_expired), as SQL: put it in a
-    /// migration of your own (a sqlx migration file, say) rather than call
-    /// [`migrate`](Self::migrate) at start-up. Each statement is
-    /// `IF NOT EXISTS`.
-    pub fn migration_sql(&self) -> String {
-        migration_sql(&self.sql.table)
-    }
-
-    /// Creates the table and its index if they do not exist. Safe to run
-    /// from several processes at once. A failure's message carries the
-    /// database's reason.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        migrate(&self.pool, &self.sql.table, false).await
-    }
-
-    /// Deletes expired records and leases; returns how many.
-    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let sql = format!(
-            "DELETE FROM {} WHERE expires_at <= clock_timestamp()",
-            self.sql.table
-        );
-        let done = sqlx::query(&sql)
-            .persistent(false)
-            .execute(&self.pool)
+/// Whether the table, its index and (for the transactional mode) the
+/// record function, as this version makes it, are all there: read from
+/// the catalog, with no lock on the table.
+async fn made(pool: &PgPool, table: &str, transactional: bool) -> bool {
+    let there = |check: &'static str, name: String| async move {
+        sqlx::query_scalar::<_, bool>(check)
+            .bind(name)
+            .fetch_one(pool)
             .await
-            .map_err(pg_error("purge failed"))?;
-        Ok(done.rows_affected())
-    }
-
-    /// The same table, in transactional mode: the key is claimed inside the
-    /// handler's own transaction, and the record commits with its work; see
-    /// [`PostgresTransactional`](crate::PostgresTransactional).
-    pub fn transactional(self) -> crate::PostgresTransactional {
-        crate::PostgresTransactional::from_store(self.pool, self.sql, self.prepared)
-    }
+            .unwrap_or(false)
+    };
+    const CLASS: &str = "SELECT to_regclass($1) IS NOT NULL";
+    // The function as this version writes it: its body compared, so an
+    // older one is replaced.
+    const FUNCTION: &str =
+        "SELECT coalesce((SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)), '') = $2";
+    let function_made = || async {
+        sqlx::query_scalar::<_, bool>(FUNCTION)
+            .bind(Sql::new(table).record_fn_signature())
+            .bind(record_function_body(table))
+            .fetch_one(pool)
+            .await
+            .unwrap_or(false)
+    };
+    there(CLASS, table.to_owned()).await
+        && there(CLASS, index_name(table).1).await
+        && (!transactional || function_made().await)
 }
 
 pub(crate) fn millis(d: Duration) -> i64 {
@@ -490,103 +393,6 @@ pub(crate) fn found(row: Option<PgRow>) -> Result<Option<Begin>, StoreError> {
         fingerprint,
         response,
     }))
-}
-
-fn held(row: Option<PgRow>) -> LeaseState {
-    if row.is_some() {
-        LeaseState::Held
-    } else {
-        LeaseState::Lost
-    }
-}
-
-impl PostgresStore {
-    fn query<'q>(
-        &self,
-        sql: &'q str,
-    ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-        sqlx::query(sql).persistent(self.prepared)
-    }
-}
-
-impl Store for PostgresStore {
-    async fn begin(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
-        let key = &claim.key;
-        let token = claim.token.to_string();
-        // A row released or expired between the INSERT and the SELECT is
-        // gone: try again (a few times at most).
-        for _ in 0..3 {
-            let inserted = self
-                .query(&self.sql.begin)
-                .bind(key.scope)
-                .bind(key.key)
-                .bind(&claim.fingerprint.0[..])
-                .bind(&token)
-                .bind(millis(ttl.lease))
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(pg_error("lease failed"))?;
-            if inserted.is_some() {
-                return Ok(Begin::Acquired);
-            }
-            let row = self
-                .query(&self.sql.select)
-                .bind(key.scope)
-                .bind(key.key)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(pg_error("read failed"))?;
-            if let Some(begin) = found(row)? {
-                return Ok(begin);
-            }
-        }
-        Err(StoreError::new("PostgreSQL record kept vanishing"))
-    }
-
-    async fn renew(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<LeaseState, StoreError> {
-        let row = self
-            .query(&self.sql.renew)
-            .bind(claim.key.scope)
-            .bind(claim.key.key)
-            .bind(&claim.fingerprint.0[..])
-            .bind(claim.token.to_string())
-            .bind(millis(ttl.lease))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(pg_error("lease renewal failed"))?;
-        Ok(held(row))
-    }
-
-    async fn complete(
-        &self,
-        claim: &Claim<'_>,
-        response: &StoredResponse,
-        ttl: Ttl,
-    ) -> Result<LeaseState, StoreError> {
-        let row = self
-            .query(&self.sql.complete)
-            .bind(claim.key.scope)
-            .bind(claim.key.key)
-            .bind(&claim.fingerprint.0[..])
-            .bind(claim.token.to_string())
-            .bind(millis(ttl.record))
-            .bind(response.encode())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(pg_error("storing the response failed"))?;
-        Ok(held(row))
-    }
-
-    async fn release(&self, claim: &Claim<'_>) -> Result<(), StoreError> {
-        self.query(&self.sql.release)
-            .bind(claim.key.scope)
-            .bind(claim.key.key)
-            .bind(claim.token.to_string())
-            .execute(&self.pool)
-            .await
-            .map_err(pg_error("release failed"))?;
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,571 @@
+//! A keyed request, start to end, in both modes: the body read and the key
+//! claimed in the caller's future; from the handler's start on, one task of
+//! its own that the caller awaits, so that a caller that goes away does not
+//! cancel the work. At each step the rules ([`decide`]) say what to do; the
+//! backend does the I/O of its mode.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use tokio::time::Instant;
+use tower_resend::classify::{GrpcCode, GRPC_RETRY_PUSHBACK_MS};
+use tower_resend::deadline::{Snapshot, TimeLedger};
+use tower_resend::{BoxError, Deadline};
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::backend::{Backend, Claimed, KeyClaim};
+use super::config::Shared;
+use super::request::{self, Key};
+use super::response::{
+    answer, record, replay, take_mark, IDEMPOTENT_KEEP, IDEMPOTENT_NOTHING_DONE,
+};
+use super::rules::{decide, Action, Answered, BodyRead, Ended, Keep, Reply, Step};
+use super::supervise::{supervise, Supervision};
+use super::telemetry::{self, Outcome};
+use super::{KeepResponse, NothingDone};
+use crate::body::{read_capped, MaybeBuffered, Read};
+use crate::deadline::Attribution;
+use crate::problems::{Answer, Protocol};
+use crate::store::StoredResponse;
+
+/// The handler: the inner service, on the request with its body read (or
+/// not), sent to another task.
+pub(crate) trait Handler<B, RB>:
+    Service<
+        Request<MaybeBuffered<B>>,
+        Response = Response<RB>,
+        Future: Send + 'static,
+        Error: Send + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<T, B, RB> Handler<B, RB> for T
+where
+    T: Service<Request<MaybeBuffered<B>>, Response = Response<RB>> + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Send + 'static,
+{
+}
+
+/// A request body the layer takes: bytes, with an error it can box.
+pub(crate) trait RequestBody:
+    Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+impl<T> RequestBody for T
+where
+    T: Body<Data = Bytes> + Send + 'static,
+    T::Error: Into<BoxError>,
+{
+}
+
+/// A handler's response body, which the layer reads to keep it.
+pub(crate) trait ResponseBody:
+    Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
+{
+}
+
+impl<T> ResponseBody for T
+where
+    T: Body<Data = Bytes> + Send + Unpin + 'static,
+    T::Error: Into<BoxError>,
+{
+}
+
+/// What the layer's answer to a request is.
+pub(crate) type Answering<RB, E> = Result<Response<MaybeBuffered<RB>>, E>;
+
+/// What the layer knows of a keyed request when the service hands it on.
+pub(crate) struct Keyed {
+    pub(crate) scope: Cow<'static, str>,
+    pub(crate) key: Key,
+    pub(crate) deadline: Option<Deadline>,
+}
+
+/// A keyed request: its body read, its key claimed, then (if it is this
+/// request's) the handler run in a task of its own. Its answer's status goes
+/// on the request's span.
+pub(crate) async fn keyed<St, S, B, RB>(
+    shared: Arc<Shared<St>>,
+    inner: S,
+    parts: Parts,
+    body: B,
+    keyed: Keyed,
+) -> Answering<RB, S::Error>
+where
+    St: Backend,
+    S: Handler<B, RB>,
+    B: RequestBody,
+    RB: ResponseBody,
+{
+    let answered = claim_then_run(shared, inner, parts, body, keyed).await;
+    if let Ok(resp) = &answered {
+        telemetry::answered(&tracing::Span::current(), resp.status());
+    }
+    answered
+}
+
+async fn claim_then_run<St, S, B, RB>(
+    shared: Arc<Shared<St>>,
+    mut inner: S,
+    mut parts: Parts,
+    body: B,
+    keyed: Keyed,
+) -> Answering<RB, S::Error>
+where
+    St: Backend,
+    S: Handler<B, RB>,
+    B: RequestBody,
+    RB: ResponseBody,
+{
+    let started_at = Instant::now();
+    let config = &shared.config;
+    let protocol = Protocol::of(&parts.headers);
+    let span = tracing::Span::current();
+    let refuse = |answer: Answer| {
+        telemetry::outcome(&span, config.stats.metrics(), Outcome::of(&answer));
+        Ok(answer.response(protocol))
+    };
+
+    let mut body = std::pin::pin!(body);
+    let (read, bytes) = match read_capped(&mut body, config.request_cap).await {
+        Ok(Read {
+            bytes, whole: true, ..
+        }) => (BodyRead::Read, bytes),
+        Ok(_) => (
+            BodyRead::TooLarge {
+                cap: config.request_cap,
+            },
+            Bytes::new(),
+        ),
+        Err(e) => {
+            tracing::debug!(error = %e, "request body failed");
+            (BodyRead::Failed, Bytes::new())
+        }
+    };
+    match decide(Step::BodyRead(read)) {
+        Action::Claim => {}
+        Action::Answer(answer) => return refuse(answer),
+        other => return refuse(unexpected(other)),
+    }
+
+    let fingerprint = request::fingerprint(&parts, &bytes);
+    let claim = KeyClaim {
+        scope: &keyed.scope,
+        key: &keyed.key,
+        fingerprint,
+        ttl: config.lease_for(keyed.deadline.map(|d| d.remaining())),
+        deadline: keyed.deadline,
+    };
+    let Claimed { found, hold } = St::claim(&shared, &claim).await;
+    if let Err(e) = &found {
+        tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
+    }
+    let found = Step::Found {
+        found,
+        fingerprint,
+        retry_after: config.retry_after,
+    };
+    // A hold dropped on the way out gives the key back (if the store may
+    // have granted it).
+    let mut hold = match (decide(found), hold) {
+        (Action::Run, Some(hold)) => hold,
+        (Action::Replay(stored), _) => {
+            tracing::debug!(key = keyed.key.as_str(), "replaying a stored response");
+            telemetry::outcome(&span, config.stats.metrics(), Outcome::Replayed);
+            return Ok(replay(stored));
+        }
+        (Action::Answer(answer), _) => return refuse(answer),
+        (other, _) => return refuse(unexpected(other)),
+    };
+    telemetry::outcome(&span, config.stats.metrics(), Outcome::Ran);
+
+    // From here on the work is the layer's: it runs to its end in its own
+    // task, bounded by the inbound deadline.
+    St::start(&mut hold, &mut parts.extensions);
+    let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
+    // The handler's outbound calls derive their keys from this one, and
+    // keep the inbound deadline, wherever the work goes on.
+    let handler = tower_resend::idempotency::derive_keys(
+        keyed.scope,
+        keyed.key.header_value().clone(),
+        tower_resend::deadline::carry(inner.call(req)),
+    );
+    let work = Work {
+        shared: Arc::clone(&shared),
+        protocol,
+        deadline: keyed.deadline,
+        ledger: tower_resend::deadline::current_ledger(),
+        started_at,
+        key: Some(keyed.key),
+    };
+    work.spawn(hold, handler).await
+}
+
+/// An unsafe request without a key, on a backend that holds those too (the
+/// transactional mode): the handler runs in its own task, in a hold with
+/// no record.
+pub(crate) async fn transact<St, S, B, RB>(
+    shared: Arc<Shared<St>>,
+    mut inner: S,
+    mut parts: Parts,
+    body: B,
+    deadline: Option<Deadline>,
+) -> Answering<RB, S::Error>
+where
+    St: Backend,
+    S: Handler<B, RB>,
+    B: RequestBody,
+    RB: ResponseBody,
+{
+    let started_at = Instant::now();
+    let protocol = Protocol::of(&parts.headers);
+    let mut hold = match St::transact(&shared).await {
+        Ok(hold) => hold,
+        Err(e) => {
+            tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
+            let found = Step::Found {
+                found: Err(e),
+                fingerprint: crate::store::Fingerprint([0; 32]),
+                retry_after: shared.config.retry_after,
+            };
+            let answer = match decide(found) {
+                Action::Answer(answer) => answer,
+                other => unexpected(other),
+            };
+            return Ok(answer.response(protocol));
+        }
+    };
+    St::start(&mut hold, &mut parts.extensions);
+    let req = Request::from_parts(parts, MaybeBuffered::inner(body));
+    let handler = tower_resend::deadline::carry(inner.call(req));
+    let work = Work {
+        shared,
+        protocol,
+        deadline,
+        ledger: tower_resend::deadline::current_ledger(),
+        started_at,
+        key: None,
+    };
+    work.spawn(hold, handler).await
+}
+
+/// An action the rules do not take at that step: a bug, answered as the
+/// store being unavailable (fail closed: nothing ran).
+fn unexpected(action: Action) -> Answer {
+    tracing::error!(
+        ?action,
+        "idempotency rules: an action out of place; failing closed"
+    );
+    debug_assert!(false, "an action out of place: {action:?}");
+    Answer::StoreUnavailable
+}
+
+/// What the handler's work gave: its response's head, the rest of its
+/// body, and what was read of it (or how the reading failed).
+type Done<RB> = (http::response::Parts, RB, Result<Read, BoxError>);
+
+/// A claimed request's work, from the handler's start to its end kept.
+struct Work<St: Backend> {
+    shared: Arc<Shared<St>>,
+    protocol: Protocol,
+    deadline: Option<Deadline>,
+    ledger: Option<TimeLedger>,
+    started_at: Instant,
+    /// The key, for the logs (none for a request without one).
+    key: Option<Key>,
+}
+
+impl<St: Backend> Work<St> {
+    /// Runs `handler` under `hold` in a task of its own, and waits for its
+    /// answer. Dropping the wait does not cancel the task.
+    async fn spawn<F, RB, E>(self, hold: St::Hold, handler: F) -> Answering<RB, E>
+    where
+        F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
+        RB: ResponseBody,
+        E: Send + 'static,
+    {
+        let protocol = self.protocol;
+        let task = tokio::spawn(self.run(hold, handler).in_current_span());
+        match task.await {
+            Ok(answered) => answered,
+            // (The supervisor catches the handler's panics: this is the
+            // runtime going away, or a bug of the layer's.)
+            Err(e) => {
+                tracing::error!(error = %e, "a keyed request's task ended without an answer");
+                Ok(Answer::Failed {
+                    failure: crate::problems::Failure::Panic,
+                    undone: false,
+                }
+                .response(protocol))
+            }
+        }
+    }
+
+    fn key(&self) -> &str {
+        self.key.as_ref().map_or("", Key::as_str)
+    }
+
+    /// The handler run to its end under its hold, and its end kept.
+    async fn run<F, RB, E>(self, mut hold: St::Hold, handler: F) -> Answering<RB, E>
+    where
+        F: Future<Output = Result<Response<RB>, E>> + Send,
+        RB: ResponseBody,
+        E: Send,
+    {
+        let shared = &self.shared;
+        let cap = shared.config.response_cap;
+        let work = async move {
+            let (head, mut body) = handler.await?.into_parts();
+            let read = read_capped(&mut body, cap).await;
+            Ok::<Done<RB>, E>((head, body, read))
+        };
+        let (this, held) = (&self, &hold);
+        let renewal = St::renew_every(held).map(|every| {
+            let renew = move || async move {
+                let renewed = St::renew(shared, held).await;
+                this.renewed(renewed);
+            };
+            (every, renew)
+        });
+        let deadline = self.deadline.map(|d| d.instant());
+        let mut ended = supervise(work, deadline, self.ledger.as_ref(), renewal).await;
+
+        if !St::take_back(shared, &mut hold).await {
+            tracing::error!("the handler's transaction is still in use after it ended: it is rolled back when let go");
+            St::release(shared, hold).await;
+            return Ok(Answer::TransactionInUse.response(self.protocol));
+        }
+        let step = Step::Ended {
+            mode: St::MODE,
+            ended: how_it_ended(&mut ended),
+        };
+        match decide(step) {
+            Action::Keep(keep) => self.keep(hold, keep, ended).await,
+            Action::Release => {
+                St::release(shared, hold).await;
+                self.reply(Reply::Handler, ended)
+            }
+            Action::RollBack(reply) => {
+                St::release(shared, hold).await;
+                self.reply(reply, ended)
+            }
+            other => {
+                // (Not an action of this step: kept as a failure, the
+                // safe side of a bug.)
+                let answer = unexpected(other);
+                let keep = Keep::Answer(Answer::Failed {
+                    failure: crate::problems::Failure::Handler,
+                    undone: false,
+                });
+                tracing::error!(?answer, "kept as a failure");
+                self.keep(hold, keep, ended).await
+            }
+        }
+    }
+
+    /// What a renewal found, reported.
+    fn renewed(&self, renewed: Result<crate::store::LeaseState, crate::store::StoreError>) {
+        let error = renewed.as_ref().err().map(ToString::to_string);
+        match decide(Step::Renewed(renewed)) {
+            Action::LeaseLost => {
+                self.shared.config.stats.count_lease_lost();
+                tracing::error!(
+                    key = self.key(),
+                    "idempotency lease taken over while its handler still works: another run of this key may have happened"
+                );
+            }
+            Action::RenewLater => {
+                tracing::warn!(
+                    error = error.as_deref().unwrap_or(""),
+                    key = self.key(),
+                    "could not renew an idempotency lease; trying again"
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// Keeps `keep` as the key's end, and answers with it.
+    async fn keep<RB, E>(
+        &self,
+        mut hold: St::Hold,
+        keep: Keep,
+        ended: Supervision<Result<Done<RB>, E>>,
+    ) -> Answering<RB, E>
+    where
+        RB: ResponseBody,
+    {
+        let shared = &self.shared;
+        let (stored, status) = match (&keep, &ended) {
+            (Keep::Response, Supervision::Done(Ok((head, _, Ok(read))))) => (
+                record(
+                    head.status,
+                    &head.headers,
+                    &shared.config.per_caller,
+                    &read.bytes,
+                    read.whole,
+                    read.trailers.as_ref(),
+                ),
+                head.status,
+            ),
+            (Keep::Deadline, Supervision::DeadlineCut(cut)) => {
+                tracing::warn!(
+                    key = self.key(),
+                    "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
+                );
+                (
+                    self.deadline_answer(cut.clone()),
+                    StatusCode::GATEWAY_TIMEOUT,
+                )
+            }
+            (Keep::Answer(answer), _) => (answer.stored(self.protocol), answer.kind().status()),
+            // (A response kept without one: the handler's failure.)
+            _ => {
+                let failed = Answer::Failed {
+                    failure: crate::problems::Failure::Handler,
+                    undone: false,
+                };
+                (failed.stored(self.protocol), failed.kind().status())
+            }
+        };
+        let kept = St::keep(shared, &mut hold, &stored, status).await;
+        match decide(Step::Kept(kept)) {
+            Action::Answered => {}
+            Action::LeaseLost => {
+                shared.config.stats.count_lease_lost();
+                tracing::error!(key = self.key(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
+            }
+            Action::Hold => {
+                tracing::warn!(
+                    key = self.key(),
+                    "could not store an idempotent response: it is held, and stored in the background"
+                );
+                St::hold(shared, hold, stored.clone());
+            }
+            Action::RollBack(reply) => {
+                St::release(shared, hold).await;
+                return self.reply(reply, ended);
+            }
+            Action::Answer(answer) => {
+                tracing::error!(
+                    key = self.key(),
+                    "the transaction of a keyed request may not have committed"
+                );
+                return Ok(answer.response(self.protocol));
+            }
+            other => {
+                tracing::error!(
+                    ?other,
+                    "idempotency rules: an action out of place after keeping"
+                );
+            }
+        }
+        match (keep, ended) {
+            (Keep::Response, Supervision::Done(Ok((head, body, Ok(read))))) => {
+                Ok(handler_response(head, body, read))
+            }
+            // A handler's error still reaches its first caller as it is.
+            (_, Supervision::Done(Err(e))) => Err(e),
+            _ => Ok(answer(stored)),
+        }
+    }
+
+    /// The answer of a request whose end is not kept.
+    fn reply<RB, E>(
+        &self,
+        reply: Reply,
+        ended: Supervision<Result<Done<RB>, E>>,
+    ) -> Answering<RB, E>
+    where
+        RB: ResponseBody,
+    {
+        match (reply, ended) {
+            (Reply::Handler, Supervision::Done(Ok((head, body, Ok(read))))) => {
+                Ok(handler_response(head, body, read))
+            }
+            (Reply::Handler, Supervision::Done(Err(e))) => Err(e),
+            (Reply::Deadline, Supervision::DeadlineCut(cut)) => {
+                Ok(answer(self.deadline_answer(cut)))
+            }
+            (Reply::Answer(answer), _) => Ok(answer.response(self.protocol)),
+            // (A reply the end cannot give: the handler failed.)
+            _ => Ok(Answer::Failed {
+                failure: crate::problems::Failure::Handler,
+                undone: St::MODE == super::rules::Mode::Transaction,
+            }
+            .response(self.protocol)),
+        }
+    }
+
+    /// The deadline's 504, saying where the time went as of the `cut`, as
+    /// the inbound deadline layer's does; DEADLINE_EXCEEDED over gRPC.
+    fn deadline_answer(&self, cut: Snapshot) -> StoredResponse {
+        let elapsed = self.started_at.elapsed();
+        let budget = self.deadline.map_or(elapsed, |d| {
+            d.instant().saturating_duration_since(self.started_at)
+        });
+        Attribution::from_snapshot(cut, budget, elapsed).stored(self.protocol)
+    }
+}
+
+/// How the handler ended, for the rules; its marks read and taken off the
+/// response (they are for the layer, not the caller).
+fn how_it_ended<RB, E>(ended: &mut Supervision<Result<Done<RB>, E>>) -> Ended {
+    match ended {
+        Supervision::Done(Ok((head, _, Ok(read)))) => {
+            let mut trailers = read.trailers.take().unwrap_or_default();
+            let nothing_done = head.extensions.get::<NothingDone>().is_some()
+                | take_mark(&mut head.headers, &IDEMPOTENT_NOTHING_DONE)
+                | take_mark(&mut trailers, &IDEMPOTENT_NOTHING_DONE);
+            let keep = head.extensions.get::<KeepResponse>().is_some()
+                | take_mark(&mut head.headers, &IDEMPOTENT_KEEP)
+                | take_mark(&mut trailers, &IDEMPOTENT_KEEP);
+            let grpc = GrpcCode::in_headers(&head.headers).or(GrpcCode::in_headers(&trailers));
+            let pushback = head.headers.contains_key(GRPC_RETRY_PUSHBACK_MS)
+                || trailers.contains_key(GRPC_RETRY_PUSHBACK_MS);
+            if !trailers.is_empty() {
+                read.trailers = Some(trailers);
+            }
+            Ended::Answered(Answered {
+                status: head.status,
+                grpc,
+                pushback,
+                nothing_done,
+                keep,
+            })
+        }
+        Supervision::Done(Ok((_, _, Err(e)))) => {
+            tracing::warn!(error = %e, "a keyed response's body failed after its head");
+            Ended::BodyFailed
+        }
+        Supervision::Done(Err(_)) => Ended::Failed,
+        Supervision::Panicked => Ended::Panicked,
+        Supervision::DeadlineCut(_) => Ended::DeadlineCut,
+    }
+}
+
+/// The handler's own response, as its caller gets it: its head, and its
+/// body (with its trailers) from memory, or what was read of it followed by
+/// the rest.
+fn handler_response<RB>(
+    head: http::response::Parts,
+    body: RB,
+    read: Read,
+) -> Response<MaybeBuffered<RB>> {
+    let body = if read.whole {
+        MaybeBuffered::with_trailers(read.bytes, read.trailers)
+    } else {
+        MaybeBuffered::chain(read.bytes, body)
+    };
+    Response::from_parts(head, body)
+}

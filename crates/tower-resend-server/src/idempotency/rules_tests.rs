@@ -1,0 +1,421 @@
+//! DESIGN section 7, row by row, in both modes and both protocols.
+
+use super::*;
+use http::HeaderMap;
+
+use Mode::{Lease, Transaction};
+
+fn arrived(mode: Mode, method: Method, key: KeyHeader) -> Step {
+    Step::Arrived {
+        mode,
+        method,
+        key,
+        required: false,
+        anonymous: false,
+        refuse_anonymous: false,
+    }
+}
+
+#[test]
+fn which_requests_are_the_layers() {
+    for mode in [Lease, Transaction] {
+        // Safe methods pass, whatever they carry, even where a key is required.
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::TRACE,
+            Method::PUT,
+            Method::DELETE,
+        ] {
+            for key in [
+                KeyHeader::Absent,
+                KeyHeader::Present,
+                KeyHeader::Malformed("x"),
+            ] {
+                let mut step = arrived(mode, m.clone(), key);
+                if let Step::Arrived { required, .. } = &mut step {
+                    *required = true;
+                }
+                assert_eq!(decide(step), Action::Pass, "{mode:?} {m} {key:?}");
+            }
+        }
+        for m in [Method::POST, Method::PATCH, Method::CONNECT] {
+            // Key: 1..=255 visible ASCII, else 400.
+            assert_eq!(
+                decide(arrived(mode, m.clone(), KeyHeader::Malformed("bad"))),
+                Action::Answer(Answer::KeyInvalid("bad"))
+            );
+            assert_eq!(
+                decide(arrived(mode, m.clone(), KeyHeader::Present)),
+                Action::ReadBody
+            );
+            // No key: the handler runs as it would without the layer (in
+            // the transactional mode, in a transaction), unless the route
+            // requires one (400).
+            let unkeyed = match mode {
+                Lease => Action::Pass,
+                Transaction => Action::Transact,
+            };
+            assert_eq!(decide(arrived(mode, m.clone(), KeyHeader::Absent)), unkeyed);
+            let required = Step::Arrived {
+                mode,
+                method: m.clone(),
+                key: KeyHeader::Absent,
+                required: true,
+                anonymous: false,
+                refuse_anonymous: false,
+            };
+            assert_eq!(decide(required), Action::Answer(Answer::KeyRequired));
+            // Callers without credentials: keyed (the documented shared
+            // scope), or refused when so configured.
+            let anon = |refuse_anonymous| Step::Arrived {
+                mode,
+                method: m.clone(),
+                key: KeyHeader::Present,
+                required: false,
+                anonymous: true,
+                refuse_anonymous,
+            };
+            assert_eq!(decide(anon(false)), Action::ReadBody);
+            assert_eq!(
+                decide(anon(true)),
+                Action::Answer(Answer::KeyNeedsCredentials)
+            );
+            // Refusing anonymous callers does not touch the others.
+            let known = Step::Arrived {
+                mode,
+                method: m.clone(),
+                key: KeyHeader::Present,
+                required: false,
+                anonymous: false,
+                refuse_anonymous: true,
+            };
+            assert_eq!(decide(known), Action::ReadBody);
+        }
+    }
+}
+
+#[test]
+fn a_body_over_the_cap_or_broken_runs_nothing() {
+    assert_eq!(decide(Step::BodyRead(BodyRead::Read)), Action::Claim);
+    assert_eq!(
+        decide(Step::BodyRead(BodyRead::TooLarge { cap: 8 })),
+        Action::Answer(Answer::RequestTooLarge { cap: 8 })
+    );
+    assert_eq!(
+        decide(Step::BodyRead(BodyRead::Failed)),
+        Action::Answer(Answer::RequestBodyFailed)
+    );
+}
+
+fn stored() -> StoredResponse {
+    StoredResponse::new(
+        StatusCode::CREATED,
+        HeaderMap::new(),
+        bytes::Bytes::from_static(b"done"),
+    )
+}
+
+fn found(found: Result<Begin, StoreError>, fingerprint: Fingerprint) -> Action {
+    decide(Step::Found {
+        found,
+        fingerprint,
+        retry_after: Duration::from_secs(3),
+    })
+}
+
+#[test]
+fn what_holds_the_key_decides_who_runs() {
+    let (mine, other) = (Fingerprint([1; 32]), Fingerprint([2; 32]));
+    // First request: it runs.
+    assert_eq!(found(Ok(Begin::Acquired), mine), Action::Run);
+    // Same key while the first is running: 409, with the configured wait.
+    assert_eq!(
+        found(Ok(Begin::InProgress { fingerprint: mine }), mine),
+        Action::Answer(Answer::InProgress {
+            retry_after: Duration::from_secs(3)
+        })
+    );
+    // Same key after it finished: the stored response.
+    let done = Begin::Completed {
+        fingerprint: mine,
+        response: stored(),
+    };
+    assert_eq!(found(Ok(done), mine), Action::Replay(stored()));
+    // Same key, other fingerprint: 422, running or finished.
+    assert_eq!(
+        found(Ok(Begin::InProgress { fingerprint: other }), mine),
+        Action::Answer(Answer::KeyReused)
+    );
+    let theirs = Begin::Completed {
+        fingerprint: other,
+        response: stored(),
+    };
+    assert_eq!(found(Ok(theirs), mine), Action::Answer(Answer::KeyReused));
+    // A store that cannot answer: fail closed; one that is not set up says so.
+    assert_eq!(
+        found(Err(StoreError::new("down")), mine),
+        Action::Answer(Answer::StoreUnavailable)
+    );
+    assert_eq!(
+        found(Err(StoreError::not_set_up("no table")), mine),
+        Action::Answer(Answer::StoreNotSetUp)
+    );
+}
+
+#[test]
+fn renewals() {
+    assert_eq!(decide(Step::Renewed(Ok(LeaseState::Held))), Action::Renewed);
+    // The holder's own finished record: its response is stored, no lease is
+    // lost (a renewal that crossed its `complete` must not cry wolf).
+    assert_eq!(
+        decide(Step::Renewed(Ok(LeaseState::Completed))),
+        Action::AlreadyStored
+    );
+    assert_eq!(
+        decide(Step::Renewed(Ok(LeaseState::Lost))),
+        Action::LeaseLost
+    );
+    assert_eq!(
+        decide(Step::Renewed(Err(StoreError::new("down")))),
+        Action::RenewLater
+    );
+}
+
+fn http(code: u16) -> Answered {
+    Answered {
+        status: StatusCode::from_u16(code).unwrap(),
+        grpc: None,
+        pushback: false,
+        nothing_done: false,
+        keep: false,
+    }
+}
+
+fn grpc(code: GrpcCode) -> Answered {
+    Answered {
+        grpc: Some(code),
+        ..http(200)
+    }
+}
+
+fn end(mode: Mode, ended: Ended) -> Action {
+    decide(Step::Ended { mode, ended })
+}
+
+fn answered(mode: Mode, a: Answered) -> Action {
+    end(mode, Ended::Answered(a))
+}
+
+#[test]
+fn on_a_lease_once_the_handler_started_its_end_is_kept() {
+    // Final responses are stored, 5xx included ...
+    for code in [200, 201, 302, 400, 404, 409, 422, 500, 502, 503, 504] {
+        assert_eq!(
+            answered(Lease, http(code)),
+            Action::Keep(Keep::Response),
+            "{code}"
+        );
+        // ... unless the handler says nothing was done.
+        let marked = Answered {
+            nothing_done: true,
+            ..http(code)
+        };
+        assert_eq!(answered(Lease, marked), Action::Release, "{code}");
+    }
+    // A 429 says the request was not processed.
+    assert_eq!(answered(Lease, http(429)), Action::Release);
+    // A body that fails after the head: stored as a 500 saying so.
+    let kept = |failure| {
+        Action::Keep(Keep::Answer(Answer::Failed {
+            failure,
+            undone: false,
+        }))
+    };
+    assert_eq!(end(Lease, Ended::BodyFailed), kept(Failure::ResponseLost));
+    // An error or a panic after the work may have begun: never again.
+    assert_eq!(end(Lease, Ended::Failed), kept(Failure::Handler));
+    assert_eq!(end(Lease, Ended::Panicked), kept(Failure::Panic));
+    // The deadline cut the work: its 504 is the operation's end.
+    assert_eq!(end(Lease, Ended::DeadlineCut), Action::Keep(Keep::Deadline));
+}
+
+#[test]
+fn on_a_lease_a_grpc_status_that_says_nothing_was_done_releases_the_key() {
+    for code in [
+        GrpcCode::Ok,
+        GrpcCode::InvalidArgument,
+        GrpcCode::NotFound,
+        GrpcCode::AlreadyExists,
+        GrpcCode::Aborted,
+        GrpcCode::Internal,
+        GrpcCode::Unknown,
+        GrpcCode::DeadlineExceeded,
+        // Without a pushback, RESOURCE_EXHAUSTED may be a quota the work
+        // itself spent.
+        GrpcCode::ResourceExhausted,
+    ] {
+        assert_eq!(
+            answered(Lease, grpc(code)),
+            Action::Keep(Keep::Response),
+            "{code}"
+        );
+    }
+    assert_eq!(
+        answered(Lease, grpc(GrpcCode::Unavailable)),
+        Action::Release
+    );
+    let pushed_back = Answered {
+        pushback: true,
+        ..grpc(GrpcCode::ResourceExhausted)
+    };
+    assert_eq!(answered(Lease, pushed_back), Action::Release);
+    // Marked by the handler (a tonic `Status` with the marker): released.
+    let marked = Answered {
+        nothing_done: true,
+        ..grpc(GrpcCode::FailedPrecondition)
+    };
+    assert_eq!(answered(Lease, marked), Action::Release);
+}
+
+#[test]
+fn in_a_transaction_what_is_not_kept_is_undone() {
+    // 2xx, 3xx and 4xx commit with their record.
+    for code in [200, 201, 302, 400, 404, 409, 422] {
+        assert_eq!(
+            answered(Transaction, http(code)),
+            Action::Keep(Keep::Response),
+            "{code}"
+        );
+    }
+    // A 5xx rolls back, and the key with it, so a retry runs ...
+    for code in [500, 502, 503, 504] {
+        assert_eq!(
+            answered(Transaction, http(code)),
+            Action::RollBack(Reply::Handler),
+            "{code}"
+        );
+        // ... unless the handler says to keep it.
+        let kept = Answered {
+            keep: true,
+            ..http(code)
+        };
+        assert_eq!(
+            answered(Transaction, kept),
+            Action::Keep(Keep::Response),
+            "{code}"
+        );
+    }
+    // Nothing done: rolled back, marked or not, kept or not.
+    for a in [
+        http(429),
+        Answered {
+            nothing_done: true,
+            ..http(201)
+        },
+        Answered {
+            nothing_done: true,
+            keep: true,
+            ..http(500)
+        },
+    ] {
+        assert_eq!(
+            answered(Transaction, a),
+            Action::RollBack(Reply::Handler),
+            "{a:?}"
+        );
+    }
+    // gRPC: the server-error statuses roll back like a 5xx, the others commit.
+    for code in [
+        GrpcCode::Internal,
+        GrpcCode::Unknown,
+        GrpcCode::DataLoss,
+        GrpcCode::Unimplemented,
+        GrpcCode::DeadlineExceeded,
+        GrpcCode::Unavailable,
+    ] {
+        assert_eq!(
+            answered(Transaction, grpc(code)),
+            Action::RollBack(Reply::Handler),
+            "{code}"
+        );
+    }
+    for code in [
+        GrpcCode::Ok,
+        GrpcCode::InvalidArgument,
+        GrpcCode::AlreadyExists,
+    ] {
+        assert_eq!(
+            answered(Transaction, grpc(code)),
+            Action::Keep(Keep::Response),
+            "{code}"
+        );
+    }
+    // Failures: rolled back, and said so; the handler's own error reaches
+    // its caller as it is.
+    let undone = |failure| {
+        Action::RollBack(Reply::Answer(Answer::Failed {
+            failure,
+            undone: true,
+        }))
+    };
+    assert_eq!(
+        end(Transaction, Ended::BodyFailed),
+        undone(Failure::ResponseLost)
+    );
+    assert_eq!(end(Transaction, Ended::Panicked), undone(Failure::Panic));
+    assert_eq!(
+        end(Transaction, Ended::Failed),
+        Action::RollBack(Reply::Handler)
+    );
+    assert_eq!(
+        end(Transaction, Ended::DeadlineCut),
+        Action::RollBack(Reply::Deadline)
+    );
+}
+
+#[test]
+fn keeping_an_end() {
+    // A lease store: stored, lost, or held for a store that did not answer.
+    let stored = |r| decide(Step::Kept(Kept::Stored(r)));
+    assert_eq!(stored(Ok(LeaseState::Held)), Action::Answered);
+    assert_eq!(stored(Ok(LeaseState::Completed)), Action::Answered);
+    assert_eq!(stored(Ok(LeaseState::Lost)), Action::LeaseLost);
+    assert_eq!(stored(Err(StoreError::new("down"))), Action::Hold);
+    // A transaction: committed; or not, and why.
+    let committed = |c, code| {
+        decide(Step::Kept(Kept::Committed(
+            c,
+            StatusCode::from_u16(code).unwrap(),
+        )))
+    };
+    assert_eq!(committed(Commit::Done, 201), Action::Answered);
+    // A statement of the handler's failed (a unique violation, say), and it
+    // answered with an error: its answer stands, nothing is kept.
+    assert_eq!(
+        committed(Commit::Aborted, 409),
+        Action::RollBack(Reply::Handler)
+    );
+    assert_eq!(
+        committed(Commit::Aborted, 500),
+        Action::RollBack(Reply::Handler)
+    );
+    // ... and answered as if it had succeeded: it did not.
+    assert_eq!(
+        committed(Commit::Aborted, 201),
+        Action::RollBack(Reply::Answer(Answer::TransactionAborted))
+    );
+    assert_eq!(
+        committed(Commit::Refused, 201),
+        Action::RollBack(Reply::Answer(Answer::Failed {
+            failure: Failure::Handler,
+            undone: true
+        }))
+    );
+    // Only a commit that may have happened is unknown.
+    assert_eq!(
+        committed(Commit::Unknown, 201),
+        Action::Answer(Answer::CommitOutcomeUnknown)
+    );
+}

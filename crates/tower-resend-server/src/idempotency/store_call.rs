@@ -1,0 +1,63 @@
+//! A store call, bounded by the store timeout and timed on the layer's
+//! metrics.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::telemetry::{Op, ServerMetrics};
+use crate::store::StoreError;
+
+/// `fut`, a store call, given up after `limit` (a store that does not
+/// answer in time cannot be reached).
+pub(crate) async fn with_timeout<T>(
+    limit: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(answered) => answered,
+        Err(_) => Err(StoreError::new(format!("no answer within {limit:?}"))),
+    }
+}
+
+/// [`with_timeout`], timed and its errors counted on `metrics` when there
+/// are instruments (no clock is read otherwise).
+pub(crate) async fn call<T>(
+    metrics: &ServerMetrics,
+    op: Op,
+    limit: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let start = metrics.is_on().then(Instant::now);
+    let out = with_timeout(limit, fut).await;
+    if let Some(start) = start {
+        metrics.store_call(op, start.elapsed(), out.is_ok());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store that never answers is given up at the limit, saying so; one
+    /// that answers at once is not delayed.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_store_call_gives_up_at_its_limit() {
+        let start = Instant::now();
+        let hung = with_timeout(
+            Duration::from_secs(2),
+            std::future::pending::<Result<(), StoreError>>(),
+        )
+        .await;
+        assert!(hung
+            .unwrap_err()
+            .to_string()
+            .contains("no answer within 2s"));
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        let at_once = with_timeout(Duration::from_secs(2), async { Ok(7) }).await;
+        assert_eq!(at_once.unwrap(), 7);
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,180 @@
+//! The one supervisor of a keyed request's work: the handler (and the
+//! reading of its response) run to their end, the hold on the key renewed
+//! every third of its life meanwhile, cut when the inbound deadline runs
+//! out, a panic caught. It runs inside the request's own task
+//! ([`keyed`](super::keyed)), so a caller that goes away does not cancel it.
+
+use std::any::Any;
+use std::convert::Infallible;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::time::Instant;
+use tower_resend::deadline::{Snapshot, TimeLedger};
+
+/// How supervised work ended.
+#[derive(Debug)]
+pub(crate) enum Supervision<T> {
+    Done(T),
+    Panicked,
+    /// Cut by the deadline: where the time went, as of the cut (taken
+    /// before the work is dropped, which ends what it was doing).
+    DeadlineCut(Snapshot),
+}
+
+/// Runs `work` to its end, unless `deadline` comes first (then where the
+/// time went, read from `ledger`) or it panics; meanwhile `renew` runs every
+/// `every`, each renewal awaited before the next is due (the times a late
+/// one ran past are skipped). `work` is polled first, so an answer that is
+/// ready wins a tie with the clock.
+pub(crate) async fn supervise<F, R, RF>(
+    work: F,
+    deadline: Option<Instant>,
+    ledger: Option<&TimeLedger>,
+    renewal: Option<(Duration, R)>,
+) -> Supervision<F::Output>
+where
+    F: Future,
+    R: FnMut() -> RF,
+    RF: Future<Output = ()>,
+{
+    let work = AssertUnwindSafe(work).catch_unwind();
+    // Where the time went is read as the deadline passes, before the work
+    // is dropped (which ends what it was doing).
+    let cut = async {
+        match deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+        ledger.map(TimeLedger::snapshot).unwrap_or_default()
+    };
+    let renewals = async {
+        if let Some((every, mut renew)) = renewal {
+            let every = every.max(Duration::from_millis(1));
+            let mut next = Instant::now() + every;
+            loop {
+                tokio::time::sleep_until(next).await;
+                renew().await;
+                // The times a late renewal ran past are skipped.
+                next += every;
+                while next <= Instant::now() {
+                    next += every;
+                }
+            }
+        }
+        std::future::pending::<Infallible>().await
+    };
+    tokio::select! {
+        biased;
+        out = work => match out {
+            Ok(out) => Supervision::Done(out),
+            Err(panic) => {
+                tracing::error!(panic = %message(panic.as_ref()), "a keyed handler panicked");
+                Supervision::Panicked
+            }
+        },
+        cut = cut => Supervision::DeadlineCut(cut),
+        never = renewals => match never {},
+    }
+}
+
+/// What a panic said.
+fn message(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use tower_resend::deadline::Source;
+
+    use super::*;
+
+    type Renewal = Option<(Duration, fn() -> std::future::Ready<()>)>;
+
+    fn no_renewal() -> Renewal {
+        None
+    }
+
+    /// A cut says what was running at the cut: the handler's upstream call,
+    /// still in flight (its future not yet dropped).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_cut_names_the_work_running_at_the_cut() {
+        let ledger = TimeLedger::new();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let handler = async {
+            let _call = ledger.start(Source::Upstream, "shipping".into());
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        };
+        let Supervision::DeadlineCut(cut) =
+            supervise(handler, Some(deadline), Some(&ledger), no_renewal()).await
+        else {
+            panic!("not cut");
+        };
+        let running = cut.running().expect("the call was running");
+        assert_eq!(
+            (running.source, &*running.name),
+            (Source::Upstream, "shipping")
+        );
+        assert_eq!(running.spent, Duration::from_secs(1));
+        // Once the handler is gone, its call has ended.
+        assert!(ledger.snapshot().running().is_none());
+    }
+
+    /// Renewals go out every `every` while the work runs, and stop with it;
+    /// a panic ends it like an answer, caught.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn renewals_run_every_third_until_the_work_ends() {
+        let renewed = Cell::new(0);
+        let start = Instant::now();
+        let work = tokio::time::sleep(Duration::from_millis(3500));
+        let renew = || {
+            renewed.set(renewed.get() + 1);
+            std::future::ready(())
+        };
+        let out = supervise(work, None, None, Some((Duration::from_secs(1), renew))).await;
+        assert!(matches!(out, Supervision::Done(())));
+        assert_eq!(start.elapsed(), Duration::from_millis(3500));
+        assert_eq!(renewed.get(), 3);
+
+        let panics = async { panic!("boom") };
+        let out: Supervision<()> = supervise(panics, None, None, no_renewal()).await;
+        assert!(matches!(out, Supervision::Panicked));
+    }
+
+    /// A renewal that never answers holds up the next ones (they are
+    /// skipped), never the work or the cut; one slower than its period is
+    /// followed by the next at its tick.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_slow_renewal_delays_no_cut() {
+        let started = Cell::new(Vec::new());
+        let start = Instant::now();
+        let renew = || {
+            let mut v = started.take();
+            v.push(start.elapsed());
+            started.set(v);
+            tokio::time::sleep(Duration::from_millis(1500))
+        };
+        let deadline = start + Duration::from_secs(5);
+        let out = supervise(
+            std::future::pending::<()>(),
+            Some(deadline),
+            None,
+            Some((Duration::from_secs(1), renew)),
+        )
+        .await;
+        assert!(matches!(out, Supervision::DeadlineCut(_)));
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        let secs: Vec<u64> = started.take().iter().map(Duration::as_secs).collect();
+        // At 1 s; the tick at 2 s missed (the renewal lasts to 2.5 s), the
+        // next at 3 s; then 4.5 s ... not a tick: 5 s is the cut.
+        assert_eq!(secs, [1, 3]);
+    }
+}
