@@ -262,7 +262,8 @@ impl IntoResponse for ClientErrorResponse {
         *resp.status_mut() = stored.status;
         *resp.headers_mut() = stored.headers;
         if self.error.nothing_processed() {
-            resp.extensions_mut().insert(crate::NothingDone);
+            resp.extensions_mut()
+                .insert(crate::idempotency::NothingDone);
         }
         resp
     }

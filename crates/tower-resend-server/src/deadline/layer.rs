@@ -3,20 +3,13 @@ use std::time::Duration;
 use http::HeaderName;
 use tower_layer::Layer;
 
-use super::service::InboundDeadline;
+use super::service::{Config, InboundDeadline};
 
 /// Reads the caller's deadline and runs the handler inside it; see the
 /// [module docs](crate::deadline).
 #[derive(Clone, Debug)]
 pub struct InboundDeadlineLayer {
     pub(crate) config: Config,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) struct Config {
-    pub(crate) max: Duration,
-    pub(crate) default: Duration,
-    pub(crate) http_header: Option<HeaderName>,
 }
 
 impl InboundDeadlineLayer {
@@ -59,5 +52,12 @@ impl<S> Layer<S> for InboundDeadlineLayer {
             inner,
             config: self.config.clone(),
         }
+    }
+}
+
+impl<S> InboundDeadline<S> {
+    /// An [`InboundDeadlineLayer`] with the server's maximum `max`.
+    pub const fn layer(max: Duration) -> InboundDeadlineLayer {
+        InboundDeadlineLayer::new(max)
     }
 }

@@ -1,7 +1,7 @@
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower_resend::deadline::{parse_grpc_timeout, parse_millis, TimeLedger, GRPC_TIMEOUT};
 use tower_resend::Deadline;
@@ -9,12 +9,11 @@ use tower_service::Service;
 
 use super::attribution::{Attribution, ErrorSource};
 use super::future::ResponseFuture;
-use super::layer::{Config, InboundDeadlineLayer};
 use crate::body::MaybeBuffered;
 use crate::problems::Protocol;
 
 /// Middleware that runs each request inside the caller's deadline; see
-/// [`InboundDeadlineLayer`].
+/// [`InboundDeadlineLayer`](super::InboundDeadlineLayer).
 #[derive(Clone, Debug)]
 pub struct InboundDeadline<S> {
     pub(crate) inner: S,
@@ -34,11 +33,6 @@ impl<S> InboundDeadline<S> {
         }
     }
 
-    /// An [`InboundDeadlineLayer`] with the server's maximum `max`.
-    pub const fn layer(max: Duration) -> InboundDeadlineLayer {
-        InboundDeadlineLayer::new(max)
-    }
-
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -53,6 +47,14 @@ impl<S> InboundDeadline<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
+}
+
+/// What an [`InboundDeadline`] is configured with.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) max: Duration,
+    pub(crate) default: Duration,
+    pub(crate) http_header: Option<HeaderName>,
 }
 
 impl Config {

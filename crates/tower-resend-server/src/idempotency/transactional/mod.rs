@@ -19,8 +19,8 @@ use super::rules::{Kept, Mode};
 use super::store_call::with_timeout;
 use super::telemetry::Op;
 use crate::store::postgres::sql::{migrate, migration_sql, pg_error, record_function_sql, Sql};
+use crate::store::PostgresStore;
 use crate::store::{LeaseState, LeaseToken, StoreError, StoredResponse};
-use crate::PostgresStore;
 
 mod claim;
 mod commit;
