@@ -83,6 +83,76 @@ async fn migration_is_idempotent_and_purge_runs() {
     }
 }
 
+/// Issue 27: `migrate()` at start-up while another instance's handler holds
+/// a transaction that wrote to the table must not wait for it (a
+/// `CREATE INDEX IF NOT EXISTS` takes a SHARE lock before it looks, and
+/// waits for every row writer): the schema is found in the catalog, and
+/// keys claimed meanwhile are not held up either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_while_a_transaction_holds_a_row_takes_no_lock() {
+    let Some(store) = store().await else { return };
+    let pool = pg::pool(&url(), 4);
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {TABLE} (scope, key, fingerprint, token, done, expires_at) \
+         VALUES ('s', $1, '\\x00', 't', false, clock_timestamp() + interval '1 minute')"
+    ))
+    .bind(common::unique("held-open"))
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    // With the writer's transaction open: no wait (the old migration waited
+    // for the writer).
+    let started = tokio::time::Instant::now();
+    let migrated = tokio::time::timeout(Duration::from_secs(2), store.migrate()).await;
+    assert!(
+        matches!(migrated, Ok(Ok(()))),
+        "{migrated:?} after {:?}",
+        started.elapsed()
+    );
+    let transactional = PostgresStore::with_table(pg::pool(&url(), 2), TABLE)
+        .unwrap()
+        .transactional();
+    let migrated = tokio::time::timeout(Duration::from_secs(2), transactional.migrate()).await;
+    assert!(matches!(migrated, Ok(Ok(()))), "{migrated:?}");
+    // A new key is claimed at once meanwhile.
+    common::replay(store).await;
+    writer.rollback().await.unwrap();
+}
+
+/// Issue 27: a store whose table was never made (`migrate()` forgotten)
+/// says so, 503 `idempotency_store_not_set_up`, rather than that it cannot
+/// be reached; nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_says_the_store_is_not_set_up() {
+    if store().await.is_none() {
+        return;
+    }
+    let missing = PostgresStore::with_table(pg::pool(&url(), 2), "resend_never_migrated").unwrap();
+    let h = common::Handler::default();
+    let s = common::svc(&h, common::layer(missing.clone()));
+    let r = common::call(&s, common::post(&common::unique("k"), "a"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    let body = common::text(r).await;
+    assert!(
+        body.contains("\"error\":\"idempotency_store_not_set_up\""),
+        "{body}"
+    );
+    assert!(body.contains("table is missing"), "{body}");
+    assert_eq!(h.runs(), 0);
+    // Likewise in the transactional mode.
+    let s = common::svc(&h, common::layer(missing.transactional()));
+    let r = common::call(&s, common::post(&common::unique("k"), "a"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    let body = common::text(r).await;
+    assert!(body.contains("idempotency_store_not_set_up"), "{body}");
+    assert_eq!(h.runs(), 0);
+}
+
 /// A handler slower than its lease (1.6 s against 0.6 s, renewed), whose
 /// caller gives up at 200 ms and retries: one run, 409s, then the replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

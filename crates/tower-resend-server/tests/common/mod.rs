@@ -902,6 +902,16 @@ pub async fn a_stale_holder_cannot_touch_the_new_holders_lease<St: Store>(
         LeaseState::Held,
         "a holder's repeated complete was told its lease is lost"
     );
+    // A renewal of the new holder's that lands after its complete (sent
+    // before it, to a store that stalled: Redis paused) finds the holder's
+    // own finished record: its response is stored, no lease is lost, and
+    // nothing is written. The stale holder's still finds the lease lost.
+    assert_eq!(
+        store.renew(&new, ttl).await.unwrap(),
+        LeaseState::Completed,
+        "a renewal that crossed its own complete cried wolf"
+    );
+    assert_eq!(store.renew(&stale, ttl).await.unwrap(), LeaseState::Lost);
     stale_complete().await;
     store.release(&stale).await.unwrap();
     match store.begin(&other, ttl).await.unwrap() {
