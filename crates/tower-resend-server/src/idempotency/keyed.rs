@@ -569,3 +569,7 @@ fn handler_response<RB>(
     };
     Response::from_parts(head, body)
 }
+
+#[cfg(test)]
+#[path = "keyed_tests.rs"]
+mod tests;
