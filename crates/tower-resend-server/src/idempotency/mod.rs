@@ -167,7 +167,8 @@ pub use transactional::{HandlerTransaction, IdempotentTx, NoTransaction, Postgre
 /// use tower_resend_server::idempotency::IDEMPOTENT_NOTHING_DONE;
 ///
 /// let mut status = tonic::Status::failed_precondition("the account is frozen; nothing was charged");
-/// status.metadata_mut().insert(IDEMPOTENT_NOTHING_DONE.as_str(), "true".parse().unwrap());
+/// status.metadata_mut().insert("idempotent-nothing-done", "true".parse().unwrap());
+/// assert_eq!(IDEMPOTENT_NOTHING_DONE, "idempotent-nothing-done");
 /// # let _ = status;
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
