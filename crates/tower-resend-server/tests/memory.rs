@@ -630,3 +630,91 @@ async fn the_earlier_of_the_requests_and_the_ambient_deadline_bounds_the_work() 
         assert_eq!(h.runs(), 1);
     }
 }
+
+/// A store whose `complete` lands but whose answers are lost on the way
+/// back (a store paused past the store timeout: Redis under SIGSTOP), the
+/// first `lost` times.
+#[derive(Clone)]
+struct AnswersLost {
+    inner: MemoryStore,
+    lost: Arc<AtomicUsize>,
+}
+
+impl Store for AnswersLost {
+    fn begin(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + Send {
+        self.inner.begin(claim, ttl)
+    }
+
+    fn renew(
+        &self,
+        claim: &Claim<'_>,
+        ttl: Ttl,
+    ) -> impl std::future::Future<Output = Result<LeaseState, StoreError>> + Send {
+        self.inner.renew(claim, ttl)
+    }
+
+    async fn complete(
+        &self,
+        claim: &Claim<'_>,
+        response: &StoredResponse,
+        ttl: Ttl,
+    ) -> Result<LeaseState, StoreError> {
+        let stored = self.inner.complete(claim, response, ttl).await?;
+        let lost = self
+            .lost
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lost {
+            return Err(StoreError::new("the answer was lost"));
+        }
+        Ok(stored)
+    }
+
+    fn release(
+        &self,
+        claim: &Claim<'_>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.inner.release(claim)
+    }
+}
+
+/// Issue 27: a store that stalled took the response, but its answers were
+/// lost: the layer holds the response and tries again; the renewal it
+/// sends between tries finds the holder's own finished record. That is the
+/// response stored, not a lease lost: no ERROR, `leases_lost` stays 0 (it
+/// counted one per key before, under Redis paused, though every key was
+/// replayed and none ran twice).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_renewal_that_finds_its_own_stored_response_is_no_lost_lease() {
+    let h = common::Handler::default();
+    let store = AnswersLost {
+        inner: MemoryStore::new(),
+        lost: Arc::new(AtomicUsize::new(2)),
+    };
+    let layer = IdempotencyLayer::new(store).store_timeout(Duration::from_secs(1));
+    let stats = layer.stats();
+    let svc = layer.layer(h.service());
+    let first = svc
+        .clone()
+        .oneshot(common::post("answers-lost", "a"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(stats.held(), 1, "{stats:?}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        (stats.leases_lost(), stats.stored_late(), stats.held()),
+        (0, 1, 0),
+        "{stats:?}"
+    );
+    let again = svc
+        .oneshot(common::post("answers-lost", "a"))
+        .await
+        .unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(h.runs(), 1);
+}
