@@ -1,6 +1,7 @@
-//! The server half of resend: the caller's deadline handed down to every
-//! outbound call, a 504 that says where the time went, and `Idempotency-Key`
-//! deduplication.
+//! The server half of tower-resend, for axum and tonic services: the
+//! caller's deadline handed down to every outbound call, a 504 (or
+//! DEADLINE_EXCEEDED) that says where the time went, and `Idempotency-Key`
+//! deduplication: a keyed operation's work is done once.
 //!
 //! # Overview
 //!
@@ -30,6 +31,59 @@
 //! 504, which is kept as its operation's end (the work may have run in
 //! part); a keyed handler whose caller went away runs on to its end.
 //!
+//! On an axum router (`.layer` calls wrap what is above them, so the last
+//! is the outermost):
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::post, Router};
+//! use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore};
+//!
+//! async fn create_order(body: String) -> String {
+//!     // Every tower-resend stack called here inherits the caller's deadline,
+//!     // and derives its Idempotency-Keys from the inbound one.
+//!     assert!(tower_resend::Deadline::current().is_some());
+//!     format!("created {body}")
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .layer(InboundDeadlineLayer::new(Duration::from_secs(10)));
+//! # let _ = app;
+//! ```
+//!
+//! On a tonic server (`Server::builder().layer(..)`; with a
+//! `ServiceBuilder` the first layer is the outermost), around every
+//! service it serves:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore};
+//!
+//! # async fn serve<S>(ledger: S) -> Result<(), tonic::transport::Error>
+//! # where
+//! #     S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+//! #         + tonic::server::NamedService + Clone + Send + Sync + 'static,
+//! #     S::Response: axum::response::IntoResponse,
+//! #     S::Future: Send + 'static,
+//! # {
+//! // `ledger`: your generated server, e.g. `LedgerServer::new(MyLedger)`.
+//! tonic::transport::Server::builder()
+//!     .layer(
+//!         ServiceBuilder::new()
+//!             .layer(InboundDeadlineLayer::new(Duration::from_secs(10)))
+//!             .layer(IdempotencyLayer::new(MemoryStore::new())),
+//!     )
+//!     .add_service(ledger)
+//!     .serve("127.0.0.1:50051".parse().unwrap())
+//!     .await
+//! # }
+//! ```
+//!
+//! As a plain tower stack:
+//!
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response};
@@ -41,7 +95,6 @@
 //!     .layer(InboundDeadlineLayer::new(Duration::from_secs(10)))
 //!     .layer(IdempotencyLayer::new(MemoryStore::new()))
 //!     .service(service_fn(|_req: Request<_>| async {
-//!         // Every tower-resend stack called here inherits the caller's deadline.
 //!         assert!(tower_resend::Deadline::current().is_some());
 //!         Ok::<_, tower_resend::BoxError>(Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
 //!     }));
@@ -49,6 +102,22 @@
 //! assert_eq!(svc.oneshot(req).await.unwrap().status(), 200);
 //! # }
 //! ```
+//!
+//! # gRPC
+//!
+//! A request with `content-type: application/grpc…` gets the same rules in
+//! gRPC form. Its stored answer keeps its trailers (`grpc-status`,
+//! `grpc-message`) and replays them. The layers' own answers are
+//! trailers-only statuses (see the table in [`problems`]): a key in
+//! progress or a store that is down is UNAVAILABLE with
+//! `grpc-retry-pushback-ms` (retried by a stock gRPC retry policy and by
+//! tower-resend's client after the wait); a malformed key or a key reused
+//! with another payload is INVALID_ARGUMENT; a body over the cap
+//! RESOURCE_EXHAUSTED (not to be retried); the deadline DEADLINE_EXCEEDED.
+//! A handler's UNAVAILABLE says nothing was done and frees the key; any
+//! other status says so with the metadata `idempotent-nothing-done: true`
+//! ([`NothingDone`]), and a server error that must be kept in the
+//! transactional mode with `idempotent-keep: true` ([`KeepResponse`]).
 //!
 //! # Feature flags
 //!

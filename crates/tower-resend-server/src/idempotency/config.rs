@@ -33,18 +33,18 @@ pub const DEFAULT_STORE_RETRY_FOR: Duration = Duration::from_secs(600);
 /// The default header of API keys read by the default scope: `X-Api-Key`.
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
-/// The bounds of [`IdempotencyLayer::lease`]: 100 ms to 1 h.
+/// The bounds of [`IdempotencyLayer::lease`](super::IdempotencyLayer::lease): 100 ms to 1 h.
 pub const LEASE_RANGE: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(3600));
-/// The bounds of [`IdempotencyLayer::record_ttl`]: 100 ms to 366 days.
+/// The bounds of [`IdempotencyLayer::record_ttl`](super::IdempotencyLayer::record_ttl): 100 ms to 366 days.
 pub const RECORD_TTL_RANGE: (Duration, Duration) = (
     Duration::from_millis(100),
     Duration::from_secs(366 * 24 * 3600),
 );
-/// The bounds of [`IdempotencyLayer::store_timeout`]: 1 ms to 60 s.
+/// The bounds of [`IdempotencyLayer::store_timeout`](super::IdempotencyLayer::store_timeout): 1 ms to 60 s.
 pub const STORE_TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_millis(1), Duration::from_secs(60));
-/// The bounds of [`IdempotencyLayer::retry_after`]: 1 s to 1 h.
+/// The bounds of [`IdempotencyLayer::retry_after`](super::IdempotencyLayer::retry_after): 1 s to 1 h.
 pub const RETRY_AFTER_RANGE: (Duration, Duration) =
     (Duration::from_secs(1), Duration::from_secs(3600));
 
@@ -52,7 +52,7 @@ pub(crate) type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 pub(crate) type RequireFn = dyn Fn(&Parts) -> bool + Send + Sync;
 
 /// What a keyed request from a caller without credentials gets; see
-/// [`IdempotencyLayer::anonymous`].
+/// [`IdempotencyLayer::anonymous`](super::IdempotencyLayer::anonymous).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Anonymous {
@@ -163,7 +163,7 @@ pub(crate) struct Shared<St> {
 }
 
 impl Config {
-    /// The defaults of [`IdempotencyLayer::new`](super::IdempotencyLayer::new).
+    /// The defaults of [`IdempotencyLayer::new`](super::IdempotencyLayer::new)(super::IdempotencyLayer::new).
     pub(crate) fn new() -> Self {
         Self {
             ttl: Ttl {

@@ -176,7 +176,7 @@ pub struct NothingDone;
 
 /// A response extension by which a handler says that its response is the
 /// operation's end even though it is a server error: under
-/// [`PostgresTransactional`](crate::PostgresTransactional), where a 5xx (or
+/// [`PostgresTransactional`], where a 5xx (or
 /// a gRPC server error) rolls back and frees the key, the transaction
 /// commits with the response instead, and a retry gets it replayed. (Over a
 /// lease store every end is kept already; this changes nothing there.)

@@ -41,7 +41,7 @@ mod tx;
 /// own: the claim goes with the `BEGIN`, the record with the `COMMIT`.
 ///
 /// What it needs: **the handler's writes go through the given
-/// transaction** (`&mut *tx` is a [`PgConnection`]). Work done elsewhere
+/// transaction** (`&mut *tx` is a [`PgConnection`](sqlx::postgres::PgConnection)). Work done elsewhere
 /// (another pool, an outbound call) is not rolled back with it; outbound
 /// calls through a tower-resend stack with
 /// [`idempotency_keys`](tower_resend::StackBuilder::idempotency_keys) carry keys

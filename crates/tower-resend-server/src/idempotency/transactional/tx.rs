@@ -16,7 +16,7 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 pub(crate) type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
 
 /// The transaction a handler does its work in, under
-/// [`PostgresTransactional`]: a request extension that the layer puts on
+/// [`PostgresTransactional`](super::PostgresTransactional): a request extension that the layer puts on
 /// every unsafe request it runs. Get its connection with
 /// [`IdempotentTx::of`] (or, in axum, take an [`IdempotentTx`] argument).
 #[derive(Clone)]
@@ -47,7 +47,7 @@ impl std::fmt::Debug for IdempotentTx {
 }
 
 /// There is no transaction to lend: the request was not run by
-/// [`PostgresTransactional`] (a safe method, another route, another
+/// [`PostgresTransactional`](super::PostgresTransactional) (a safe method, another route, another
 /// layer), or its handler has ended.
 #[derive(Debug)]
 pub struct NoTransaction;

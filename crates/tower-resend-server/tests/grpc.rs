@@ -1,0 +1,466 @@
+//! The idempotency layer on a real tonic server (`Server::builder().layer(..)`),
+//! on loopback, called by tonic's own client and by tower-resend's tonic
+//! stack: stored answers keep their trailers, the layer's own answers are
+//! gRPC statuses (trailers-only), and what says "nothing was done" frees the
+//! key. Prost messages written by hand (no protoc), on tokio's paused clock.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::uri::PathAndQuery;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use prost::Message;
+use tokio::task::JoinHandle;
+use tonic::metadata::MetadataMap;
+use tonic::server::NamedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Code, Status};
+use tonic_prost::ProstCodec;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_resend::tonic::TonicTransport;
+use tower_resend_server::idempotency::Backend;
+use tower_resend_server::store::{Begin, Claim, LeaseState, StoredResponse, Ttl};
+use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore, Store, StoreError};
+
+/// `resend.test.ChargeRequest`.
+#[derive(Clone, PartialEq, Message)]
+struct ChargeRequest {
+    /// What the handler does: `ok`, `slow` (works 1.5 s), `unavailable`,
+    /// `marked` (FAILED_PRECONDITION marked nothing done), `hang` (works
+    /// 10 s).
+    #[prost(string, tag = "1")]
+    account: String,
+    #[prost(uint64, tag = "2")]
+    amount: u64,
+}
+
+/// `resend.test.Balance`.
+#[derive(Clone, PartialEq, Message)]
+struct Balance {
+    #[prost(uint64, tag = "1")]
+    amount: u64,
+    /// The run that answered: a replay says the first run's.
+    #[prost(uint64, tag = "2")]
+    run: u64,
+}
+
+const CHARGE: &str = "/resend.test.Ledger/Charge";
+
+/// The Ledger service: counts its runs (its effects).
+#[derive(Clone, Default)]
+struct Ledger {
+    runs: Arc<AtomicUsize>,
+}
+
+impl NamedService for Ledger {
+    const NAME: &'static str = "resend.test.Ledger";
+}
+
+impl Service<Request<tonic::body::Body>> for Ledger {
+    type Response = Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
+        let runs = Arc::clone(&self.runs);
+        Box::pin(async move {
+            let handler = tower::service_fn(move |req: tonic::Request<ChargeRequest>| {
+                let runs = Arc::clone(&runs);
+                async move {
+                    let req = req.into_inner();
+                    let run = runs.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+                    match req.account.as_str() {
+                        "slow" => tokio::time::sleep(Duration::from_millis(1500)).await,
+                        "hang" => tokio::time::sleep(Duration::from_secs(10)).await,
+                        "unavailable" => return Err(Status::unavailable("try later")),
+                        "marked" => {
+                            let mut status = Status::failed_precondition("frozen");
+                            status
+                                .metadata_mut()
+                                .insert("idempotent-nothing-done", "true".parse().unwrap());
+                            return Err(status);
+                        }
+                        _ => {}
+                    }
+                    Ok(tonic::Response::new(Balance {
+                        amount: req.amount,
+                        run,
+                    }))
+                }
+            });
+            let mut grpc =
+                tonic::server::Grpc::new(ProstCodec::<Balance, ChargeRequest>::default());
+            Ok(grpc.unary(handler, req).await)
+        })
+    }
+}
+
+/// A tonic server on 127.0.0.1 (port chosen by the OS) behind the layers,
+/// stopped when dropped.
+struct GrpcServer {
+    addr: SocketAddr,
+    runs: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl GrpcServer {
+    /// The layers as a tonic server takes them: the inbound deadline
+    /// outside, the idempotency layer inside.
+    async fn start<St: Backend>(layer: IdempotencyLayer<St>) -> Self {
+        let incoming = TcpIncoming::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind 127.0.0.1:0")
+            .with_nodelay(Some(true));
+        let addr = incoming.local_addr().expect("local address");
+        let ledger = Ledger::default();
+        let runs = Arc::clone(&ledger.runs);
+        let layers = ServiceBuilder::new()
+            .layer(InboundDeadlineLayer::new(Duration::from_secs(30)))
+            .layer(layer);
+        let task = tokio::spawn(async move {
+            let _ = Server::builder()
+                .layer(layers)
+                .add_service(ledger)
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        Self { addr, runs, task }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    fn channel(&self) -> Channel {
+        Endpoint::from_shared(format!("http://{}", self.addr))
+            .expect("a valid endpoint")
+            .tcp_nodelay(true)
+            .connect_lazy()
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn charge(account: &str, amount: u64) -> ChargeRequest {
+    ChargeRequest {
+        account: account.to_owned(),
+        amount,
+    }
+}
+
+/// A unary call by tonic's own client, with `key` (and a `grpc-timeout` of
+/// `timeout`) in its metadata: the balance, or the status with its
+/// metadata (headers and trailers).
+async fn tonic_call(
+    channel: Channel,
+    msg: ChargeRequest,
+    key: Option<&str>,
+    timeout: Option<Duration>,
+) -> Result<(Balance, MetadataMap), Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("the channel connects");
+    let mut req = tonic::Request::new(msg);
+    if let Some(key) = key {
+        req.metadata_mut()
+            .insert("idempotency-key", key.parse().unwrap());
+    }
+    if let Some(t) = timeout {
+        req.set_timeout(t);
+    }
+    let codec = ProstCodec::<ChargeRequest, Balance>::default();
+    let resp = grpc
+        .unary(req, PathAndQuery::from_static(CHARGE), codec)
+        .await?;
+    let (metadata, balance, _) = resp.into_parts();
+    Ok((balance, metadata))
+}
+
+/// A unary request framed by hand, as a generated client sends it.
+fn framed(msg: &ChargeRequest, key: &str) -> Request<tonic::body::Body> {
+    let msg = msg.encode_to_vec();
+    let mut frame = BytesMut::with_capacity(5 + msg.len());
+    frame.put_u8(0);
+    frame.put_u32(u32::try_from(msg.len()).unwrap());
+    frame.put_slice(&msg);
+    Request::post(CHARGE)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", key)
+        .body(tonic::body::Body::new(Full::new(frame.freeze())))
+        .unwrap()
+}
+
+/// An answer on the wire: its headers, its message (if any) and its
+/// trailers.
+struct Wire {
+    headers: http::HeaderMap,
+    message: Option<Balance>,
+    trailers: Option<http::HeaderMap>,
+}
+
+async fn wire<B>(resp: Response<B>) -> Wire
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let (parts, body) = resp.into_parts();
+    let collected = body.collect().await.expect("the body arrives");
+    let trailers = collected.trailers().cloned();
+    let bytes = collected.to_bytes();
+    let message = bytes
+        .get(5..)
+        .map(|m| Balance::decode(m).expect("a Balance"));
+    Wire {
+        headers: parts.headers,
+        message,
+        trailers,
+    }
+}
+
+/// 1. The first answer and its replay both end with `grpc-status: 0` in
+/// their trailers and carry the same message; the replay says it is one;
+/// the work ran once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_first_answer_and_its_replay_keep_their_trailers() {
+    let server = GrpcServer::start(IdempotencyLayer::new(MemoryStore::new())).await;
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let resp = server
+            .channel()
+            .oneshot(framed(&charge("ok", 7), "order-1"))
+            .await
+            .expect("an answer");
+        answers.push(wire(resp).await);
+    }
+    let [first, replay] = [&answers[0], &answers[1]];
+    for w in [first, replay] {
+        let trailers = w.trailers.as_ref().expect("trailers");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(w.message, Some(Balance { amount: 7, run: 1 }));
+    }
+    assert!(first.headers.get("idempotent-replayed").is_none());
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.headers["content-type"], "application/grpc");
+    assert_eq!(server.runs(), 1);
+    // tonic's own client reads the replay as the answer it is.
+    let (balance, metadata) = tonic_call(server.channel(), charge("ok", 7), Some("order-1"), None)
+        .await
+        .expect("the replay is an answer");
+    assert_eq!(balance, Balance { amount: 7, run: 1 });
+    assert_eq!(metadata.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(server.runs(), 1);
+}
+
+/// 2 and 3. A duplicate while the first still runs: tonic's client sees the
+/// documented retryable status, UNAVAILABLE with a pushback (never
+/// INTERNAL, never an HTTP 409); tower-resend's stack retries it after the
+/// pushback and ends in the replay; the work ran once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_duplicate_while_the_first_runs_is_unavailable_with_a_pushback() {
+    let server = GrpcServer::start(IdempotencyLayer::new(MemoryStore::new())).await;
+    let first = tokio::spawn(tonic_call(
+        server.channel(),
+        charge("slow", 5),
+        Some("order-2"),
+        None,
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let status = tonic_call(server.channel(), charge("slow", 5), Some("order-2"), None)
+        .await
+        .expect_err("the first still runs");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("in progress"), "{status:?}");
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "1000"
+    );
+
+    let stack = tower_resend::stack()
+        .max_attempts(5)
+        .seed(1)
+        .service(TonicTransport::new(server.channel()));
+    let started = tokio::time::Instant::now();
+    let resp = stack
+        .oneshot(framed(&charge("slow", 5), "order-2"))
+        .await
+        .expect("retried into the replay");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let w = wire(resp).await;
+    assert_eq!(w.headers["idempotent-replayed"], "true");
+    assert_eq!(w.message, Some(Balance { amount: 5, run: 1 }));
+    assert_eq!(w.trailers.unwrap()["grpc-status"], "0");
+    let (balance, _) = first.await.unwrap().expect("the first answers");
+    assert_eq!(balance.run, 1);
+    assert_eq!(server.runs(), 1);
+}
+
+/// 4. The same key with another payload: INVALID_ARGUMENT, which
+/// tower-resend's stack does not retry (one attempt).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn another_payload_under_the_same_key_is_invalid_argument() {
+    let server = GrpcServer::start(IdempotencyLayer::new(MemoryStore::new())).await;
+    tonic_call(server.channel(), charge("ok", 1), Some("order-3"), None)
+        .await
+        .expect("the first runs");
+    let status = tonic_call(server.channel(), charge("ok", 2), Some("order-3"), None)
+        .await
+        .expect_err("another payload");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("another request"), "{status:?}");
+
+    let stack = tower_resend::stack().service(TonicTransport::new(server.channel()));
+    let resp = stack
+        .oneshot(framed(&charge("ok", 3), "order-3"))
+        .await
+        .expect("an answer");
+    let attempts = resp
+        .extensions()
+        .get::<tower_resend::Attempts>()
+        .expect("the history")
+        .len();
+    assert_eq!(attempts, 1, "not retried");
+    assert_eq!(resp.headers()["grpc-status"], "3");
+    assert_eq!(server.runs(), 1);
+}
+
+/// 5. UNAVAILABLE from the handler says nothing was done, and so does a
+/// status marked so in its metadata: neither is kept, the retry runs the
+/// handler again, and the mark never reaches the caller.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn nothing_done_frees_the_key() {
+    let server = GrpcServer::start(IdempotencyLayer::new(MemoryStore::new())).await;
+    for (account, code, key) in [
+        ("unavailable", Code::Unavailable, "order-5a"),
+        ("marked", Code::FailedPrecondition, "order-5b"),
+    ] {
+        let before = server.runs();
+        for _ in 0..2 {
+            let status = tonic_call(server.channel(), charge(account, 1), Some(key), None)
+                .await
+                .expect_err("the handler's status");
+            assert_eq!(status.code(), code, "{status:?}");
+            assert!(status.metadata().get("idempotent-replayed").is_none());
+            assert!(status.metadata().get("idempotent-nothing-done").is_none());
+        }
+        assert_eq!(server.runs(), before + 2, "{account}: run again");
+    }
+}
+
+/// 6. A `grpc-timeout` shorter than the handler: DEADLINE_EXCEEDED; and the
+/// key's end is that, replayed as DEADLINE_EXCEEDED.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_timeout_shorter_than_the_handler_is_deadline_exceeded() {
+    // One store for the server on loopback and the same stack in process.
+    let store = MemoryStore::new();
+    let server = GrpcServer::start(IdempotencyLayer::new(store.clone())).await;
+    // (Sent to the server's own stack in process: a tonic channel reads
+    // `grpc-timeout` too, and would give up on its own at the same
+    // instant, saying CANCELLED.)
+    let stack = ServiceBuilder::new()
+        .layer(InboundDeadlineLayer::new(Duration::from_secs(30)))
+        .layer(IdempotencyLayer::new(store.clone()))
+        .service(tonic::service::Routes::new(Ledger {
+            runs: Arc::clone(&server.runs),
+        }));
+    let mut req = framed(&charge("hang", 1), "order-6");
+    req.headers_mut()
+        .insert("grpc-timeout", http::HeaderValue::from_static("500m"));
+    let started = tokio::time::Instant::now();
+    let cut = wire(stack.oneshot(req).await.expect("an answer")).await;
+    assert_eq!(started.elapsed(), Duration::from_millis(500));
+    assert_eq!(cut.headers["grpc-status"], "4", "{:?}", cut.headers);
+    assert!(cut.headers.contains_key("grpc-message"));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let status = tonic_call(server.channel(), charge("hang", 1), Some("order-6"), None)
+        .await
+        .expect_err("the kept end");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(
+        status.metadata().get("idempotent-replayed").unwrap(),
+        "true"
+    );
+    assert_eq!(server.runs(), 1);
+}
+
+/// A store that cannot answer.
+#[derive(Clone)]
+struct Down;
+
+impl Store for Down {
+    async fn begin(&self, _: &Claim<'_>, _: Ttl) -> Result<Begin, StoreError> {
+        Err(StoreError::new("down"))
+    }
+    async fn renew(&self, _: &Claim<'_>, _: Ttl) -> Result<LeaseState, StoreError> {
+        Err(StoreError::new("down"))
+    }
+    async fn complete(
+        &self,
+        _: &Claim<'_>,
+        _: &StoredResponse,
+        _: Ttl,
+    ) -> Result<LeaseState, StoreError> {
+        Err(StoreError::new("down"))
+    }
+    async fn release(&self, _: &Claim<'_>) -> Result<(), StoreError> {
+        Err(StoreError::new("down"))
+    }
+}
+
+/// 7. The layer's refusals in gRPC form, trailers-only, each saying why: a
+/// malformed key INVALID_ARGUMENT, a body over the cap RESOURCE_EXHAUSTED
+/// not to be retried (pushback -1), a store that is down UNAVAILABLE with a
+/// pushback. Nothing ran.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_layers_refusals_are_grpc_statuses() {
+    let server = GrpcServer::start(IdempotencyLayer::new(MemoryStore::new()).request_cap(16)).await;
+    let bad = tonic_call(server.channel(), charge("ok", 1), Some("has space"), None)
+        .await
+        .expect_err("a malformed key");
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    assert!(bad.message().contains("visible ASCII"), "{bad:?}");
+
+    let big = charge(&"x".repeat(64), 1);
+    let large = tonic_call(server.channel(), big, Some("order-7"), None)
+        .await
+        .expect_err("over the cap");
+    assert_eq!(large.code(), Code::ResourceExhausted, "{large:?}");
+    assert!(large.message().contains("at most 16 bytes"), "{large:?}");
+    assert_eq!(
+        large.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "-1"
+    );
+    assert_eq!(server.runs(), 0);
+
+    let down = GrpcServer::start(IdempotencyLayer::new(Down)).await;
+    let status = tonic_call(down.channel(), charge("ok", 1), Some("order-8"), None)
+        .await
+        .expect_err("the store is down");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("cannot be reached"), "{status:?}");
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "1000"
+    );
+    assert_eq!(down.runs(), 0);
+}
