@@ -37,6 +37,8 @@ pub(crate) struct KeyClaim<'a> {
     pub(crate) fingerprint: Fingerprint,
     /// The lease, sized from the deadline, and the record's life.
     pub(crate) ttl: Ttl,
+    /// (Read by the transactional mode: how long to wait on a holder.)
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) deadline: Option<Deadline>,
 }
 

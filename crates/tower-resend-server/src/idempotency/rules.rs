@@ -93,10 +93,12 @@ pub(crate) enum Kept {
     Stored(Result<LeaseState, StoreError>),
     /// The record and the commit of a transaction, and the status the
     /// handler answered.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Committed(Commit, StatusCode),
 }
 
 /// How a transaction's end went.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Commit {
     /// Committed, with the key's record.
