@@ -102,6 +102,17 @@ impl ClientErrorResponse {
 
     /// Puts the error's own text, with its causes, in the body as
     /// `internal_detail`. Default: off (the text is logged, not sent).
+    ///
+    /// ```
+    /// use tower_resend_server::ClientErrorResponse;
+    ///
+    /// let e = tower_resend::Error::from_box("connection reset by 10.0.0.7".into());
+    /// let (_, hidden) = ClientErrorResponse::new(e).parts();
+    /// assert!(hidden.get("internal_detail").is_none());
+    /// # let e = tower_resend::Error::from_box("connection reset by 10.0.0.7".into());
+    /// let (_, shown) = ClientErrorResponse::new(e).with_internal_detail(true).parts();
+    /// assert!(shown["internal_detail"].as_str().unwrap().contains("10.0.0.7"));
+    /// ```
     #[must_use]
     pub const fn with_internal_detail(mut self, on: bool) -> Self {
         self.internal_detail = on;

@@ -230,6 +230,18 @@ mod hyper_impl {
     /// [not sent](crate::Error::is_not_sent). Without the `https` feature an
     /// `https://` URL fails at once with [`HttpsNotEnabled`](super::HttpsNotEnabled),
     /// and is not retried.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let client: tower_resend::HyperClient = tower_resend::hyper_client(Duration::from_secs(2));
+    /// // Any request body; nothing listens on port 9 here.
+    /// let req = http::Request::get("http://127.0.0.1:9/").body(String::new()).unwrap();
+    /// let err = client.request(req).await.unwrap_err();
+    /// assert!(tower_resend::Error::from_box(err.into()).is_not_sent());
+    /// # }
+    /// ```
     #[derive(Clone, Debug)]
     pub struct HyperClient {
         inner: Client<Connector, AnyBody>,

@@ -21,6 +21,25 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// What went wrong, in terms of what the caller may do next.
 ///
 /// The enum is `#[non_exhaustive]`: later layers (retries, budgets) add kinds.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, ServiceExt};
+/// use tower_resend::ErrorKind;
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let slow = service_fn(|_: http::Request<_>| async {
+///     tokio::time::sleep(Duration::from_secs(60)).await;
+///     Ok::<_, tower_resend::BoxError>(http::Response::new(String::new()))
+/// });
+/// let stack = tower_resend::stack().total(Duration::from_secs(3)).service(slow);
+/// let err = stack.oneshot(http::Request::new(String::new())).await.unwrap_err();
+/// match err.kind() {
+///     ErrorKind::DeadlineExceeded => {} // the whole budget went
+///     ErrorKind::AttemptTimeout => unreachable!("the last attempt is cut by the deadline"),
+///     other => panic!("{other:?}"),
+/// }
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
@@ -147,6 +166,21 @@ struct Inner {
 
 /// What a caller that owns the retries (a job runner) should do after an
 /// [`Error`], from [`Error::retry_advice`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_resend::RetryAdvice;
+///
+/// fn release_for(advice: RetryAdvice) -> Option<Duration> {
+///     match advice {
+///         RetryAdvice::After(wait) | RetryAdvice::SameKey(wait) => Some(wait),
+///         RetryAdvice::VerifyFirst | RetryAdvice::Never => None,
+///         _ => None,
+///     }
+/// }
+/// assert_eq!(release_for(RetryAdvice::After(Duration::from_secs(2))), Some(Duration::from_secs(2)));
+/// assert_eq!(release_for(RetryAdvice::Never), None);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RetryAdvice {
@@ -338,6 +372,20 @@ impl Error {
     }
 
     /// What went wrong.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_resend::{ErrorKind, RetryAdvice};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // A POST to an upstream that never answers, under a key the stack chose.
+    /// let hangs = service_fn(|_: http::Request<_>| std::future::pending::<Result<http::Response<String>, tower_resend::BoxError>>());
+    /// let stack = tower_resend::stack().idempotency_keys().attempt_timeout(Duration::from_secs(1)).max_attempts(1).service(hangs);
+    /// let post = http::Request::post("/charges").body(String::new()).unwrap();
+    /// let err = stack.oneshot(post).await.unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::OutcomeUnknown);
+    /// # }
+    /// ```
     pub fn kind(&self) -> ErrorKind {
         self.inner.kind
     }
@@ -345,6 +393,18 @@ impl Error {
     /// True when the request cannot have reached the server: the connection
     /// was refused, timed out, or failed before anything was written (DNS,
     /// TLS handshake). Such a request is always safe to send again.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::ServiceExt;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // Nothing listens on port 9 of this machine: the connection is refused.
+    /// let stack = tower_resend::stack().max_attempts(1).service(tower_resend::hyper_client(Duration::from_secs(2)));
+    /// let post = http::Request::post("http://127.0.0.1:9/charges").body(String::new()).unwrap();
+    /// let err = stack.oneshot(post).await.unwrap_err();
+    /// assert!(err.is_not_sent()); // safe to send again, POST or not
+    /// # }
+    /// ```
     pub fn is_not_sent(&self) -> bool {
         self.inner.not_sent
     }
@@ -411,6 +471,20 @@ impl Error {
 
     /// The attempts made before this error, when a layer counted them (0 if
     /// none did).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_resend::{ErrorKind, RetryAdvice};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // A POST to an upstream that never answers, under a key the stack chose.
+    /// let hangs = service_fn(|_: http::Request<_>| std::future::pending::<Result<http::Response<String>, tower_resend::BoxError>>());
+    /// let stack = tower_resend::stack().idempotency_keys().attempt_timeout(Duration::from_secs(1)).max_attempts(1).service(hangs);
+    /// let post = http::Request::post("/charges").body(String::new()).unwrap();
+    /// let err = stack.oneshot(post).await.unwrap_err();
+    /// assert_eq!(err.attempts(), 1);
+    /// # }
+    /// ```
     pub fn attempts(&self) -> u32 {
         self.inner.attempts
     }
@@ -423,6 +497,21 @@ impl Error {
 
     /// True for [`ErrorKind::OutcomeUnknown`]: the server may have acted on
     /// the request; verify before sending it again.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_resend::{ErrorKind, RetryAdvice};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // A POST to an upstream that never answers, under a key the stack chose.
+    /// let hangs = service_fn(|_: http::Request<_>| std::future::pending::<Result<http::Response<String>, tower_resend::BoxError>>());
+    /// let stack = tower_resend::stack().idempotency_keys().attempt_timeout(Duration::from_secs(1)).max_attempts(1).service(hangs);
+    /// let post = http::Request::post("/charges").body(String::new()).unwrap();
+    /// let err = stack.oneshot(post).await.unwrap_err();
+    /// // The upstream may have charged: look it up before sending again.
+    /// assert!(err.is_outcome_unknown());
+    /// # }
+    /// ```
     pub fn is_outcome_unknown(&self) -> bool {
         self.inner.kind == ErrorKind::OutcomeUnknown
     }
@@ -468,6 +557,22 @@ impl Error {
     /// on errors of calls that may have been processed, which are then
     /// [`OutcomeUnknown`](ErrorKind::OutcomeUnknown) with the advice
     /// [`RetryAdvice::SameKey`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_resend::{ErrorKind, RetryAdvice};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// // A POST to an upstream that never answers, under a key the stack chose.
+    /// let hangs = service_fn(|_: http::Request<_>| std::future::pending::<Result<http::Response<String>, tower_resend::BoxError>>());
+    /// let stack = tower_resend::stack().idempotency_keys().attempt_timeout(Duration::from_secs(1)).max_attempts(1).service(hangs);
+    /// let post = http::Request::post("/charges").body(String::new()).unwrap();
+    /// let err = stack.oneshot(post).await.unwrap_err();
+    /// let key = err.idempotency_key().expect("the key the stack chose");
+    /// assert!(matches!(err.retry_advice(), RetryAdvice::SameKey(_)));
+    /// # let _ = key;
+    /// # }
+    /// ```
     pub fn idempotency_key(&self) -> Option<&str> {
         self.inner.key.as_ref().and_then(|k| k.to_str().ok())
     }

@@ -110,6 +110,16 @@ impl<C, B> StackBuilder<C, B> {
     /// names the circuit breaker (unless its layer was named), and counts
     /// this upstream's [derived](crate::idempotency::derive_keys)
     /// Idempotency-Keys. Default: unnamed.
+    ///
+    /// ```
+    /// use tower::{service_fn, ServiceExt};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let never = service_fn(|_: http::Request<_>| std::future::pending::<Result<http::Response<String>, tower_resend::BoxError>>());
+    /// let shipping = tower_resend::stack().name("shipping").total(std::time::Duration::from_secs(1)).service(never);
+    /// let err = shipping.oneshot(http::Request::new(String::new())).await.unwrap_err();
+    /// assert_eq!(err.upstream(), Some("shipping"));
+    /// # }
+    /// ```
     #[must_use]
     pub fn name(mut self, name: impl Into<Name>) -> Self {
         let name = name.into();
@@ -120,6 +130,22 @@ impl<C, B> StackBuilder<C, B> {
     }
 
     /// The deadline budget of a call, shrunk to an inherited one. Default 10 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let slow = service_fn(|_: http::Request<_>| async {
+    ///     tokio::time::sleep(Duration::from_secs(60)).await;
+    ///     Ok::<_, tower_resend::BoxError>(http::Response::new(String::new()))
+    /// });
+    /// let stack = tower_resend::stack().total(Duration::from_secs(2)).service(slow);
+    /// let start = tokio::time::Instant::now();
+    /// let err = stack.oneshot(http::Request::new(String::new())).await.unwrap_err();
+    /// assert_eq!(start.elapsed(), Duration::from_secs(2));
+    /// assert!(err.is_deadline_exceeded());
+    /// # }
+    /// ```
     #[must_use]
     pub fn total(mut self, total: Duration) -> Self {
         self.total = total;
@@ -127,6 +153,24 @@ impl<C, B> StackBuilder<C, B> {
     }
 
     /// The limit of one attempt (never more than the time left). Default 5 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{service_fn, ServiceExt};
+    /// use tower_resend::ErrorKind;
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let slow = service_fn(|_: http::Request<_>| async {
+    ///     tokio::time::sleep(Duration::from_secs(60)).await;
+    ///     Ok::<_, tower_resend::BoxError>(http::Response::new(String::new()))
+    /// });
+    /// // A POST without a key is not retried: its one attempt is cut at 1 s.
+    /// let stack = tower_resend::stack().attempt_timeout(Duration::from_secs(1)).service(slow);
+    /// let req = http::Request::post("/charges").body(String::new()).unwrap();
+    /// let err = stack.oneshot(req).await.unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::OutcomeUnknown); // it may have run
+    /// assert_eq!(err.attempts(), 1);
+    /// # }
+    /// ```
     #[must_use]
     pub fn attempt_timeout(mut self, per_attempt: Duration) -> Self {
         self.attempt_timeout = per_attempt;
@@ -134,6 +178,18 @@ impl<C, B> StackBuilder<C, B> {
     }
 
     /// Attempts in all, the first included. Default 3.
+    ///
+    /// ```
+    /// use tower::{service_fn, ServiceExt};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// let unavailable = service_fn(|_: http::Request<_>| async {
+    ///     Ok::<_, tower_resend::BoxError>(http::Response::builder().status(503).body(String::new()).unwrap())
+    /// });
+    /// let stack = tower_resend::stack().max_attempts(2).no_budget().service(unavailable);
+    /// let resp = stack.oneshot(http::Request::new(String::new())).await.unwrap();
+    /// assert_eq!(resp.extensions().get::<tower_resend::Attempts>().unwrap().len(), 2);
+    /// # }
+    /// ```
     #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.retry = self.retry.max_attempts(attempts);
@@ -163,6 +219,11 @@ impl<C, B> StackBuilder<C, B> {
     }
 
     /// Seeds the jitter, for tests. Default: seeded from the system.
+    ///
+    /// ```
+    /// let stack = tower_resend::stack().seed(7); // the same waits on every run
+    /// # let _ = stack;
+    /// ```
     #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
         self.retry = self.retry.seed(seed);
@@ -237,6 +298,20 @@ impl<C, B> StackBuilder<C, B> {
     /// a key [derived](crate::idempotency::derive_keys) from a keyed inbound
     /// operation, or a UUID v4), reused on every attempt, which makes them
     /// replay-safe. Default: off.
+    ///
+    /// ```
+    /// use tower::{service_fn, ServiceExt};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let upstream = service_fn(|req: http::Request<_>| async move {
+    ///     let status = if req.headers().contains_key("idempotency-key") { 201 } else { 400 };
+    ///     Ok::<_, tower_resend::BoxError>(http::Response::builder().status(status).body(String::new()).unwrap())
+    /// });
+    /// let stack = tower_resend::stack().idempotency_keys().service(upstream);
+    /// let post = http::Request::post("/orders").body(String::new()).unwrap();
+    /// let resp = stack.oneshot(post).await.unwrap();
+    /// assert_eq!(resp.status(), 201); // a generated key went out
+    /// # }
+    /// ```
     #[must_use]
     pub fn idempotency_keys(mut self) -> Self {
         self.keys = match &self.name {
@@ -253,6 +328,13 @@ impl<C, B> StackBuilder<C, B> {
     /// come, and a break in them is the caller's error (see
     /// [`ReadAheadLayer`]). Default [`DEFAULT_READ_AHEAD`] (64 KiB); 0 turns
     /// it off.
+    ///
+    /// ```
+    /// // Small bodies only (4 KiB), or none at all.
+    /// let small = tower_resend::stack().read_ahead(4 * 1024);
+    /// let off = tower_resend::stack().read_ahead(0);
+    /// # let _ = (small, off);
+    /// ```
     #[must_use]
     pub fn read_ahead(mut self, bytes: usize) -> Self {
         self.read_ahead = ReadAheadLayer::new(bytes);
@@ -269,6 +351,15 @@ impl<C, B> StackBuilder<C, B> {
 
     /// Wraps `transport` (a hyper-util client, a reqwest adapter, a tonic
     /// channel) in the stack.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let client = tower_resend::hyper_client(Duration::from_secs(2));
+    /// let inventory: tower_resend::Stack<tower_resend::HyperClient> =
+    ///     tower_resend::stack().name("inventory").service(client);
+    /// # let _ = inventory;
+    /// ```
     pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B>
     where
         B: BreakerSlot,

@@ -7,6 +7,23 @@ use super::service::{Config, InboundDeadline};
 
 /// Reads the caller's deadline and runs the handler inside it; see the
 /// [module docs](crate::deadline).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_resend_server::InboundDeadlineLayer;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let svc = InboundDeadlineLayer::new(Duration::from_secs(10)).layer(service_fn(|_: http::Request<()>| async {
+///     // The caller's 3 s, inherited by every tower-resend stack called here.
+///     let left = tower_resend::Deadline::current().unwrap().remaining();
+///     Ok::<_, std::convert::Infallible>(http::Response::new(format!("{left:?}")))
+/// }));
+/// let req = http::Request::post("/orders").header("grpc-timeout", "3S").body(()).unwrap();
+/// let resp = svc.oneshot(req).await.unwrap();
+/// assert_eq!(resp.status(), 200);
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct InboundDeadlineLayer {
     pub(crate) config: Config,

@@ -22,6 +22,27 @@ use super::stats::IdempotencyStats;
 
 /// Answers a repeated `Idempotency-Key` with the first result instead of
 /// doing the work twice; see the [module docs](crate::idempotency).
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::sync::Arc;
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_resend_server::{IdempotencyLayer, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let runs = Arc::new(AtomicUsize::new(0));
+/// let counted = runs.clone();
+/// let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn(move |_req| {
+///     counted.fetch_add(1, Ordering::SeqCst);
+///     async { Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new())) }
+/// }));
+/// for _ in 0..2 {
+///     let req = http::Request::post("/orders").header("idempotency-key", "order-7").body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap();
+///     svc.clone().oneshot(req).await.unwrap();
+/// }
+/// assert_eq!(runs.load(Ordering::SeqCst), 1);
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct IdempotencyLayer<St> {
     store: St,

@@ -215,6 +215,12 @@ impl GrpcClassifier {
     /// Declares the method `full_name` (`/pkg.Service/Method`, the request
     /// path) idempotent: it may be sent again after an answer that leaves
     /// its outcome unknown.
+    ///
+    /// ```
+    /// let c = tower_resend::classify::GrpcClassifier::new().idempotent("/bank.Ledger/GetBalance");
+    /// assert!(c.is_idempotent("/bank.Ledger/GetBalance"));
+    /// assert!(!c.is_idempotent("/bank.Ledger/Transfer"));
+    /// ```
     #[must_use]
     pub fn idempotent(self, full_name: &str) -> Self {
         self.idempotent_methods([full_name])

@@ -22,7 +22,22 @@ use super::DeadlineService;
 /// whose [`phase`](crate::Error::phase) says what was running and whose
 /// [`elapsed`](crate::Error::elapsed) says how long the call took.
 ///
-/// See the [module docs](super) for an example.
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_resend::{Deadline, DeadlineLayer};
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let svc = DeadlineLayer::new(Duration::from_secs(10)).layer(service_fn(|req: http::Request<()>| async move {
+///     // The budget travels in the request's extensions.
+///     let left = req.extensions().get::<Deadline>().unwrap().remaining();
+///     assert_eq!(left, Duration::from_secs(10));
+///     Ok::<_, tower_resend::BoxError>(http::Response::new(String::new()))
+/// }));
+/// svc.oneshot(http::Request::new(())).await.unwrap();
+/// # }
+/// ```
+///
+/// See the [module docs](super) for more.
 #[derive(Clone, Debug)]
 pub struct DeadlineLayer {
     total: Duration,

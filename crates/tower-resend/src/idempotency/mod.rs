@@ -69,6 +69,15 @@ pub const MAX_KEY_LEN: usize = 255;
 
 /// A key for one logical operation, set by the caller in the request's
 /// extensions: 1 to 255 visible ASCII characters.
+///
+/// ```
+/// use tower_resend::IdempotencyKey;
+///
+/// let mut req = http::Request::post("/shipments").body(()).unwrap();
+/// let key = IdempotencyKey::new("shipment-request:42").unwrap();
+/// req.extensions_mut().insert(key);
+/// assert!(IdempotencyKey::new("has space").is_err());
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(HeaderValue);
 
@@ -134,6 +143,18 @@ impl IdempotencyKey {
 pub struct NoIdempotencyKey;
 
 /// Gives each unsafe request one Idempotency-Key; see the [module docs](self).
+///
+/// ```
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_resend::IdempotencyKeyLayer;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let svc = IdempotencyKeyLayer::new().layer(service_fn(|req: http::Request<()>| async move {
+///     Ok::<_, std::convert::Infallible>(req.headers().contains_key("idempotency-key"))
+/// }));
+/// assert!(svc.clone().oneshot(http::Request::post("/orders").body(()).unwrap()).await.unwrap());
+/// assert!(!svc.oneshot(http::Request::get("/orders").body(()).unwrap()).await.unwrap());
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct IdempotencyKeyLayer {
     header: HeaderName,
