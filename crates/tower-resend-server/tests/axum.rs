@@ -619,3 +619,50 @@ async fn a_call_stopped_before_it_was_sent_says_nothing_was_sent() {
         "the request's deadline ran out before the call to the upstream shipping could be sent; nothing was sent"
     );
 }
+
+/// A keyed POST cut by the server's inbound deadline: the server keeps its
+/// 504 (the work may be half done) and replays it under the key. The client
+/// sees the replay and stops there: one retry, not three, and the error
+/// says "verify first" (not "retry with the same key", which would get the
+/// same 504 for the record's life), keeping the key it sent.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_replayed_deadline_answer_advises_verify_first() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let server = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                let runs = Arc::clone(&counted);
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    "charged"
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(MemoryStore::new()))
+        .layer(InboundDeadlineLayer::new(Duration::from_millis(500)));
+    let client = tower_resend::stack()
+        .idempotency_keys()
+        .max_attempts(3)
+        .service(server);
+    let post = Request::post("/charges").body(Body::from("one")).unwrap();
+    let err = client.oneshot(post).await.expect_err("outcome unknown");
+
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");
+    assert_eq!(
+        err.retry_advice(),
+        tower_resend::RetryAdvice::VerifyFirst,
+        "{err}"
+    );
+    assert!(err.idempotency_key().is_some(), "the key it was sent under");
+    let history = err.history().expect("the attempts");
+    let replays: Vec<bool> = history.iter().map(|a| a.replayed()).collect();
+    assert_eq!(replays, [false, true], "{history:?}");
+    assert!(history
+        .iter()
+        .all(|a| a.status() == Some(StatusCode::GATEWAY_TIMEOUT)));
+    assert_eq!(history.stop(), tower_resend::retry::Stop::Replayed);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "run once, cut, replayed");
+}

@@ -400,6 +400,17 @@ async fn a_grpc_timeout_shorter_than_the_handler_is_deadline_exceeded() {
         status.metadata().get("idempotent-replayed").unwrap(),
         "true"
     );
+    // tower-resend's stack tells the replay from a fresh cut: it stops at
+    // once and advises verifying, not resending under the key.
+    let stack = tower_resend::stack().service(TonicTransport::new(server.channel()));
+    let err = stack
+        .oneshot(framed(&charge("hang", 1), "order-6"))
+        .await
+        .map(|resp| resp.headers().clone())
+        .expect_err("a replayed cut is outcome unknown");
+    assert_eq!(err.kind(), tower_resend::ErrorKind::OutcomeUnknown, "{err}");
+    assert_eq!(err.retry_advice(), tower_resend::RetryAdvice::VerifyFirst);
+    assert_eq!(err.attempts(), 1, "{err}");
     assert_eq!(server.runs(), 1);
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::breaker::state::{Refusal, Why};
 use crate::classify::Class;
-use crate::retry::Attempts;
+use crate::retry::{Attempt, Attempts};
 
 /// A type-erased error, as tower middleware passes errors around.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -535,6 +535,12 @@ impl Error {
         const LATER: Duration = Duration::from_secs(1);
         let last = self.inner.history.as_ref().and_then(Attempts::last);
         match self.inner.kind {
+            // The server replayed the recorded failure of an earlier attempt
+            // (a handler cut by its deadline, say): the same key gets the same
+            // answer for the record's life, and the work may be half done.
+            ErrorKind::OutcomeUnknown if last.is_some_and(Attempt::replayed) => {
+                RetryAdvice::VerifyFirst
+            }
             ErrorKind::OutcomeUnknown if self.inner.key.is_some() => {
                 RetryAdvice::SameKey(last.and_then(|a| a.server_wait()).unwrap_or(LATER))
             }

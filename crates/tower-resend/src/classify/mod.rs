@@ -176,6 +176,7 @@ pub struct Classification {
     maybe_processed: bool,
     pushback: Option<Pushback>,
     grpc: Option<GrpcCode>,
+    replayed: bool,
 }
 
 impl Classification {
@@ -188,7 +189,23 @@ impl Classification {
             maybe_processed: matches!(class, Class::Unknown),
             pushback: None,
             grpc: None,
+            replayed: false,
         }
+    }
+
+    /// Marks an answer the server replayed from its idempotency store
+    /// (`Idempotent-Replayed: true`): the stored answer of an earlier
+    /// attempt under the same key, which every later attempt under that key
+    /// gets again. The retry layer sets it on the answers it classifies.
+    #[must_use]
+    pub const fn with_replayed(mut self, replayed: bool) -> Self {
+        self.replayed = replayed;
+        self
+    }
+
+    /// True for an answer the server replayed from its idempotency store.
+    pub const fn replayed(&self) -> bool {
+        self.replayed
     }
 
     /// Records the gRPC status the attempt was answered with (the
@@ -252,6 +269,19 @@ pub struct RequestFacts<'a> {
     method: &'a Method,
     uri: &'a Uri,
     headers: &'a HeaderMap,
+}
+
+/// Marks a response replayed from a server's idempotency store (the
+/// server half's `IDEMPOTENT_REPLAYED`, and the IETF draft's convention).
+pub(crate) const IDEMPOTENT_REPLAYED: ::http::HeaderName =
+    ::http::HeaderName::from_static("idempotent-replayed");
+
+/// True when `headers` say the response was replayed from the server's
+/// idempotency store.
+pub(crate) fn is_replayed(headers: &HeaderMap) -> bool {
+    headers
+        .get(&IDEMPOTENT_REPLAYED)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
 }
 
 /// The header names recognised as an idempotency key on outgoing requests.

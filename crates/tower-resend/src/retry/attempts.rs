@@ -14,6 +14,7 @@ pub struct Attempt {
     status: Option<StatusCode>,
     // In the padding after `status`: the record stays 56 bytes.
     grpc: Option<GrpcCode>,
+    replayed: bool,
     waited: Duration,
     took: Duration,
     server_wait: Option<Duration>,
@@ -31,6 +32,7 @@ impl Attempt {
             class,
             status,
             grpc: None,
+            replayed: false,
             waited,
             took,
             server_wait,
@@ -42,6 +44,20 @@ impl Attempt {
     pub(crate) const fn with_grpc_code(mut self, code: Option<GrpcCode>) -> Self {
         self.grpc = code;
         self
+    }
+
+    /// The attempt, answered with a response the server replayed from its
+    /// idempotency store.
+    pub(crate) const fn with_replayed(mut self, replayed: bool) -> Self {
+        self.replayed = replayed;
+        self
+    }
+
+    /// True when the server answered the attempt with a response replayed
+    /// from its idempotency store (`Idempotent-Replayed: true`): the
+    /// recorded answer of an earlier attempt under the same key.
+    pub const fn replayed(&self) -> bool {
+        self.replayed
     }
 
     /// What the attempt's result says the server did.
@@ -112,6 +128,10 @@ pub enum Stop {
     OutcomeUnknown,
     /// The request body was too large to keep a copy of.
     NotReplayable,
+    /// The server answered with a failure it replayed from its idempotency
+    /// store: every attempt under the key gets the same answer, and the
+    /// work it records may be half done. The call is outcome-unknown.
+    Replayed,
     /// A circuit breaker refused the attempt: the upstream is unwell.
     CircuitOpen,
 }
@@ -127,6 +147,7 @@ impl fmt::Display for Stop {
             Self::ServerSaidNo => "server asked not to retry (soon)",
             Self::OutcomeUnknown => "outcome unknown, not safe to resend",
             Self::NotReplayable => "body too large to resend",
+            Self::Replayed => "a failure replayed by the server, the same for every retry",
             Self::CircuitOpen => "circuit open",
         })
     }

@@ -15,7 +15,7 @@ use super::head::Head;
 use super::layer::{Shared, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use super::policy::Decision;
 use super::{Attempt, Attempts, ReplayBody, RetryBudget, Stop, Token};
-use crate::classify::{Class, Classification, Classify, RequestFacts};
+use crate::classify::{is_replayed, Class, Classification, Classify, RequestFacts};
 use crate::deadline::{context, Deadline};
 use crate::error::{BoxError, Error, ErrorKind, Phase};
 use crate::telemetry::{self, Outcome, WaitReason};
@@ -214,7 +214,7 @@ impl<S, B, C> Retrying<S, B, C> {
         history.finish(elapsed, stop);
         let upstream = self.shared.upstream.as_ref();
         match result {
-            Ok(mut resp) if stop != Stop::OutcomeUnknown => {
+            Ok(mut resp) if !matches!(stop, Stop::OutcomeUnknown | Stop::Replayed) => {
                 resp.extensions_mut().insert(history);
                 let result = Ok(resp);
                 self.report(&result, stop);
@@ -223,6 +223,9 @@ impl<S, B, C> Retrying<S, B, C> {
             Ok(_) => {
                 let mut e = Error::retry(ErrorKind::OutcomeUnknown, history, None);
                 e.set_upstream_if_none(upstream);
+                if let Some(key) = self.head.generated_key() {
+                    e = e.with_generated_key(key);
+                }
                 let result = Err(e.into());
                 self.report(&result, stop);
                 result
@@ -338,10 +341,14 @@ where
                     let took = now.saturating_duration_since(r.attempt_start);
                     let facts = r.head.facts();
                     let (c, status): (Classification, _) = match &result {
-                        Ok(resp) => (
-                            r.shared.classifier.classify_response(&facts, resp),
-                            Some(resp.status()),
-                        ),
+                        Ok(resp) => {
+                            let c = r.shared.classifier.classify_response(&facts, resp);
+                            // Only a failure's replay changes the decision:
+                            // a success pays no header lookup.
+                            let replayed = !matches!(c.class(), Class::Success | Class::Rejected)
+                                && is_replayed(resp.headers());
+                            (c.with_replayed(replayed), Some(resp.status()))
+                        }
                         Err(e) => (r.shared.classifier.classify_error(&facts, &**e), None),
                     };
                     if !r.attempt.is_disabled() {
@@ -352,7 +359,8 @@ where
                     let made = r.history.len() + 1;
                     r.history.push(
                         Attempt::new(c.class(), status, r.waited, took, c.retry_after())
-                            .with_grpc_code(c.grpc_code()),
+                            .with_grpc_code(c.grpc_code())
+                            .with_replayed(c.replayed()),
                     );
                     let decision = match c.class() {
                         // A final answer (the decision table's first row)

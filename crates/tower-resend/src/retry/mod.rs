@@ -18,6 +18,15 @@
 //! | InProgress | retry after backoff, with the same key | (cannot happen) |
 //! | Unknown | retry after backoff | stop: [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown), verify before resending |
 //!
+//! A failure the server *replayed* from its idempotency store
+//! (`Idempotent-Replayed: true`: the recorded answer of an earlier attempt
+//! under the same key, such as a handler cut by its deadline) is not
+//! retried: every retry under the key would get it again, and the work it
+//! records may be half done. The call ends
+//! [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown), stopped by
+//! [`Stop::Replayed`], and its error advises
+//! [`VerifyFirst`](crate::RetryAdvice::VerifyFirst).
+//!
 //! Every retry also needs an attempt left (3 in all by default), time left (the
 //! wait plus a useful attempt must fit before the deadline; a Retry-After past
 //! it ends the call at once), a token from the shared [`RetryBudget`], and a

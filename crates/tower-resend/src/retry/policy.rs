@@ -74,6 +74,12 @@ impl Policy {
             Class::Success | Class::Rejected => return Decision::Stop(Stop::Final),
             Class::NotSent | Class::NotProcessed => {}
             Class::Overloaded | Class::InProgress | Class::Unknown => {
+                // The server's stored answer of an earlier attempt under this
+                // key: every retry gets it again, and the work it records may
+                // be half done (a handler cut by its deadline).
+                if c.replayed() {
+                    return Decision::Stop(Stop::Replayed);
+                }
                 if c.maybe_processed() && !replay_safe {
                     return Decision::Stop(Stop::OutcomeUnknown);
                 }
@@ -187,6 +193,29 @@ mod tests {
         assert_eq!(
             decide(cls(Class::Unknown), false, 1, None),
             Decision::Stop(Stop::OutcomeUnknown)
+        );
+    }
+
+    #[test]
+    fn a_replayed_failure_stops_and_a_replayed_success_is_final() {
+        // The server's stored answer of an earlier attempt: every retry under
+        // the key would get it again, safe or not.
+        for class in [Class::Unknown, Class::Overloaded, Class::InProgress] {
+            for safe in [true, false] {
+                assert_eq!(
+                    decide(cls(class).with_replayed(true), safe, 1, None),
+                    Decision::Stop(Stop::Replayed),
+                    "{class:?} {safe}"
+                );
+            }
+        }
+        assert_eq!(
+            decide(cls(Class::Success).with_replayed(true), true, 1, None),
+            Decision::Stop(Stop::Final)
+        );
+        assert_eq!(
+            decide(cls(Class::Rejected).with_replayed(true), true, 1, None),
+            Decision::Stop(Stop::Final)
         );
     }
 

@@ -233,7 +233,7 @@ impl CallMetrics {
             b.i.attempts.record(u64::from(history.len()), a);
         });
         match stop {
-            Some(Stop::OutcomeUnknown) => {
+            Some(Stop::OutcomeUnknown | Stop::Replayed) => {
                 b.with(Some(method.clone()), None, |a| {
                     b.i.outcome_unknown.add(1, a)
                 });

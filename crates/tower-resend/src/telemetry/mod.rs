@@ -256,6 +256,7 @@ pub(crate) const fn stop_str(stop: Stop) -> &'static str {
         Stop::Deadline => "deadline",
         Stop::ServerSaidNo => "server_said_no",
         Stop::OutcomeUnknown => "outcome_unknown",
+        Stop::Replayed => "replayed",
         Stop::NotReplayable => "not_replayable",
         Stop::CircuitOpen => "circuit_open",
     }
