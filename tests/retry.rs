@@ -450,6 +450,33 @@ async fn a_two_second_outage_with_retry_after_1_costs_little_and_the_calls_get_t
     a_two_second_outage(Some("1")).await;
 }
 
+/// A quiet client (a fresh stack, one call at a time) whose upstream
+/// answers each call 503, 503 and then 200, with `Retry-After: 0`: under a
+/// 1 s total per call, all three calls succeed. The budget keeps a crowd
+/// off a struggling upstream; it does not make a client with little
+/// traffic wait a second for its first retries (it once did: 0 of 3).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_quiet_client_retries_at_once_and_every_call_gets_through() {
+    let busy = || Reply::status(503).header("retry-after", "0");
+    let mut script = Script::new();
+    for _ in 0..3 {
+        script = script.then(busy()).then(busy()).then(Reply::ok());
+    }
+    let server = server(script).await;
+    let client = stack().total(SECOND).service(transport());
+    for call in 0..3 {
+        let started = Instant::now();
+        let resp = within(client.clone().oneshot(get(server.uri("/quiet"))))
+            .await
+            .unwrap_or_else(|e| panic!("call {call}: {e}"));
+        assert_eq!(resp.status(), StatusCode::OK, "call {call}");
+        assert_eq!(attempts(&resp).len(), 3, "call {call}");
+        let took = started.elapsed();
+        assert!(took < SECOND / 2, "call {call} took {took:?}");
+    }
+    assert_eq!(server.arrival_count(), 9);
+}
+
 /// Retries of requests that were not sent (connection refused) cost the
 /// upstream nothing: with a budget of no tokens at all, every call still
 /// makes all its attempts, and ends not-sent, not out of budget.

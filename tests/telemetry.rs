@@ -376,7 +376,8 @@ async fn a_flaky_get_is_one_call_span_over_three_attempt_spans() {
 }
 
 /// A retry that finds no budget token waits for one, and says so: the
-/// floor's token paid for the first retry, whose failure pauses the floor.
+/// floor's one token paid for the first retry, whose failure spends the
+/// floor and pauses it.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_wait_for_a_budget_token_says_so() {
     let t = Telemetry::start();
@@ -386,7 +387,13 @@ async fn a_wait_for_a_budget_token_says_so() {
             .otherwise(Reply::ok()),
     )
     .await;
-    let client = stack().meter(&t.meter()).service(transport());
+    // A floor of 0.2 retries a second keeps one token.
+    let budget =
+        tower_resend::retry::RetryBudget::new(0.2, 0.2, Duration::from_secs(10)).expect("a budget");
+    let client = stack()
+        .budget(budget)
+        .meter(&t.meter())
+        .service(transport());
     let resp = client.oneshot(get(server.uri("/x"))).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     drop(resp);

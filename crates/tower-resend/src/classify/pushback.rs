@@ -5,7 +5,8 @@
 //! value (the optional whitespace around an HTTP field value, RFC 9110 §5.5,
 //! which a `HeaderValue` built by hand may still carry). Nothing else is
 //! forgiven: whitespace inside the value, other control characters, signs,
-//! fractions and anything longer than 10 digits are rejected.
+//! fractions and anything longer than 10 digits (leading zeros aside) are
+//! rejected.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -60,7 +61,7 @@ impl std::error::Error for InvalidRetryAfter {}
 /// A date in the past means zero wait.
 ///
 /// Spaces and tabs around the value are trimmed; delta-seconds of more than
-/// 10 digits read as [`Duration::MAX`] (a wait longer than any retry will
+/// 10 digits (leading zeros not counted) read as [`Duration::MAX`] (a wait longer than any retry will
 /// honour, never wrapped). A date is
 /// measured from `now`, to the nanosecond; HTTP-dates have whole seconds.
 /// Empty, negative, fractional, non-ASCII or otherwise malformed values are
@@ -147,7 +148,8 @@ pub enum Pushback {
 /// "do not retry" (gRPC retry design A6).
 ///
 /// Spaces and tabs around the value are trimmed, as for
-/// [`parse_retry_after`]. The value is 1 to 10 ASCII digits; anything else,
+/// [`parse_retry_after`]. The value is 1 to 10 ASCII digits (leading zeros
+/// not counted); anything else,
 /// including an empty or overlong value, is [`Pushback::DoNotRetry`].
 ///
 /// ```
@@ -179,12 +181,17 @@ fn trim_ows(mut value: &[u8]) -> &[u8] {
     value
 }
 
-/// Parses 1 to [`MAX_DIGITS`] ASCII digits; `None` on anything else.
+/// Parses ASCII digits with at most [`MAX_DIGITS`] after any leading zeros
+/// (`00000000002` is two: zeros add no value, so they do not count toward
+/// the limit); `None` on anything else.
 fn parse_digits(digits: &[u8]) -> Option<u64> {
-    if digits.len() > MAX_DIGITS {
+    let zeros = digits.iter().take_while(|&&d| d == b'0').count();
+    // Keep the last zero of an all-zero value: "000" is zero.
+    let significant = digits.split_at(zeros.min(digits.len().saturating_sub(1))).1;
+    if significant.len() > MAX_DIGITS {
         return None;
     }
-    crate::deadline::parse_digits(digits)
+    crate::deadline::parse_digits(significant)
 }
 
 #[cfg(test)]
@@ -306,7 +313,7 @@ mod tests {
     fn more_than_ten_digits_is_the_longest_wait_not_an_error() {
         for v in [
             &b"10000000000"[..],
-            b"00000000001",
+            b"010000000000",
             b"99999999999999999999999999",
         ] {
             assert_eq!(parse_retry_after(v, now()), Ok(Duration::MAX), "{v:?}");
@@ -314,6 +321,24 @@ mod tests {
         assert_eq!(
             parse_retry_after(b"9999999999", now()),
             Ok(Duration::from_secs(9_999_999_999))
+        );
+    }
+
+    #[test]
+    fn leading_zeros_do_not_count_toward_the_ten_digits() {
+        // A valid two seconds: the zeros add nothing (they once read as
+        // "wait forever", and the call gave up after one attempt).
+        assert_eq!(
+            parse_retry_after(b"00000000002", now()),
+            Ok(Duration::from_secs(2))
+        );
+        assert_eq!(
+            parse_retry_after(b"0000000000000000000000000", now()),
+            Ok(Duration::ZERO)
+        );
+        assert_eq!(
+            parse_grpc_pushback(b"000000000000250"),
+            Pushback::After(Duration::from_millis(250))
         );
     }
 
@@ -459,9 +484,22 @@ mod tests {
         }
 
         #[test]
-        fn overlong_digits_are_the_longest_wait(digits in "[0-9]{11,30}") {
+        fn overlong_digits_are_the_longest_wait(digits in "0{0,5}[1-9][0-9]{10,29}") {
             prop_assert_eq!(parse_retry_after(digits.as_bytes(), now()), Ok(Duration::MAX));
             prop_assert_eq!(parse_grpc_pushback(digits.as_bytes()), Pushback::DoNotRetry);
+        }
+
+        #[test]
+        fn leading_zeros_change_nothing(zeros in 0usize..40, secs in 0u32..=u32::MAX) {
+            let value = format!("{}{secs}", "0".repeat(zeros));
+            prop_assert_eq!(
+                parse_retry_after(value.as_bytes(), now()),
+                Ok(Duration::from_secs(u64::from(secs)))
+            );
+            prop_assert_eq!(
+                parse_grpc_pushback(value.as_bytes()),
+                Pushback::After(Duration::from_millis(u64::from(secs)))
+            );
         }
 
         #[test]

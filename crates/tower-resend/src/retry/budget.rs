@@ -17,6 +17,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// Within this of a whole token is a whole token: the decay of the
+/// microseconds between the last deposit and a look would otherwise take k
+/// deposits' worth of tokens down to k - 1.
+const WHOLE: f64 = 1.0 - 1e-6;
+
 /// How many seconds of the floor rate the floor bucket keeps.
 const FLOOR_SECONDS: f64 = 5.0;
 
@@ -208,10 +213,6 @@ impl RetryBudget {
 
     /// Takes one retry token, if there is one, and says where from.
     pub(crate) fn withdraw(&self) -> Option<Token> {
-        // Within this of a whole token is a whole token: the decay of the
-        // microseconds between the last deposit and this look would
-        // otherwise take k deposits' worth of tokens down to k - 1.
-        const WHOLE: f64 = 1.0 - 1e-6;
         let i = &*self.inner;
         let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
@@ -241,14 +242,19 @@ impl RetryBudget {
         }
     }
 
-    /// A retry paid for by the floor failed: the upstream is still down.
-    /// The floor is paused for the probe interval, which doubles (up to
-    /// 30 s) until a retry succeeds; retries that fail together pause it
-    /// once. So a long outage costs the upstream a probe now and then, not
-    /// a retry a second.
+    /// A retry paid for by the floor failed. While the floor still holds
+    /// tokens, that is all: a quiet client's first retries go out at once,
+    /// whatever they get. Once it is spent, the upstream is taken as still
+    /// down: the floor is paused for the probe interval, which doubles (up
+    /// to 30 s) until a retry succeeds; retries that fail together pause it
+    /// once. So a long outage costs the upstream the floor's few tokens and
+    /// then a probe now and then, not a retry a second.
     pub(crate) fn floor_failed(&self) {
         let i = &*self.inner;
         let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if !st.probing && st.floor >= WHOLE {
+            return;
+        }
         let now = Instant::now();
         st.probing = true;
         st.floor = st.floor.min(1.0);
@@ -450,11 +456,15 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn failed_probes_pause_the_floor_longer_each_time() {
         let b = RetryBudget::new(0.0, 1.0, Duration::from_secs(10)).unwrap();
+        // The floor's five tokens go out at once, failing or not.
+        for _ in 0..4 {
+            assert_eq!(b.withdraw(), Some(Token::Floor));
+            b.floor_failed();
+        }
         assert_eq!(b.withdraw(), Some(Token::Floor));
         b.floor_failed();
         b.floor_failed();
-        // Paused for 1 s, though floor tokens are left; and while probing,
-        // it holds one at most.
+        // Spent: paused for 1 s; and while probing, it holds one at most.
         assert_eq!(b.withdraw(), None);
         assert_eq!(b.next_refill(), Some(Duration::from_secs(1)));
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -474,6 +484,35 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(b.withdraw(), Some(Token::Recovery));
         assert_eq!(b.withdraw(), Some(Token::Floor));
+    }
+
+    /// A quiet client (no deposits to speak of) whose retries fail now and
+    /// then is not paused while its floor holds tokens: three calls of two
+    /// retries each (the first failing, the second succeeding) all go out
+    /// without waiting. Before, the first failure paused the floor for 1 s.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_quiet_clients_failed_retries_do_not_pause_the_floor() {
+        let b = RetryBudget::default();
+        for call in 0..2 {
+            b.deposit();
+            assert_eq!(b.withdraw(), Some(Token::Floor), "call {call}");
+            b.floor_failed();
+            assert_eq!(b.withdraw(), Some(Token::Floor), "call {call}");
+            b.give_back();
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        // The floor's last token; once it is spent and failed, the floor
+        // pauses, but the successes have started recovery: the next token
+        // is a recovery one, 50 ms away (20 a second after two successes),
+        // not the floor's second.
+        b.deposit();
+        assert_eq!(b.withdraw(), Some(Token::Floor));
+        b.floor_failed();
+        assert_eq!(b.withdraw(), None);
+        let next = b.next_refill().expect("a refill");
+        assert!(next <= Duration::from_millis(50), "{next:?}");
+        tokio::time::advance(next).await;
+        assert_eq!(b.withdraw(), Some(Token::Recovery));
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
