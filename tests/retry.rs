@@ -546,6 +546,58 @@ async fn a_get_whose_small_body_breaks_is_retried_and_succeeds() {
     assert_eq!(off.arrival_count(), 1);
 }
 
+/// A body of unknown length (chunked over HTTP/1.1, no `content-length`
+/// over HTTP/2) that breaks after 10 bytes: read ahead all the same, so a
+/// GET is retried and gets the whole body of the next answer; a POST
+/// without a key is not sent again, and its caller sees the break.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_body_of_unknown_length_that_breaks_is_retried_for_a_get_only() {
+    for h2 in [false, true] {
+        let script = || {
+            Script::new()
+                .then(Reply::ok().reset_mid_stream(Bytes::from_static(b"0123456789")))
+                .otherwise(Reply::ok().body("the whole body"))
+        };
+        let start = |script: Script| async move {
+            let b = TestServer::builder().script(script);
+            let b = if h2 { b.http2_only() } else { b };
+            b.start().await.expect("start the test server")
+        };
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.http2_only(h2);
+        let client = stack().service(tower_resend::connect::hyper_client_with(
+            &builder,
+            CONNECT_TIMEOUT,
+        ));
+
+        let flaky = start(script()).await;
+        let resp = within(client.clone().oneshot(get(flaky.uri("/items/1"))))
+            .await
+            .unwrap_or_else(|e| panic!("h2 {h2}: {e}"));
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(attempts(&resp).len(), 2, "h2 {h2}");
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .expect("the second answer is whole")
+            .to_bytes();
+        assert_eq!(body, "the whole body", "h2 {h2}");
+        assert_eq!(flaky.arrival_count(), 2);
+
+        let once = start(script()).await;
+        let resp = within(client.oneshot(post(once.uri("/charges"))))
+            .await
+            .expect("the head arrives");
+        assert!(
+            http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .is_err(),
+            "h2 {h2}: the caller sees the break"
+        );
+        idle(30 * SECOND).await;
+        assert_eq!(once.arrival_count(), 1, "h2 {h2}");
+    }
+}
+
 /// A POST without a key is not replay-safe: its body is not read ahead,
 /// and a break in it is never a reason to send it again.
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -52,6 +52,8 @@ pub(crate) enum Action {
     Close,
     /// Answer the head and these bytes, then break the body.
     ResetMidBody(Bytes),
+    /// The same, declaring no length (chunked over HTTP/1.1).
+    ResetMidStream(Bytes),
 }
 
 impl Reply {
@@ -177,6 +179,19 @@ impl Reply {
     /// Keep `sent` small (a few KiB): it is meant to fit in the socket buffers.
     pub fn reset_mid_body(mut self, sent: impl Into<Bytes>) -> Reply {
         self.action = Action::ResetMidBody(sent.into());
+        self
+    }
+
+    /// Sends the head and `sent` with no declared length (a chunked body
+    /// over HTTP/1.1, a stream without `content-length` over HTTP/2), then
+    /// breaks it: over HTTP/1 the connection is dropped before the last
+    /// chunk, over HTTP/2 the stream is reset. The client gets the head and
+    /// then an error while reading the body, and cannot know from the head
+    /// how long the body was meant to be.
+    ///
+    /// Keep `sent` small (a few KiB): it is meant to fit in the socket buffers.
+    pub fn reset_mid_stream(mut self, sent: impl Into<Bytes>) -> Reply {
+        self.action = Action::ResetMidStream(sent.into());
         self
     }
 }

@@ -566,5 +566,14 @@ async fn act(
             *response.headers_mut() = headers;
             Ok(response)
         }
+        Action::ResetMidStream(sent) => {
+            // No length to fall short of: the body fails, which drops the
+            // HTTP/1 connection before the last chunk and resets an HTTP/2
+            // stream.
+            let mut response = Response::new(ReplyBody::broken(sent.clone(), false));
+            *response.status_mut() = reply.status;
+            *response.headers_mut() = reply.headers.clone();
+            Ok(response)
+        }
     }
 }

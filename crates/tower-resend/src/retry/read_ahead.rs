@@ -22,15 +22,19 @@ pub const DEFAULT_READ_AHEAD: usize = 64 * 1024;
 /// when a [`RetryLayer`](super::RetryLayer) above says the attempt may be
 /// retried (a replay-safe request with retries allowed; it says so while it
 /// calls the layers below, so they must call inner within their own `call`,
-/// as tower-resend's do — behind a buffer's worker, nothing is read ahead) and the
-/// body's length is known and at most the cap: a break inside such a body
-/// (a reset connection, a truncated body) then fails the attempt, and the
-/// retry layer retries it.
+/// as tower-resend's do — behind a buffer's worker, nothing is read ahead):
+/// up to the cap, whatever the body says of its length (a chunked HTTP/1.1
+/// body and an HTTP/2 body without `content-length` too). A break inside a
+/// body that ends within the cap (a reset connection, a truncated body)
+/// then fails the attempt, and the retry layer retries it.
 ///
-/// Bodies without a known length (streams, gRPC, chunked), longer ones, and
-/// requests the retry layer did not mark go through as they are: a break in
-/// them reaches the caller while it reads. Place it below the retry layer
-/// and the attempt timeout (so that the timeout covers the body too);
+/// A body longer than the cap is handed on once the cap is reached: the
+/// bytes read so far, then the rest as it comes; a break past the cap
+/// reaches the caller while it reads. A body that declares a length over
+/// the cap is not read at all, and neither are streams that are not meant
+/// to end soon (gRPC, `text/event-stream`), nor requests the retry layer
+/// did not mark. Place it below the retry layer and the attempt timeout
+/// (so that the timeout covers the body too);
 /// [`tower_resend::stack()`](crate::stack) does.
 ///
 /// ```
@@ -161,15 +165,66 @@ pin_project! {
     #[project = StateProj]
     enum State<F, B> {
         Calling { #[pin] future: F, cap: usize },
+        // A body that declared a length within the cap: read to its end.
         Reading {
             head: Option<http::response::Parts>,
             #[pin]
             body: B,
-            first: Option<Bytes>,
-            rest: Option<BytesMut>,
-            trailers: Option<HeaderMap>,
+            read: Read,
+        },
+        // A body of unknown length: read to its end or the cap, whichever
+        // comes first; boxed, so that what is left of it can be handed on.
+        Probing {
+            head: Option<http::response::Parts>,
+            body: Option<Pin<Box<B>>>,
+            read: Read,
+            cap: usize,
         },
         Done,
+    }
+}
+
+/// What was read ahead of a body: its data (one chunk kept as it came,
+/// without a copy; more are gathered) and its trailers.
+#[derive(Default)]
+struct Read {
+    first: Option<Bytes>,
+    rest: Option<BytesMut>,
+    len: usize,
+    trailers: Option<HeaderMap>,
+}
+
+impl Read {
+    fn push<B: Body>(&mut self, frame: Frame<B::Data>) {
+        match frame.into_data() {
+            Ok(mut data) => {
+                let chunk = data.copy_to_bytes(data.remaining());
+                self.len = self.len.saturating_add(chunk.len());
+                match (self.first.as_ref(), self.rest.as_mut()) {
+                    (None, _) => self.first = Some(chunk),
+                    (Some(f), None) => {
+                        let mut buf = BytesMut::with_capacity(f.len() + chunk.len());
+                        buf.extend_from_slice(f);
+                        buf.extend_from_slice(&chunk);
+                        self.rest = Some(buf);
+                    }
+                    (Some(_), Some(buf)) => buf.extend_from_slice(&chunk),
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    self.trailers.get_or_insert_with(HeaderMap::new).extend(t);
+                }
+            }
+        }
+    }
+
+    fn take_data(&mut self) -> Bytes {
+        match (self.rest.take(), self.first.take()) {
+            (Some(buf), _) => buf.freeze(),
+            (None, Some(one)) => one,
+            (None, None) => Bytes::new(),
+        }
     }
 }
 
@@ -177,6 +232,22 @@ impl<F, B> std::fmt::Debug for ResponseFuture<F, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
+}
+
+/// True for responses that are streams not meant to end soon, which a
+/// read-ahead would hold back: gRPC and server-sent events.
+fn is_stream(head: &HeaderMap) -> bool {
+    head.get(http::header::CONTENT_TYPE).is_some_and(|v| {
+        let v = v.as_bytes();
+        v.get(..16)
+            .is_some_and(|p| p.eq_ignore_ascii_case(b"application/grpc"))
+            || v.get(..17)
+                .is_some_and(|p| p.eq_ignore_ascii_case(b"text/event-stream"))
+    })
+}
+
+fn after_completion<T>() -> Poll<Result<T, BoxError>> {
+    Poll::Ready(Err("read-ahead future polled after completion".into()))
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B>
@@ -194,74 +265,80 @@ where
             match this.state.as_mut().project() {
                 StateProj::Calling { future, cap } => {
                     let resp = ready!(future.poll(cx)).map_err(Into::into)?;
-                    let small = resp
-                        .body()
-                        .size_hint()
-                        .exact()
-                        .is_some_and(|n| n <= *cap as u64);
-                    if !small || resp.body().is_end_stream() {
+                    let cap = *cap;
+                    let hint = resp.body().size_hint();
+                    let pass = cap == 0
+                        || resp.body().is_end_stream()
+                        || hint.lower() > cap as u64
+                        || (hint.exact().is_none() && is_stream(resp.headers()));
+                    if pass {
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(resp.map(ReadAheadBody::streaming)));
                     }
                     let (head, body) = resp.into_parts();
-                    this.state.set(State::Reading {
-                        head: Some(head),
-                        body,
-                        first: None,
-                        rest: None,
-                        trailers: None,
-                    });
+                    let head = Some(head);
+                    let read = Read::default();
+                    if hint.exact().is_some() {
+                        this.state.set(State::Reading { head, body, read });
+                    } else {
+                        let body = Some(Box::pin(body));
+                        this.state.set(State::Probing {
+                            head,
+                            body,
+                            read,
+                            cap,
+                        });
+                    }
                 }
                 StateProj::Reading {
                     head,
                     mut body,
-                    first,
-                    rest,
-                    trailers,
+                    read,
                 } => {
                     while let Some(frame) = ready!(body.as_mut().poll_frame(cx)) {
-                        let frame = frame.map_err(Into::into)?;
-                        let frame = match frame.into_data() {
-                            Ok(mut data) => {
-                                let chunk = data.copy_to_bytes(data.remaining());
-                                // One chunk (the usual case) is kept as it
-                                // came, without a copy.
-                                match (first.as_ref(), rest.as_mut()) {
-                                    (None, _) => *first = Some(chunk),
-                                    (Some(f), None) => {
-                                        let mut buf =
-                                            BytesMut::with_capacity(f.len() + chunk.len());
-                                        buf.extend_from_slice(f);
-                                        buf.extend_from_slice(&chunk);
-                                        *rest = Some(buf);
-                                    }
-                                    (Some(_), Some(buf)) => buf.extend_from_slice(&chunk),
-                                }
-                                continue;
-                            }
-                            Err(frame) => frame,
-                        };
-                        if let Ok(t) = frame.into_trailers() {
-                            trailers.get_or_insert_with(HeaderMap::new).extend(t);
-                        }
+                        read.push::<B>(frame.map_err(Into::into)?);
                     }
-                    let data = match (rest.take(), first.take()) {
-                        (Some(buf), _) => buf.freeze(),
-                        (None, Some(one)) => one,
-                        (None, None) => Bytes::new(),
-                    };
                     let Some(head) = head.take() else {
-                        return Poll::Ready(
-                            Err("read-ahead future polled after completion".into()),
-                        );
+                        return after_completion();
                     };
-                    let body = ReadAheadBody::buffered(data, trailers.take());
+                    let body = ReadAheadBody::buffered(read.take_data(), read.trailers.take());
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
-                StateProj::Done => {
-                    return Poll::Ready(Err("read-ahead future polled after completion".into()))
+                StateProj::Probing {
+                    head,
+                    body,
+                    read,
+                    cap,
+                } => {
+                    let Some(inner) = body.as_mut() else {
+                        return after_completion();
+                    };
+                    let mut ended = false;
+                    while read.len <= *cap {
+                        match ready!(inner.as_mut().poll_frame(cx)) {
+                            Some(frame) => read.push::<B>(frame.map_err(Into::into)?),
+                            None => {
+                                ended = true;
+                                break;
+                            }
+                        }
+                    }
+                    let (Some(head), Some(inner)) = (head.take(), body.take()) else {
+                        return after_completion();
+                    };
+                    let data = read.take_data();
+                    let body = if ended {
+                        ReadAheadBody::buffered(data, read.trailers.take())
+                    } else {
+                        // Past the cap: what was read, then the rest as it
+                        // comes.
+                        ReadAheadBody::prefixed(data, inner)
+                    };
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
+                StateProj::Done => return after_completion(),
             }
         }
     }
@@ -269,7 +346,8 @@ where
 
 pin_project! {
     /// The response body of [`ReadAheadService`]: the inner body as it is,
-    /// or the bytes (and trailers) read ahead.
+    /// the bytes (and trailers) read ahead, or the bytes read ahead of a
+    /// body longer than the cap followed by the rest of it.
     pub struct ReadAheadBody<B> {
         #[pin]
         inner: Inner<B>,
@@ -281,6 +359,7 @@ pin_project! {
     enum Inner<B> {
         Streaming { #[pin] body: B },
         Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
+        Prefixed { data: Option<Bytes>, body: Pin<Box<B>> },
     }
 }
 
@@ -309,9 +388,35 @@ impl<B> ReadAheadBody<B> {
         }
     }
 
-    /// True when the body was read ahead (it can no longer fail).
+    fn prefixed(data: Bytes, body: Pin<Box<B>>) -> Self {
+        Self {
+            inner: Inner::Prefixed {
+                data: (!data.is_empty()).then_some(data),
+                body,
+            },
+        }
+    }
+
+    /// True when the whole body was read ahead (it can no longer fail).
     pub fn is_read_ahead(&self) -> bool {
         matches!(self.inner, Inner::Buffered { .. })
+    }
+}
+
+fn forward<B>(
+    body: Pin<&mut B>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    match ready!(body.poll_frame(cx)) {
+        Some(Ok(frame)) => Poll::Ready(Some(Ok(
+            frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
+        ))),
+        Some(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+        None => Poll::Ready(None),
     }
 }
 
@@ -328,18 +433,18 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().inner.project() {
-            InnerProj::Streaming { body } => match ready!(body.poll_frame(cx)) {
-                Some(Ok(frame)) => Poll::Ready(Some(Ok(
-                    frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
-                ))),
-                Some(Err(e)) => Poll::Ready(Some(Err(e.into()))),
-                None => Poll::Ready(None),
-            },
+            InnerProj::Streaming { body } => forward(body, cx),
             InnerProj::Buffered { data, trailers } => {
                 if let Some(d) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(d))));
                 }
                 Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+            InnerProj::Prefixed { data, body } => {
+                if let Some(d) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(d))));
+                }
+                forward(body.as_mut(), cx)
             }
         }
     }
@@ -348,6 +453,7 @@ where
         match &self.inner {
             Inner::Streaming { body } => body.is_end_stream(),
             Inner::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+            Inner::Prefixed { data, body } => data.is_none() && body.is_end_stream(),
         }
     }
 
@@ -356,6 +462,16 @@ where
             Inner::Streaming { body } => body.size_hint(),
             Inner::Buffered { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Inner::Prefixed { data, body } => {
+                let read = data.as_ref().map_or(0, |d| d.len() as u64);
+                let rest = body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower().saturating_add(read));
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(read));
+                }
+                hint
             }
         }
     }
@@ -448,7 +564,8 @@ mod tests {
             large.into_body().collect().await.unwrap().to_bytes(),
             "123456789"
         );
-        // A stream (no length known) is never read ahead.
+        // A stream (no length known) is read ahead too, when it ends
+        // within the cap.
         struct Stream(u8);
         impl Body for Stream {
             type Data = Bytes;
@@ -469,8 +586,75 @@ mod tests {
             Ok::<_, std::convert::Infallible>(Response::new(Stream(0)))
         }));
         let resp = marked(streamed, ()).await.unwrap();
-        assert!(!resp.body().is_read_ahead());
+        assert!(resp.body().is_read_ahead());
         assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ab");
+    }
+
+    /// A body of unknown length: read to the cap; its break within the cap
+    /// fails the attempt; past the cap, what was read comes first, then the
+    /// rest as it comes (a break there reaches the reader); gRPC and
+    /// server-sent events are not held back at all.
+    #[tokio::test]
+    async fn a_body_of_unknown_length_is_read_to_the_cap() {
+        /// Sends its chunks, then fails; no length declared.
+        struct Chunks(Vec<&'static str>);
+        impl Body for Chunks {
+            type Data = Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+                if self.0.is_empty() {
+                    return Poll::Ready(Some(Err(std::io::ErrorKind::ConnectionReset.into())));
+                }
+                let chunk = self.0.remove(0);
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(chunk.as_bytes())))))
+            }
+        }
+        let svc = |chunks: Vec<&'static str>, ct: Option<&'static str>| {
+            ReadAheadLayer::new(8).layer(service_fn(move |_: Request<()>| {
+                let chunks = chunks.clone();
+                async move {
+                    let mut resp = Response::new(Chunks(chunks));
+                    if let Some(ct) = ct {
+                        resp.headers_mut()
+                            .insert(http::header::CONTENT_TYPE, ct.parse().unwrap());
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            }))
+        };
+        // Breaks after 5 bytes, within the cap: the attempt fails.
+        assert!(marked(svc(vec!["01234"], None), ()).await.is_err());
+        // Breaks after 12 bytes, past the cap: handed on at 9 bytes read,
+        // the bytes in order, then the break.
+        let resp = marked(svc(vec!["01234", "5678", "9ab"], None), ())
+            .await
+            .expect("handed on past the cap");
+        assert!(!resp.body().is_read_ahead());
+        assert_eq!(resp.body().size_hint().lower(), 9);
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        let err = loop {
+            match body.frame().await {
+                Some(Ok(f)) => got.extend_from_slice(&f.into_data().unwrap()),
+                Some(Err(e)) => break e,
+                None => panic!("the break is lost"),
+            }
+        };
+        assert_eq!(got, b"0123456789ab");
+        assert!(
+            err.to_string().contains("reset") || err.is::<std::io::Error>(),
+            "{err}"
+        );
+        // gRPC and event streams: handed on at once, the break to the reader.
+        for ct in ["application/grpc+proto", "text/event-stream"] {
+            let resp = marked(svc(vec!["01"], Some(ct)), ())
+                .await
+                .expect("not read ahead");
+            assert!(!resp.body().is_read_ahead(), "{ct}");
+        }
     }
 
     #[tokio::test]
