@@ -842,3 +842,44 @@ async fn a_retry_layer_on_its_own_records_too() {
     );
     assert_eq!(int(&attempts[0], "server.port"), Some(80));
 }
+
+/// `http.client.request.duration`, as the HTTP client conventions name it:
+/// one record per request sent (each attempt), with its method, server,
+/// scheme, status and, for an answer of 400 or more, `error.type`; the
+/// time from sending to the answer.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn every_attempt_records_the_http_client_request_duration() {
+    let t = Telemetry::start();
+    let server = server(
+        Script::new()
+            .then(Reply::status(503).delay(Duration::from_millis(30)))
+            .otherwise(Reply::ok().delay(Duration::from_millis(20))),
+    )
+    .await;
+    let client = stack().no_budget().meter(&t.meter()).service(transport());
+    let resp = client.oneshot(get(server.uri("/quote"))).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    drop(resp);
+
+    let mut points = t.points_of("http.client.request.duration");
+    points.sort_by(|a, b| {
+        a.attr("http.response.status_code")
+            .cmp(&b.attr("http.response.status_code"))
+    });
+    assert_eq!(points.len(), 2, "{points:#?}");
+    let port = server.addr().port().to_string();
+    for (p, status, error, least) in [
+        (&points[0], "200", None, 0.020),
+        (&points[1], "503", Some("503"), 0.030),
+    ] {
+        assert_eq!(p.count, 1, "{p:?}");
+        assert_eq!(p.attr("http.request.method"), Some("GET"));
+        assert_eq!(p.attr("server.address"), Some("127.0.0.1"));
+        assert_eq!(p.attr("server.port"), Some(port.as_str()));
+        assert_eq!(p.attr("url.scheme"), Some("http"));
+        assert_eq!(p.attr("http.response.status_code"), Some(status));
+        assert_eq!(p.attr("error.type"), error);
+        assert_eq!(p.attr("resend.upstream"), Some("upstream"));
+        assert!(p.sum >= least && p.sum < least + 0.010, "{p:?}");
+    }
+}

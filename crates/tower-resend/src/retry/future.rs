@@ -351,6 +351,7 @@ where
                         }
                         Err(e) => (r.shared.classifier.classify_error(&facts, &**e), None),
                     };
+                    r.shared.metrics.attempt_ended(&facts, &result, &c, took);
                     if !r.attempt.is_disabled() {
                         // The attempt's span ends here.
                         telemetry::attempt_ended(&r.attempt, &result, &c);

@@ -8,8 +8,10 @@ use std::time::Duration;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::{KeyValue, StringValue};
 
-use super::{method_str, Outcome, WaitReason};
-use crate::classify::{Class, RequestFacts};
+use super::spans::{address, error_type, port};
+use super::{answer_error, method_str, Outcome, WaitReason};
+use crate::classify::{Class, Classification, RequestFacts};
+use crate::error::BoxError;
 use crate::retry::{Attempts, Stop};
 use crate::Name;
 
@@ -21,11 +23,18 @@ const DELAY_BUCKETS: [f64; 15] = [
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0,
 ];
 
+/// Buckets of `http.client.request.duration`, in seconds: the HTTP
+/// semantic conventions' own.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
 const UPSTREAM: &str = "resend.upstream";
 const METHOD: &str = "http.request.method";
 
 /// Every instrument of the client, made once per meter given.
 struct Instruments {
+    request_duration: Histogram<f64>,
     attempts: Histogram<u64>,
     retries: Histogram<u64>,
     transparent: Histogram<u64>,
@@ -64,6 +73,12 @@ impl Instruments {
                 .build()
         };
         Self {
+            request_duration: meter
+                .f64_histogram("http.client.request.duration")
+                .with_unit("s")
+                .with_description("Duration of HTTP client requests.")
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build(),
             attempts: count(
                 "resend.client.call.attempts",
                 "{attempt}",
@@ -215,6 +230,57 @@ impl CallMetrics {
         b.with(Some(reason), None, |a| {
             b.i.retry_delay.record(wait.as_secs_f64(), a);
         });
+    }
+
+    /// An HTTP attempt ended after `took`, with `result` classified `c`:
+    /// `http.client.request.duration`, one record per request sent (each
+    /// attempt is a request of its own, as each has its span), with the
+    /// attributes the HTTP client conventions name. gRPC attempts are not
+    /// HTTP requests in the conventions' sense, and are not recorded.
+    pub(crate) fn attempt_ended<R>(
+        &self,
+        facts: &RequestFacts<'_>,
+        result: &Result<http::Response<R>, BoxError>,
+        c: &Classification,
+        took: Duration,
+    ) {
+        let Some(b) = &self.0 else { return };
+        if facts.is_grpc() {
+            return;
+        }
+        let uri = facts.uri();
+        let mut attrs = Vec::with_capacity(8);
+        attrs.push(KeyValue::new(METHOD, method_str(facts.method())));
+        if let Some(host) = uri.host() {
+            attrs.push(KeyValue::new("server.address", address(host).to_owned()));
+        }
+        if let Some(port) = port(uri) {
+            attrs.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        match uri.scheme_str() {
+            Some("http") => attrs.push(KeyValue::new("url.scheme", "http")),
+            Some("https") => attrs.push(KeyValue::new("url.scheme", "https")),
+            Some(other) => attrs.push(KeyValue::new("url.scheme", other.to_owned())),
+            None => {}
+        }
+        let error = match result {
+            Ok(resp) => {
+                let status = resp.status();
+                attrs.push(KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(status.as_u16()),
+                ));
+                answer_error(status, None)
+            }
+            Err(e) => Some(error_type(&**e, c.class())),
+        };
+        if let Some(error) = error {
+            attrs.push(KeyValue::new("error.type", error));
+        }
+        if b.named {
+            attrs.push(b.upstream.clone());
+        }
+        b.i.request_duration.record(took.as_secs_f64(), &attrs);
     }
 
     /// A call to `facts` ended with `outcome`, after the attempts of

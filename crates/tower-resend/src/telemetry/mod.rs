@@ -79,6 +79,7 @@
 //!
 //! | instrument | kind, unit | recorded | attributes |
 //! |---|---|---|---|
+//! | `http.client.request.duration` | histogram, `s` | every HTTP attempt (each is a request of its own, as it has its own span; gRPC attempts aside): from sending it to its response head, or to its error (a body read ahead is included), with the conventions' buckets | `http.request.method`, `server.address`, `server.port`, `url.scheme`, `http.response.status_code`, `error.type` (the status code of an answer of 400 or more, else the error's kind), `resend.upstream` |
 //! | `resend.client.call.attempts` | histogram, `{attempt}` | at the end of every call: attempts made | `resend.upstream`, `http.request.method`, `resend.outcome` |
 //! | `resend.client.call.retries` | histogram, `{retry}` | at the end of an HTTP call that retried: its retries, transparent ones aside (as gRPC's, 0 is not recorded) | `resend.upstream`, `http.request.method` |
 //! | `resend.client.call.transparent_retries` | histogram, `{retry}` | at the end of an HTTP call with retries of attempts that were not sent | `resend.upstream`, `http.request.method` |

@@ -42,6 +42,16 @@ impl CallMetrics {
     pub(crate) fn waited(&self, _reason: WaitReason, _wait: Duration) {}
 
     #[inline]
+    pub(crate) fn attempt_ended<R>(
+        &self,
+        _facts: &RequestFacts<'_>,
+        _result: &Result<http::Response<R>, crate::BoxError>,
+        _c: &crate::classify::Classification,
+        _took: Duration,
+    ) {
+    }
+
+    #[inline]
     pub(crate) fn call_ended(
         &self,
         _facts: &RequestFacts<'_>,

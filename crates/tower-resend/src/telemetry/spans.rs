@@ -96,7 +96,7 @@ fn grpc_method<'a>(facts: &RequestFacts<'a>) -> Option<(&'a str, &'a str)> {
 }
 
 /// A host as `server.address` says it: an IPv6 literal without its brackets.
-fn address(host: &str) -> &str {
+pub(super) fn address(host: &str) -> &str {
     host.strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host)
@@ -237,7 +237,7 @@ pub(crate) fn call_ended(
 /// (a timeout, an open circuit), anywhere in the chain; else, and for a
 /// transport error, what the error says the server did (`not_sent`,
 /// `unknown`).
-fn error_type(e: &(dyn std::error::Error + 'static), class: Class) -> &'static str {
+pub(super) fn error_type(e: &(dyn std::error::Error + 'static), class: Class) -> &'static str {
     std::iter::successors(Some(e), |e| e.source())
         .find_map(|e| e.downcast_ref::<Error>())
         .map(Error::kind)
@@ -246,7 +246,7 @@ fn error_type(e: &(dyn std::error::Error + 'static), class: Class) -> &'static s
 }
 
 /// The port the request goes to: its own, or its scheme's.
-fn port(uri: &Uri) -> Option<u16> {
+pub(super) fn port(uri: &Uri) -> Option<u16> {
     uri.port_u16().or(match uri.scheme_str() {
         Some("http") => Some(80),
         Some("https") => Some(443),
