@@ -295,6 +295,9 @@ impl<St: Backend> Work<St> {
         E: Send + 'static,
     {
         let protocol = self.protocol;
+        // Boxed: the task's future (and every move of it into the task)
+        // stays small, whatever the size of the service's own future.
+        let handler = Box::pin(handler);
         let task = tokio::spawn(self.run(hold, handler).in_current_span());
         match task.await {
             Ok(answered) => answered,

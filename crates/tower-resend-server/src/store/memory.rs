@@ -3,11 +3,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
+use foldhash::fast::RandomState;
 use tokio::time::Instant;
 
 use super::{
@@ -34,13 +36,16 @@ const SHARDS: usize = 16;
 /// responses and keys). When a new lease or a stored response would pass a
 /// bound:
 ///
-/// 1. expired records are dropped, in every shard;
-/// 2. then the oldest finished records are evicted, one at a time, only as
+/// 1. expired finished records are dropped, in every shard;
+/// 2. then expired leases (work whose holder neither finished nor let go,
+///    which in one process is rare) are looked for in every shard, at most
+///    once a second;
+/// 3. then the oldest finished records are evicted, one at a time, only as
 ///    many as it takes to fit the new one, and counted
 ///    ([`evicted`](Self::evicted)) and logged (a warning per eviction). A
 ///    retry of an evicted key runs its work again: size the bounds for a
 ///    record TTL's worth of keys;
-/// 3. only a store full of *live leases* (work in progress) refuses a new
+/// 4. only a store full of *live leases* (work in progress) refuses a new
 ///    key: the layer answers 503.
 ///
 /// A response larger than the byte bound by itself is stored without its
@@ -70,17 +75,22 @@ struct Shared {
     records: AtomicUsize,
     bytes: AtomicUsize,
     evicted: AtomicU64,
+    /// When expired leases were last looked for (step 2 above).
+    purged: Mutex<Option<Instant>>,
 }
 
-/// One shard: its records by key, and the order they were written in.
+/// One shard: its records by key, and the order its finished ones were
+/// written in. (Leases are in no queue: a lease ends as a finished record
+/// or is let go, and an expired one reads as absent; the rare one left
+/// behind is found when room is needed.)
 #[derive(Default)]
 struct Shard {
-    records: HashMap<Box<str>, Record>,
-    /// Leases, by when they were written (and so by when they expire: a
-    /// store's leases are written with one layer's lease), for the sweep.
-    leases: VecDeque<Written>,
-    /// Finished records, likewise: for the sweep, and the oldest for
-    /// eviction.
+    /// Boxed: the table stays small (a key and a pointer an entry), and
+    /// a lease becomes its finished record in place.
+    records: HashMap<Arc<str>, Box<Record>, RandomState>,
+    /// Finished records, by when they were written (and so by when they
+    /// expire: a store's records are written with one layer's TTL), for
+    /// the sweep, and the oldest for eviction.
     done: VecDeque<Written>,
     /// Numbers each write, so that a queue's entry for a record since
     /// rewritten is known stale.
@@ -89,7 +99,7 @@ struct Shard {
 
 /// A write, as a queue remembers it.
 struct Written {
-    key: Box<str>,
+    key: Arc<str>,
     write: u64,
     expires: Instant,
 }
@@ -134,30 +144,31 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 /// A record's key in its map: the scope's length, the scope and the key,
 /// so that no (scope, key) pair reads as another.
-fn map_key(key: &RecordKey<'_>) -> Box<str> {
-    format!("{}:{}{}", key.scope.len(), key.scope, key.key).into_boxed_str()
+fn map_key(key: &RecordKey<'_>) -> Arc<str> {
+    Arc::from(format!("{}:{}{}", key.scope.len(), key.scope, key.key))
 }
 
 impl Shard {
     /// Drops the records whose time is up, as their queues say.
     fn sweep(&mut self, now: Instant, shared: &Shared) {
-        for finished in [false, true] {
-            loop {
-                let queue = if finished { &self.done } else { &self.leases };
-                match queue.front() {
-                    Some(w) if w.expires <= now => {}
-                    _ => break,
-                }
-                let queue = if finished {
-                    &mut self.done
-                } else {
-                    &mut self.leases
-                };
-                if let Some(w) = queue.pop_front() {
-                    self.remove_if(&w, shared);
-                }
+        while self.done.front().is_some_and(|w| w.expires <= now) {
+            if let Some(w) = self.done.pop_front() {
+                self.remove_if(&w, shared);
             }
         }
+    }
+
+    /// Drops the expired leases (step 2 of the store's docs); how many.
+    fn purge_leases(&mut self, now: Instant, shared: &Shared) -> usize {
+        let before = self.records.len();
+        self.records.retain(|_, r| {
+            let keep = r.done.is_some() || r.expires > now;
+            if !keep {
+                shared.forget(r);
+            }
+            keep
+        });
+        before - self.records.len()
     }
 
     /// Removes the record `w` wrote, if it is still the one there.
@@ -193,19 +204,16 @@ impl Shard {
     }
 
     /// Writes `record` for `key`, in place of what was there, and queues it.
-    fn write(&mut self, key: Box<str>, mut record: Record, shared: &Shared) {
+    fn write(&mut self, key: Arc<str>, mut record: Box<Record>, shared: &Shared) {
         self.writes += 1;
         record.write = self.writes;
-        let written = Written {
-            key: key.clone(),
-            write: self.writes,
-            expires: record.expires,
-        };
         if let Some(done) = &record.done {
             shared.bytes.fetch_add(done.bytes, Relaxed);
-            self.done.push_back(written);
-        } else {
-            self.leases.push_back(written);
+            self.done.push_back(Written {
+                key: Arc::clone(&key),
+                write: self.writes,
+                expires: record.expires,
+            });
         }
         shared.records.fetch_add(1, Relaxed);
         if let Some(old) = self.records.insert(key, record) {
@@ -231,10 +239,11 @@ impl MemoryStore {
         Self {
             shared: Arc::new(Shared {
                 shards: std::array::from_fn(|_| Mutex::default()),
-                hasher: RandomState::new(),
+                hasher: RandomState::default(),
                 records: AtomicUsize::new(0),
                 bytes: AtomicUsize::new(0),
                 evicted: AtomicU64::new(0),
+                purged: Mutex::new(None),
             }),
             max_records: DEFAULT_MAX_RECORDS,
             max_bytes: DEFAULT_MAX_BYTES,
@@ -274,7 +283,9 @@ impl MemoryStore {
     }
 
     fn shard(&self, key: &str) -> &Mutex<Shard> {
-        let i = self.shared.hasher.hash_one(key) as usize % SHARDS;
+        // The top bits: a shard's map indexes by the low ones (with its own
+        // seed, but never mind).
+        let i = (self.shared.hasher.hash_one(key) >> 60) as usize % SHARDS;
         &self.shared.shards[i]
     }
 
@@ -295,6 +306,17 @@ impl MemoryStore {
         let now = Instant::now();
         for shard in &self.shared.shards {
             lock(shard).sweep(now, &self.shared);
+        }
+        if !self.fits(records, bytes) && self.may_purge(now) {
+            let purged: usize = self
+                .shared
+                .shards
+                .iter()
+                .map(|s| lock(s).purge_leases(now, &self.shared))
+                .sum();
+            if purged > 0 {
+                tracing::debug!(purged, "idempotency memory store: expired leases dropped");
+            }
         }
         let mut evicted = 0u64;
         while !self.fits(records, bytes) {
@@ -322,13 +344,33 @@ impl MemoryStore {
         self.fits(records, bytes)
     }
 
+    /// True when expired leases were last looked for a second or more ago
+    /// (or never); notes that they are looked for now.
+    fn may_purge(&self, now: Instant) -> bool {
+        let mut last = self
+            .shared
+            .purged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| now.saturating_duration_since(at) < Duration::from_secs(1)) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
     fn begin_now(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
         let key = map_key(&claim.key);
         let now = Instant::now();
-        {
-            let mut shard = lock(self.shard(&key));
-            shard.sweep(now, &self.shared);
-            if let Some(found) = shard.records.get(&key).filter(|r| r.expires > now) {
+        let shard = self.shard(&key);
+        // Room without making any (the usual case): one lock, one look.
+        let mut room = self.fits(1, 0);
+        loop {
+            let mut guard = lock(shard);
+            guard.sweep(now, &self.shared);
+            // Held, or finished: say what holds it. (Also after making
+            // room, when the lock was let go and another request took it.)
+            if let Some(found) = guard.records.get(&key).filter(|r| r.expires > now) {
                 return Ok(match &found.done {
                     Some(done) => Begin::Completed {
                         fingerprint: found.fingerprint,
@@ -339,34 +381,26 @@ impl MemoryStore {
                     },
                 });
             }
+            if room {
+                let lease = Box::new(Record {
+                    fingerprint: claim.fingerprint,
+                    token: claim.token,
+                    expires: now + ttl.lease,
+                    write: 0,
+                    done: None,
+                });
+                guard.write(key, lease, &self.shared);
+                return Ok(Begin::Acquired);
+            }
+            // Making room locks every shard in turn: not with this one held.
+            drop(guard);
+            if !self.make_room(1, 0) {
+                return Err(StoreError::new(
+                    "memory store full of live leases: no room for a new key",
+                ));
+            }
+            room = true;
         }
-        if !self.make_room(1, 0) {
-            return Err(StoreError::new(
-                "memory store full of live leases: no room for a new key",
-            ));
-        }
-        let mut shard = lock(self.shard(&key));
-        // Taken meanwhile (the lock was let go to make room): say what holds it.
-        if let Some(found) = shard.records.get(&key).filter(|r| r.expires > now) {
-            return Ok(match &found.done {
-                Some(done) => Begin::Completed {
-                    fingerprint: found.fingerprint,
-                    response: done.response.clone(),
-                },
-                None => Begin::InProgress {
-                    fingerprint: found.fingerprint,
-                },
-            });
-        }
-        let lease = Record {
-            fingerprint: claim.fingerprint,
-            token: claim.token,
-            expires: now + ttl.lease,
-            write: 0,
-            done: None,
-        };
-        shard.write(key, lease, &self.shared);
-        Ok(Begin::Acquired)
     }
 
     fn renew_now(&self, claim: &Claim<'_>, ttl: Ttl) -> LeaseState {
@@ -380,13 +414,13 @@ impl MemoryStore {
             // lost it): written anew.
             _ => {}
         }
-        let lease = Record {
+        let lease = Box::new(Record {
             fingerprint: claim.fingerprint,
             token: claim.token,
             expires: now + ttl.lease,
             write: 0,
             done: None,
-        };
+        });
         shard.write(key, lease, &self.shared);
         LeaseState::Held
     }
@@ -394,14 +428,6 @@ impl MemoryStore {
     fn complete_now(&self, claim: &Claim<'_>, response: &StoredResponse, ttl: Ttl) -> LeaseState {
         let key = map_key(&claim.key);
         let now = Instant::now();
-        {
-            let shard = lock(self.shard(&key));
-            match shard.records.get(&key).filter(|r| r.expires > now) {
-                Some(r) if r.token != claim.token => return LeaseState::Lost,
-                Some(r) if r.done.is_some() => return LeaseState::Held,
-                _ => {}
-            }
-        }
         let mut response = response.clone();
         let mut bytes = response.size() + key.len();
         if bytes > self.max_bytes {
@@ -410,25 +436,59 @@ impl MemoryStore {
             response.body = Bytes::new();
             response.body_omitted = true;
         }
-        // (A lease counts for no bytes: only the response's need room. A
-        // store that cannot make it still keeps the response, over its
-        // bound for a moment, rather than lose the work's end.)
-        self.make_room(0, bytes);
-        let mut shard = lock(self.shard(&key));
-        match shard.records.get(&key).filter(|r| r.expires > now) {
-            Some(r) if r.token != claim.token => return LeaseState::Lost,
-            Some(r) if r.done.is_some() => return LeaseState::Held,
-            _ => {}
+        let shard = self.shard(&key);
+        // Room without making any (the usual case): one lock, one look.
+        let mut room = self.fits(0, bytes);
+        loop {
+            let mut guard = lock(shard);
+            match guard.records.get(&key).filter(|r| r.expires > now) {
+                Some(r) if r.token != claim.token => return LeaseState::Lost,
+                Some(r) if r.done.is_some() => return LeaseState::Held,
+                _ => {}
+            }
+            if room {
+                let shard = &mut *guard;
+                let expires = now + ttl.record;
+                let done = Done { response, bytes };
+                match shard.records.get_mut(&key) {
+                    // Its own lease (the usual case) becomes the record in
+                    // place.
+                    Some(r) if r.token == claim.token => {
+                        shard.writes += 1;
+                        r.write = shard.writes;
+                        r.expires = expires;
+                        self.shared.bytes.fetch_add(bytes, Relaxed);
+                        // (An expired record of its own, rewritten.)
+                        if let Some(old) = r.done.replace(done) {
+                            self.shared.bytes.fetch_sub(old.bytes, Relaxed);
+                        }
+                        shard.done.push_back(Written {
+                            key,
+                            write: shard.writes,
+                            expires,
+                        });
+                    }
+                    // Its lease was lost (expired and let go): written anew.
+                    _ => {
+                        let record = Box::new(Record {
+                            fingerprint: claim.fingerprint,
+                            token: claim.token,
+                            expires,
+                            write: 0,
+                            done: Some(done),
+                        });
+                        shard.write(key, record, &self.shared);
+                    }
+                }
+                return LeaseState::Held;
+            }
+            drop(guard);
+            // (A lease counts for no bytes: only the response's need room.
+            // A store that cannot make it still keeps the response, over
+            // its bound for a moment, rather than lose the work's end.)
+            self.make_room(0, bytes);
+            room = true;
         }
-        let record = Record {
-            fingerprint: claim.fingerprint,
-            token: claim.token,
-            expires: now + ttl.record,
-            write: 0,
-            done: Some(Done { response, bytes }),
-        };
-        shard.write(key, record, &self.shared);
-        LeaseState::Held
     }
 
     fn release_now(&self, claim: &Claim<'_>) {
