@@ -53,7 +53,7 @@ where
     let renewals = async {
         if let Some((every, mut renew)) = renewal {
             let every = every.max(Duration::from_millis(1));
-            let mut next = Instant::now() + every;
+            let mut next = on_grid(Instant::now() + every);
             loop {
                 tokio::time::sleep_until(next).await;
                 renew().await;
@@ -77,6 +77,25 @@ where
         },
         cut = cut => Supervision::DeadlineCut(cut),
         never = renewals => match never {},
+    }
+}
+
+/// Renewals fall due on a grid of this step: the requests of one step
+/// share one instant, and a timer set for an instant the runtime's timer
+/// already waits for does not wake it (setting each request's own earliest
+/// instant did, with a system call, on every keyed request).
+const GRID: Duration = Duration::from_millis(64);
+
+/// `at`, rounded up to the [`GRID`] (counted from the first use).
+fn on_grid(at: Instant) -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    let step = GRID.as_nanos();
+    let since = at.saturating_duration_since(origin).as_nanos();
+    let up = since.div_ceil(step) * step;
+    match u64::try_from(up) {
+        Ok(nanos) => origin + Duration::from_nanos(nanos),
+        Err(_) => at,
     }
 }
 
