@@ -477,6 +477,64 @@ async fn a_quiet_client_retries_at_once_and_every_call_gets_through() {
     assert_eq!(server.arrival_count(), 9);
 }
 
+/// Every retry of an HTTP request says how many attempts came before it
+/// (`resend-previous-attempts`, by default), so that an overloaded server
+/// can shed retries first; the first attempt carries none; the header can
+/// be renamed or turned off.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn retries_say_how_many_attempts_came_before() {
+    let previous = |server: &TestServer, name: &str| -> Vec<Option<String>> {
+        server
+            .arrivals()
+            .iter()
+            .map(|a| {
+                a.headers
+                    .get(name)
+                    .map(|v| v.to_str().unwrap_or_default().to_owned())
+            })
+            .collect()
+    };
+    let busy = || Script::new().then_n(2, Reply::status(503).header("retry-after", "0"));
+    let s = server(busy()).await;
+    let resp = within(
+        stack()
+            .no_budget()
+            .service(transport())
+            .oneshot(get(s.uri("/a"))),
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        previous(&s, "resend-previous-attempts"),
+        [None, Some("1".into()), Some("2".into())]
+    );
+
+    let s = server(busy()).await;
+    let client = stack()
+        .no_budget()
+        .retry(|r| r.attempt_header(http::HeaderName::from_static("x-retry-attempt")))
+        .service(transport());
+    within(client.oneshot(get(s.uri("/a"))))
+        .await
+        .expect("an answer");
+    assert_eq!(
+        previous(&s, "x-retry-attempt"),
+        [None, Some("1".into()), Some("2".into())]
+    );
+    assert_eq!(previous(&s, "resend-previous-attempts"), [None, None, None]);
+
+    let s = server(busy()).await;
+    let client = stack()
+        .no_budget()
+        .retry(|r| r.no_attempt_header())
+        .service(transport());
+    within(client.oneshot(get(s.uri("/a"))))
+        .await
+        .expect("an answer");
+    assert_eq!(previous(&s, "resend-previous-attempts"), [None, None, None]);
+}
+
 /// Retries of requests that were not sent (connection refused) cost the
 /// upstream nothing: with a budget of no tokens at all, every call still
 /// makes all its attempts, and ends not-sent, not out of budget.

@@ -138,6 +138,7 @@ mod body;
 pub mod deadline;
 pub mod idempotency;
 pub mod problems;
+pub mod shed;
 pub mod store;
 
 #[cfg(feature = "axum")]
@@ -147,6 +148,7 @@ pub use deadline::{InboundDeadline, InboundDeadlineLayer};
 pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyStats, KeepResponse, NothingDone};
 #[cfg(feature = "postgres")]
 pub use idempotency::{IdempotentTx, PostgresTransactional};
+pub use shed::{Shed, ShedLayer, ShedStats};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
 #[cfg(feature = "redis")]

@@ -79,6 +79,7 @@
 //! | 503 | UNAVAILABLE, pushback | [`idempotency_store_unavailable`](#idempotency_store_unavailable) | `IdempotencyLayer` |
 //! | 503 | UNAVAILABLE, pushback | [`idempotency_store_not_set_up`](#idempotency_store_not_set_up) | `IdempotencyLayer` |
 //! | 503 | UNAVAILABLE, pushback | [`commit_outcome_unknown`](#commit_outcome_unknown) | `IdempotencyLayer` over `PostgresTransactional` |
+//! | 503 | UNAVAILABLE, pushback | [`request_shed`](#request_shed) | [`ShedLayer`](crate::ShedLayer) |
 //! | 500 | INTERNAL | [`handler_failed`](#handler_failed) | `IdempotencyLayer` |
 //! | 500 | INTERNAL | [`handler_panicked`](#handler_panicked) | `IdempotencyLayer` |
 //! | 500 | INTERNAL | [`response_lost`](#response_lost) | `IdempotencyLayer` |
@@ -177,6 +178,13 @@
 //! 503: the operation's transaction may or may not have committed; send it
 //! again with the same key: it is replayed if it did.
 //!
+//! ### request_shed
+//!
+//! 503: the server is at capacity and refused the request before it ran
+//! (retries are refused before first attempts), or the request's deadline
+//! would pass before its turn; nothing was done. `Retry-After` is the time
+//! the queue takes to drain at the pace work has been finishing.
+//!
 //! ### handler_failed
 //!
 //! 500: the handler failed (it returned an error, not a response). Over a
@@ -274,6 +282,8 @@ pub enum ProblemType {
     IdempotencyStoreNotSetUp,
     /// [`commit_outcome_unknown`](self#commit_outcome_unknown).
     CommitOutcomeUnknown,
+    /// [`request_shed`](self#request_shed).
+    RequestShed,
     /// [`handler_failed`](self#handler_failed).
     HandlerFailed,
     /// [`handler_panicked`](self#handler_panicked).
@@ -288,7 +298,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every type, in the order of the table above.
-    pub const ALL: [Self; 21] = [
+    pub const ALL: [Self; 22] = [
         Self::DeadlineExceeded,
         Self::OutcomeUnknown,
         Self::UpstreamOverloaded,
@@ -305,6 +315,7 @@ impl ProblemType {
         Self::IdempotencyStoreUnavailable,
         Self::IdempotencyStoreNotSetUp,
         Self::CommitOutcomeUnknown,
+        Self::RequestShed,
         Self::HandlerFailed,
         Self::HandlerPanicked,
         Self::ResponseLost,
@@ -436,6 +447,12 @@ impl ProblemType {
                 "commit_outcome_unknown",
                 S::SERVICE_UNAVAILABLE,
                 "Commit outcome unknown",
+                G::Unavailable,
+            ),
+            Self::RequestShed => (
+                "request_shed",
+                S::SERVICE_UNAVAILABLE,
+                "Request shed at capacity",
                 G::Unavailable,
             ),
             Self::HandlerFailed => (

@@ -16,6 +16,16 @@ use crate::telemetry::{CallMetrics, ClientMetrics};
 pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
     HeaderName::from_static("grpc-previous-rpc-attempts");
 
+/// The header on which a later attempt of an HTTP request says how many
+/// attempts came before it (by default; see
+/// [`RetryLayer::attempt_header`]): `resend-previous-attempts: 1` on the
+/// first retry, 2 on the second. The first attempt carries none, as with
+/// gRPC's [`GRPC_PREVIOUS_RPC_ATTEMPTS`]: a server that sheds load reads
+/// its absence as a first attempt, and sheds the retries first
+/// (`tower_resend_server::ShedLayer`).
+pub const RESEND_PREVIOUS_ATTEMPTS: HeaderName =
+    HeaderName::from_static("resend-previous-attempts");
+
 /// Retries what is safe to retry, when it is worth it, and nothing else.
 ///
 /// After each attempt the classifier says what the server may have done
@@ -108,7 +118,7 @@ impl RetryLayer<HttpClassifier> {
             budget: Some(RetryBudget::default()),
             seed: None,
             upstream: None,
-            attempt_header: None,
+            attempt_header: Some(RESEND_PREVIOUS_ATTEMPTS),
             metrics: ClientMetrics::OFF,
         }
     }
@@ -236,7 +246,9 @@ impl<C> RetryLayer<C> {
     /// attempts came before it, as `name: N`, so that an overloaded upstream
     /// can shed retries first. gRPC requests always carry it as
     /// [`grpc-previous-rpc-attempts`](GRPC_PREVIOUS_RPC_ATTEMPTS), as gRPC's
-    /// own retries do. The first attempt carries nothing. Default: off.
+    /// own retries do. The first attempt carries nothing. Default:
+    /// [`RESEND_PREVIOUS_ATTEMPTS`]; [`no_attempt_header`](Self::no_attempt_header)
+    /// sends none on HTTP.
     ///
     /// ```
     /// use http::HeaderName;
@@ -248,6 +260,14 @@ impl<C> RetryLayer<C> {
     #[must_use]
     pub fn attempt_header(mut self, name: HeaderName) -> Self {
         self.attempt_header = Some(name);
+        self
+    }
+
+    /// Sends no attempt header on HTTP requests (gRPC ones still carry
+    /// [`grpc-previous-rpc-attempts`](GRPC_PREVIOUS_RPC_ATTEMPTS)).
+    #[must_use]
+    pub fn no_attempt_header(mut self) -> Self {
+        self.attempt_header = None;
         self
     }
 

@@ -83,7 +83,7 @@ pub use body::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
 pub(crate) use budget::Token;
 pub use budget::{InvalidBudget, RetryBudget};
 pub use future::ResponseFuture;
-pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS};
+pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS, RESEND_PREVIOUS_ATTEMPTS};
 pub use policy::{
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BUDGET_WAIT, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT,
     DEFAULT_OVERLOAD_FLOOR, DEFAULT_WAIT_SPREAD,
