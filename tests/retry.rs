@@ -656,6 +656,59 @@ async fn a_body_of_unknown_length_that_breaks_is_retried_for_a_get_only() {
     }
 }
 
+/// A body that sends one chunk and then nothing, under an idle timeout of
+/// 200 ms and a total of 5 s: the attempt fails at 200 ms after the chunk;
+/// a GET is retried and gets the next, whole answer; a POST without a key
+/// is not sent again, and its caller's read fails at 200 ms.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_body_that_goes_silent_fails_its_attempt_at_the_idle_timeout() {
+    const IDLE: Duration = Duration::from_millis(200);
+    let script = || {
+        Script::new()
+            .then(Reply::ok().stall_mid_body(Bytes::from_static(b"0123456789")))
+            .otherwise(Reply::ok().body("the whole body"))
+    };
+    let client = stack()
+        .total(5 * SECOND)
+        .idle_timeout(IDLE)
+        .service(transport());
+
+    let flaky = server(script()).await;
+    let resp = within(client.clone().oneshot(get(flaky.uri("/items/1"))))
+        .await
+        .expect("the retry answers");
+    let history = attempts(&resp).clone();
+    assert_eq!(history.len(), 2, "{history}");
+    let first = history.iter().next().expect("the first attempt");
+    assert_eq!(first.class(), Class::Unknown);
+    assert!(
+        first.took() >= IDLE && first.took() < IDLE + 50 * MS,
+        "{history}"
+    );
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("the second answer is whole")
+        .to_bytes();
+    assert_eq!(body, "the whole body");
+    assert_eq!(flaky.arrival_count(), 2);
+
+    let once = server(script()).await;
+    let resp = within(client.oneshot(post(once.uri("/charges"))))
+        .await
+        .expect("the head arrives");
+    let started = Instant::now();
+    let err = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect_err("the caller's read fails");
+    assert!(started.elapsed() >= IDLE && started.elapsed() < IDLE + 50 * MS);
+    let err = err
+        .downcast_ref::<tower_resend::Error>()
+        .map(tower_resend::Error::kind);
+    assert_eq!(err, Some(ErrorKind::AttemptTimeout));
+    idle(30 * SECOND).await;
+    assert_eq!(once.arrival_count(), 1);
+}
+
 /// A POST without a key is not replay-safe: its body is not read ahead,
 /// and a break in it is never a reason to send it again.
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -35,6 +35,8 @@ pub(crate) enum ReplyBody {
         /// not yet written head).
         h2: bool,
     },
+    /// Sends `sent`, then nothing, ever.
+    Stalled(Option<Bytes>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +52,10 @@ pub(crate) enum BreakStage {
 impl ReplyBody {
     pub(crate) fn full(body: Bytes) -> ReplyBody {
         ReplyBody::Full(if body.is_empty() { None } else { Some(body) })
+    }
+
+    pub(crate) fn stalled(sent: Bytes) -> ReplyBody {
+        ReplyBody::Stalled(Some(sent))
     }
 
     pub(crate) fn broken(sent: Bytes, h2: bool) -> ReplyBody {
@@ -71,6 +77,10 @@ impl Body for ReplyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyBroken>>> {
         match self.get_mut() {
             ReplyBody::Full(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
+            ReplyBody::Stalled(sent) => match sent.take() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => Poll::Pending,
+            },
             ReplyBody::Broken { sent, stage, h2 } => {
                 if let Some(sent) = sent.take() {
                     return Poll::Ready(Some(Ok(Frame::data(sent))));
@@ -103,6 +113,7 @@ impl Body for ReplyBody {
         match self {
             ReplyBody::Full(body) => body.is_none(),
             ReplyBody::Broken { stage, .. } => *stage == BreakStage::Done,
+            ReplyBody::Stalled(_) => false,
         }
     }
 
@@ -111,7 +122,7 @@ impl Body for ReplyBody {
             ReplyBody::Full(body) => {
                 SizeHint::with_exact(body.as_ref().map_or(0, |b| b.len() as u64))
             }
-            ReplyBody::Broken { .. } => SizeHint::default(),
+            ReplyBody::Broken { .. } | ReplyBody::Stalled(_) => SizeHint::default(),
         }
     }
 }

@@ -54,6 +54,8 @@ pub(crate) enum Action {
     ResetMidBody(Bytes),
     /// The same, declaring no length (chunked over HTTP/1.1).
     ResetMidStream(Bytes),
+    /// Answer the head and these bytes, then send nothing more, ever.
+    StallMidBody(Bytes),
 }
 
 impl Reply {
@@ -192,6 +194,14 @@ impl Reply {
     /// Keep `sent` small (a few KiB): it is meant to fit in the socket buffers.
     pub fn reset_mid_stream(mut self, sent: impl Into<Bytes>) -> Reply {
         self.action = Action::ResetMidStream(sent.into());
+        self
+    }
+
+    /// Sends the head and `sent` (no declared length), then nothing more:
+    /// the body neither ends nor fails, and the connection stays open until
+    /// the client gives up on it.
+    pub fn stall_mid_body(mut self, sent: impl Into<Bytes>) -> Reply {
+        self.action = Action::StallMidBody(sent.into());
         self
     }
 }

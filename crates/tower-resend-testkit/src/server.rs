@@ -566,6 +566,12 @@ async fn act(
             *response.headers_mut() = headers;
             Ok(response)
         }
+        Action::StallMidBody(sent) => {
+            let mut response = Response::new(ReplyBody::stalled(sent.clone()));
+            *response.status_mut() = reply.status;
+            *response.headers_mut() = reply.headers.clone();
+            Ok(response)
+        }
         Action::ResetMidStream(sent) => {
             // No length to fall short of: the body fails, which drops the
             // HTTP/1 connection before the last chunk and resets an HTTP/2

@@ -23,7 +23,7 @@ use crate::retry::{
     Backoff, ReadAheadLayer, ReadAheadService, Retry, RetryBudget, RetryLayer, DEFAULT_READ_AHEAD,
 };
 
-use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
+use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer, IdleTimeout, IdleTimeoutLayer};
 
 /// Default deadline budget of a call: 10 s.
 pub const DEFAULT_TOTAL: Duration = Duration::from_secs(10);
@@ -81,6 +81,7 @@ pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
     header: DeadlineHeaderLayer,
     breaker: B,
     read_ahead: ReadAheadLayer,
+    idle: IdleTimeoutLayer,
 }
 
 impl StackBuilder {
@@ -95,6 +96,7 @@ impl StackBuilder {
             header: DeadlineHeaderLayer::new(),
             breaker: NoBreaker,
             read_ahead: ReadAheadLayer::new(DEFAULT_READ_AHEAD),
+            idle: IdleTimeoutLayer::none(),
         }
     }
 }
@@ -243,6 +245,7 @@ impl<C, B> StackBuilder<C, B> {
             header: self.header,
             breaker: self.breaker,
             read_ahead: self.read_ahead,
+            idle: self.idle,
         }
     }
 
@@ -290,6 +293,7 @@ impl<C, B> StackBuilder<C, B> {
             keys: self.keys,
             header: self.header,
             read_ahead: self.read_ahead,
+            idle: self.idle,
         }
     }
 
@@ -321,11 +325,11 @@ impl<C, B> StackBuilder<C, B> {
         self
     }
 
-    /// Reads the response bodies of replay-safe attempts up to `bytes` (by
-    /// their known length) before returning them, so that a connection that
-    /// breaks inside one is a failed attempt, retried; bodies longer, or of
-    /// no known length (streams, chunked, gRPC), reach the caller as they
-    /// come, and a break in them is the caller's error (see
+    /// Reads the response bodies of replay-safe attempts up to `bytes`
+    /// (whatever length they declare) before returning them, so that a
+    /// connection that breaks inside one is a failed attempt, retried; the
+    /// rest of a longer body, gRPC and event streams reach the caller as
+    /// they come, and a break in them is the caller's error (see
     /// [`ReadAheadLayer`]). Default [`DEFAULT_READ_AHEAD`] (64 KiB); 0 turns
     /// it off.
     ///
@@ -338,6 +342,23 @@ impl<C, B> StackBuilder<C, B> {
     #[must_use]
     pub fn read_ahead(mut self, bytes: usize) -> Self {
         self.read_ahead = ReadAheadLayer::new(bytes);
+        self
+    }
+
+    /// Fails a response body that sends nothing for `idle` (reqwest's
+    /// `read_timeout`; see [`IdleTimeoutLayer`]): while it is read ahead,
+    /// that fails the attempt, which a replay-safe request retries; later,
+    /// the caller's read fails. Default: none (the attempt timeout and the
+    /// deadline still bound what is read ahead).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let stack = tower_resend::stack().idle_timeout(Duration::from_secs(5));
+    /// # let _ = stack;
+    /// ```
+    #[must_use]
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle = IdleTimeoutLayer::new(idle);
         self
     }
 
@@ -370,7 +391,7 @@ impl<C, B> StackBuilder<C, B> {
         };
         // Small bodies read ahead under the attempt timeout (which then
         // covers them too) and the breaker (which counts their breaks).
-        let inner = self.read_ahead.layer(transport);
+        let inner = self.read_ahead.layer(self.idle.layer(transport));
         let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
         let inner = self.header.layer(inner);
         // The breaker (if any) inside the retry layer, so it sees every attempt.
@@ -425,7 +446,10 @@ impl<C, K> StackBuilder<C, CircuitBreakerLayer<K>> {
 
 type Inner<S, C, B> = DeadlineService<
     SetIdempotencyKey<
-        Retry<<B as Slot>::Service<DeadlineHeader<AttemptTimeout<ReadAheadService<S>>>>, C>,
+        Retry<
+            <B as Slot>::Service<DeadlineHeader<AttemptTimeout<ReadAheadService<IdleTimeout<S>>>>>,
+            C,
+        >,
     >,
 >;
 
