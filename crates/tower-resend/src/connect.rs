@@ -42,6 +42,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::error::{BoxError, Error};
+pub use crate::vocab::HttpsNotEnabled;
 
 /// Bounds the time a connector may take; see the [module docs](self).
 #[derive(Clone, Copy, Debug)]
@@ -167,24 +168,6 @@ pub use hyper_impl::{hyper_client_with_tls, tls_config, webpki_roots_config};
 /// roots and your own `ClientConfig`s (feature `https`).
 #[cfg(feature = "https")]
 pub use rustls;
-
-/// A request to an `https://` URL through a [`HyperClient`] built without
-/// the `https` feature: it fails at once, is never retried, and says what
-/// to turn on.
-#[derive(Debug)]
-pub struct HttpsNotEnabled {
-    pub(crate) _private: (),
-}
-
-impl std::fmt::Display for HttpsNotEnabled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(
-            "https:// needs tower-resend's `https` feature (hyper-rustls); this client speaks http:// only",
-        )
-    }
-}
-
-impl std::error::Error for HttpsNotEnabled {}
 
 #[cfg(feature = "hyper-client")]
 mod hyper_impl {

@@ -161,6 +161,7 @@ pub mod telemetry;
 pub mod timeout;
 #[cfg(feature = "tonic")]
 pub mod tonic;
+mod vocab;
 
 pub use breaker::CircuitBreakerLayer;
 pub use builder::ServiceBuilderExt;

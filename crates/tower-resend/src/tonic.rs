@@ -404,7 +404,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::breaker::state::{Refusal, Why};
+    use crate::vocab::{Refusal, Why};
     use crate::classify::Class;
     use crate::retry::Stop;
     use http::StatusCode;

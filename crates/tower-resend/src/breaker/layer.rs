@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::shared::Breaker;
+use super::shared::{Breaker, Config};
 use super::state::{Classes, Rules};
 use super::CircuitBreaker;
 use crate::classify::{Class, HttpClassifier};
@@ -64,17 +64,6 @@ const MIN_BREAK: Duration = Duration::from_millis(1);
 pub struct CircuitBreakerLayer<K = HttpClassifier> {
     classifier: K,
     config: Config,
-}
-
-/// The layer's settings, checked.
-#[derive(Clone, Debug)]
-pub(crate) struct Config {
-    pub(crate) rules: Rules,
-    pub(crate) window: Duration,
-    pub(crate) failing: Classes,
-    pub(crate) upstream: Option<Name>,
-    /// The instruments its changes of state are counted on, if any.
-    pub(crate) metrics: ClientMetrics,
 }
 
 /// Why a circuit breaker setting was refused.

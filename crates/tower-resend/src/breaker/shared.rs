@@ -3,21 +3,33 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use http::{HeaderMap, Method, Response, Uri};
 use tokio::time::Instant;
 
-use super::layer::Config;
 use super::state::{
-    observes_upstream, percent, verdict, Action, Change, Classes, Event, Machine, Outcome, State,
-    Why, CLOSED, KIND,
+    observes_upstream, verdict, Action, Change, Classes, Event, Machine, Outcome, Rules, State,
+    CLOSED, KIND,
 };
 use super::window::Window;
 use super::CircuitState;
 use crate::classify::{Classify, RequestFacts};
 use crate::error::{BoxError, Error};
-use crate::telemetry::BreakerMetrics;
+use crate::telemetry::{BreakerMetrics, ClientMetrics};
+use crate::vocab::{percent, Why};
 use crate::Name;
+
+/// The layer's settings, checked.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) rules: Rules,
+    pub(crate) window: Duration,
+    pub(crate) failing: Classes,
+    pub(crate) upstream: Option<Name>,
+    /// The instruments its changes of state are counted on, if any.
+    pub(crate) metrics: ClientMetrics,
+}
 
 /// One breaker, shared by every clone of the service.
 pub(crate) struct Breaker<K> {

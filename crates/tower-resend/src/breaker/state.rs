@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::classify::Class;
+use crate::vocab::{Class, Refusal, Why};
 
 /// The settings the rules use, already checked by the layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,15 +48,6 @@ impl Rules {
 pub(crate) struct Counts {
     pub(crate) calls: u32,
     pub(crate) failures: u32,
-}
-
-/// Why the circuit opened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Why {
-    /// `failures` of the window's `calls` failed.
-    Ratio { failures: u32, calls: u32 },
-    /// A half-open probe failed.
-    Probe,
 }
 
 /// The state of the circuit.
@@ -124,17 +115,6 @@ pub(crate) enum Action {
     Refuse(Refusal),
     /// Nothing to do.
     Nothing,
-}
-
-/// Why a call was refused, and for how long.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// The circuit is open for `left` more.
-    Open { left: Duration, why: Why },
-    /// The circuit is half-open and all of its `probes` are out; come back
-    /// after `wait` (a break's length: the probes either close it sooner or
-    /// open it again).
-    Probing { probes: u32, wait: Duration },
 }
 
 /// The rules of the breaker, row by row: the next state and what to do.
@@ -392,12 +372,6 @@ pub(crate) fn observes_upstream(err: &(dyn std::error::Error + 'static)) -> bool
         next = e.source();
     }
     true
-}
-
-/// `failures` of `calls` in whole per cent, rounded.
-pub(crate) fn percent(failures: u32, calls: u32) -> u64 {
-    let calls = u64::from(calls.max(1));
-    (u64::from(failures) * 100 + calls / 2) / calls
 }
 
 #[cfg(test)]

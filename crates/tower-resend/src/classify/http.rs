@@ -153,7 +153,7 @@ impl<B> Classify<B> for HttpClassifier {
 pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> Class {
     let mut next = Some(err);
     while let Some(e) = next {
-        if e.is::<crate::connect::HttpsNotEnabled>() {
+        if e.is::<crate::vocab::HttpsNotEnabled>() {
             // Sending again cannot help: the client lacks TLS.
             return Class::Rejected;
         }

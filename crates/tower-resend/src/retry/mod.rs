@@ -66,7 +66,6 @@
 //! # }
 //! ```
 
-mod attempts;
 mod backoff;
 mod body;
 mod budget;
@@ -77,7 +76,7 @@ mod policy;
 mod read_ahead;
 mod service;
 
-pub use attempts::{Attempt, Attempts, Stop};
+pub use crate::vocab::{Attempt, Attempts, Stop};
 pub use backoff::{Backoff, InvalidBackoff};
 pub use body::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
 pub(crate) use budget::Token;

@@ -8,121 +8,17 @@
 //! spent and the cause as [`source`](std::error::Error::source).
 
 use crate::Name;
-use std::fmt;
 use std::time::Duration;
 
-use crate::breaker::state::{Refusal, Why};
-use crate::classify::Class;
-use crate::retry::{Attempt, Attempts};
+use crate::vocab::{Attempt, Attempts, Class, Refusal};
+
+mod display;
+mod kind;
+
+pub use kind::{ErrorKind, Phase, RetryAdvice};
 
 /// A type-erased error, as tower middleware passes errors around.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// What went wrong, in terms of what the caller may do next.
-///
-/// The enum is `#[non_exhaustive]`: later layers (retries, budgets) add kinds.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower::{service_fn, ServiceExt};
-/// use tower_resend::ErrorKind;
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-/// let slow = service_fn(|_: http::Request<_>| async {
-///     tokio::time::sleep(Duration::from_secs(60)).await;
-///     Ok::<_, tower_resend::BoxError>(http::Response::new(String::new()))
-/// });
-/// let stack = tower_resend::stack().total(Duration::from_secs(3)).service(slow);
-/// let err = stack.oneshot(http::Request::new(String::new())).await.unwrap_err();
-/// match err.kind() {
-///     ErrorKind::DeadlineExceeded => {} // the whole budget went
-///     ErrorKind::AttemptTimeout => unreachable!("the last attempt is cut by the deadline"),
-///     other => panic!("{other:?}"),
-/// }
-/// # }
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The call's deadline ran out: the whole budget of the call is spent.
-    /// [`Error::phase`] tells whether an attempt was in flight or a wait was running.
-    DeadlineExceeded,
-    /// One attempt took longer than the per-attempt timeout, while the
-    /// call's deadline still had time left.
-    AttemptTimeout,
-    /// The connection could not be made within the connect timeout. Nothing
-    /// was sent.
-    ConnectTimeout,
-    /// The transport failed: connection refused, DNS, reset, a broken body.
-    /// [`Error::is_not_sent`] tells whether the request can have reached the server.
-    Transport,
-    /// The server may have acted on a request that is not safe to send again
-    /// (a POST without an Idempotency-Key that timed out, or got a 5xx).
-    /// Verify before sending it again: look the resource up.
-    OutcomeUnknown,
-    /// Every attempt allowed failed; the last failure is the
-    /// [`source`](std::error::Error::source).
-    RetriesExhausted,
-    /// A retry was allowed but the shared retry budget was empty: the
-    /// upstream is failing for many calls at once.
-    BudgetExhausted,
-    /// A retry was needed but the request body was too large to keep a copy
-    /// of, so it cannot be sent again.
-    BodyNotReplayable,
-    /// The upstream's [circuit breaker](crate::breaker) is open: it looked
-    /// unwell, so the call failed at once. Nothing was sent (safe to fall
-    /// back, or to send elsewhere); [`Error::retry_advice`] says to come back
-    /// after the time it stays open ([`Error::limit`]).
-    CircuitOpen,
-}
-
-impl ErrorKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::DeadlineExceeded => "deadline exceeded",
-            Self::AttemptTimeout => "attempt timed out",
-            Self::ConnectTimeout => "connect timed out",
-            Self::Transport => "transport error",
-            Self::OutcomeUnknown => "outcome unknown",
-            Self::RetriesExhausted => "retries exhausted",
-            Self::BudgetExhausted => "retry budget exhausted",
-            Self::BodyNotReplayable => "body not replayable",
-            Self::CircuitOpen => "circuit open",
-        }
-    }
-}
-
-impl fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What the call was doing when its deadline ran out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Phase {
-    /// No attempt could start: the deadline had passed before the request was
-    /// sent. Nothing was sent.
-    Start,
-    /// An attempt was in flight: the request was sent or being sent, and no
-    /// answer had come.
-    Attempt,
-    /// The call was waiting between attempts (a backoff or a Retry-After).
-    Waiting,
-    /// The response had arrived and its body was being read.
-    Body,
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Start => "before the request was sent",
-            Self::Attempt => "while an attempt was in flight",
-            Self::Waiting => "while waiting to retry",
-            Self::Body => "while reading the response body",
-        })
-    }
-}
 
 /// The error of a tower-resend call: what went wrong, where and after how long.
 ///
@@ -162,40 +58,6 @@ struct Inner {
     /// (the caller set none): what a retry must carry.
     key: Option<http::HeaderValue>,
     source: Option<BoxError>,
-}
-
-/// What a caller that owns the retries (a job runner) should do after an
-/// [`Error`], from [`Error::retry_advice`].
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_resend::RetryAdvice;
-///
-/// fn release_for(advice: RetryAdvice) -> Option<Duration> {
-///     match advice {
-///         RetryAdvice::After(wait) | RetryAdvice::SameKey(wait) => Some(wait),
-///         RetryAdvice::VerifyFirst | RetryAdvice::Never => None,
-///         _ => None,
-///     }
-/// }
-/// assert_eq!(release_for(RetryAdvice::After(Duration::from_secs(2))), Some(Duration::from_secs(2)));
-/// assert_eq!(release_for(RetryAdvice::Never), None);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RetryAdvice {
-    /// Safe to run again, after this wait (zero: at once).
-    After(Duration),
-    /// The server may have acted: verify (look the resource up) before
-    /// sending again.
-    VerifyFirst,
-    /// Sending the same request again will not help.
-    Never,
-    /// The server may have acted, under an Idempotency-Key that resend
-    /// chose ([`Error::idempotency_key`]): send it again, after this wait,
-    /// **with that same key** (the upstream answers the repeat from what it
-    /// stored); a new key could do the work twice.
-    SameKey(Duration),
 }
 
 impl Error {
@@ -626,279 +488,6 @@ fn is_hyper_connect_error(_: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-impl fmt::Debug for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let i = &self.inner;
-        let mut d = f.debug_struct("Error");
-        d.field("kind", &i.kind);
-        if i.not_sent {
-            d.field("not_sent", &true);
-        }
-        if let Some(p) = i.phase {
-            d.field("phase", &p);
-        }
-        if let Some(l) = i.limit {
-            d.field("limit", &l);
-        }
-        if let Some(u) = &i.upstream {
-            d.field("upstream", u);
-        }
-        if i.attempts > 0 {
-            d.field("attempts", &i.attempts);
-        }
-        if let Some(e) = i.elapsed {
-            d.field("elapsed", &e);
-        }
-        if let Some(k) = &i.key {
-            d.field("key", k);
-        }
-        if let Some(h) = &i.history {
-            d.field("history", h);
-        }
-        if let Some(c) = &i.circuit {
-            d.field("circuit", c);
-        }
-        if let Some(s) = &i.source {
-            d.field("source", s);
-        }
-        d.finish()
-    }
-}
-
-impl fmt::Display for Error {
-    /// One sentence: what fired, after how long, over how many attempts,
-    /// the last cause, and for an unknown outcome what to do. Durations in
-    /// milliseconds ("502 ms"), seconds past 10 s ("12.5 s").
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.write_sentence(f, true)
-    }
-}
-
-/// [`Error::summary`]: the sentence without any text of other errors.
-#[derive(Clone, Copy, Debug)]
-struct Summary<'a>(&'a Error);
-
-impl fmt::Display for Summary<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.write_sentence(f, false)
-    }
-}
-
-impl Error {
-    /// The error's sentence in tower-resend's own words only: what
-    /// [`Display`](fmt::Display) says, less the text of any other error
-    /// down the chain (a peer's message, an address, a path). For answers
-    /// that go back to callers: a `tonic::Status`, a problem document.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use std::time::Duration;
-    /// use tower::ServiceExt;
-    ///
-    /// let shipping = tower_resend::stack().name("shipping").max_attempts(1)
-    ///     .service(tower_resend::hyper_client(Duration::from_secs(2)));
-    /// let req = http::Request::get("http://127.0.0.1:9/").body(String::new()).unwrap();
-    /// let err = shipping.oneshot(req).await.unwrap_err();
-    /// // "shipping: could not connect (nothing was sent)": no address, no OS text.
-    /// assert_eq!(err.summary().to_string(), "shipping: could not connect (nothing was sent)");
-    /// assert!(err.to_string().len() > err.summary().to_string().len());
-    /// # }
-    /// ```
-    pub fn summary(&self) -> impl fmt::Display + '_ {
-        Summary(self)
-    }
-
-    fn write_sentence(&self, f: &mut fmt::Formatter<'_>, foreign: bool) -> fmt::Result {
-        let i = &self.inner;
-        if let Some(u) = &i.upstream {
-            write!(f, "{u}: ")?;
-        }
-        let out_of_time = i
-            .history
-            .as_ref()
-            .is_some_and(|h| h.stop() == crate::retry::Stop::Deadline);
-        match i.kind {
-            ErrorKind::DeadlineExceeded => {
-                f.write_str("deadline exceeded")?;
-                if let Some(p) = i.phase.filter(|_| !out_of_time) {
-                    write!(f, " {p}")?;
-                }
-            }
-            ErrorKind::AttemptTimeout => f.write_str("attempt timed out")?,
-            ErrorKind::ConnectTimeout => f.write_str("connect timed out (nothing was sent)")?,
-            ErrorKind::Transport if i.not_sent => {
-                f.write_str("could not connect (nothing was sent)")?;
-            }
-            ErrorKind::Transport => f.write_str("transport error")?,
-            ErrorKind::OutcomeUnknown => f.write_str("outcome unknown")?,
-            ErrorKind::RetriesExhausted => f.write_str("retries exhausted")?,
-            ErrorKind::BudgetExhausted => f.write_str("retry budget exhausted")?,
-            ErrorKind::BodyNotReplayable => f.write_str("body not replayable")?,
-            ErrorKind::CircuitOpen => {
-                write_circuit(f, i.circuit)?;
-                if i.attempts > 1 {
-                    write!(f, " ({} attempts)", i.attempts)?;
-                }
-                return Ok(());
-            }
-        }
-        if let Some(l) = i.limit {
-            write!(f, " after {}", Readable(l))?;
-        } else if let Some(e) = i.elapsed {
-            write!(f, " after {}", Readable(e))?;
-        }
-        if i.attempts > 1 {
-            write!(f, " ({} attempts)", i.attempts)?;
-        }
-        match i.kind {
-            // The last attempt's own failure adds nothing to this.
-            ErrorKind::DeadlineExceeded if out_of_time => {
-                return f.write_str(": no time left for another attempt");
-            }
-            ErrorKind::BudgetExhausted => f.write_str(
-                ": the upstream is failing for many calls, so this one was not retried",
-            )?,
-            ErrorKind::BodyNotReplayable => {
-                f.write_str(
-                    ": a retry was needed but the request body was too large to keep, \
-                     so it was not resent",
-                )?;
-            }
-            _ => {}
-        }
-        if let Some(s) = &i.source {
-            if i.kind != ErrorKind::AttemptTimeout && i.kind != ErrorKind::ConnectTimeout {
-                write_cause(f, self, &**s, foreign)?;
-            }
-        }
-        if i.kind == ErrorKind::OutcomeUnknown {
-            match i.key.as_ref().and_then(|k| k.to_str().ok()) {
-                Some(key) => write!(
-                    f,
-                    "; the server may have processed the request: send it again only with \
-                     the same Idempotency-Key, {key}"
-                )?,
-                None => f.write_str(
-                    "; the server may have processed the request, which is not safe to send \
-                     again: verify (look the resource up) before resending",
-                )?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A duration as a message says it: whole milliseconds under a second
-/// ("502 ms", "<1 ms"), seconds to two decimals from there ("1.3 s",
-/// "12 s").
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Readable(pub(crate) Duration);
-
-impl fmt::Display for Readable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let d = self.0;
-        if d.is_zero() {
-            f.write_str("0 ms")
-        } else if d < Duration::from_millis(1) {
-            f.write_str("<1 ms")
-        } else {
-            write_ms(f, (d.as_micros() + 500) / 1000)
-        }
-    }
-}
-
-/// `ms` milliseconds: "502 ms" under a second, else "1.3 s", "12 s".
-fn write_ms(f: &mut fmt::Formatter<'_>, ms: u128) -> fmt::Result {
-    if ms < 1000 {
-        return write!(f, "{ms} ms");
-    }
-    let centis = (ms + 5) / 10;
-    let (secs, frac) = (centis / 100, centis % 100);
-    match frac {
-        0 => write!(f, "{secs} s"),
-        _ if frac % 10 == 0 => write!(f, "{secs}.{} s", frac / 10),
-        _ => write!(f, "{secs}.{frac:02} s"),
-    }
-}
-
-/// ": " and the cause of `outer`, once: a tower-resend error as it says itself
-/// (or only its own cause, when it says what `outer` already said); any
-/// other error's text (when `foreign`), then its own cause when that text
-/// does not already say it (hyper-util's "client error (Connect)" is
-/// skipped for what is under it). Without `foreign`, only a tower-resend error
-/// down the chain is said.
-fn write_cause(
-    f: &mut fmt::Formatter<'_>,
-    outer: &Error,
-    cause: &(dyn std::error::Error + 'static),
-    foreign: bool,
-) -> fmt::Result {
-    let mut next = Some(cause);
-    while let Some(e) = next {
-        if let Some(ours) = e.downcast_ref::<Error>() {
-            if ours.kind() == outer.kind() && ours.inner.not_sent == outer.inner.not_sent {
-                next = ours.inner.source.as_deref().map(|s| s as _);
-                continue;
-            }
-            f.write_str(": ")?;
-            return ours.write_sentence(f, foreign);
-        }
-        if !foreign || is_terse_wrapper(e) {
-            next = e.source();
-            continue;
-        }
-        let text = e.to_string();
-        write!(f, ": {text}")?;
-        next = e.source().filter(|c| !text.contains(&c.to_string()));
-    }
-    Ok(())
-}
-
-#[cfg(feature = "hyper-client")]
-fn is_terse_wrapper(e: &(dyn std::error::Error + 'static)) -> bool {
-    e.is::<hyper_util::client::legacy::Error>()
-}
-
-#[cfg(not(feature = "hyper-client"))]
-fn is_terse_wrapper(_: &(dyn std::error::Error + 'static)) -> bool {
-    false
-}
-
-/// "circuit open for another 3.2 s after 57% of 140 calls failed".
-fn write_circuit(f: &mut fmt::Formatter<'_>, circuit: Option<Refusal>) -> fmt::Result {
-    struct Wait(Duration);
-    impl fmt::Display for Wait {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            // Rounded up: never less than is left.
-            write_ms(f, self.0.as_micros().div_ceil(1000))
-        }
-    }
-    match circuit {
-        Some(Refusal::Open {
-            left,
-            why: Why::Ratio { failures, calls },
-        }) => write!(
-            f,
-            "circuit open for another {} after {}% of {calls} calls failed",
-            Wait(left),
-            crate::breaker::state::percent(failures, calls),
-        ),
-        Some(Refusal::Open {
-            left,
-            why: Why::Probe,
-        }) => write!(
-            f,
-            "circuit open for another {} after a probe failed",
-            Wait(left)
-        ),
-        Some(Refusal::Probing { probes, .. }) => write!(
-            f,
-            "circuit half-open and its {probes} probe(s) still out: not sent"
-        ),
-        None => f.write_str("circuit open: not sent"),
-    }
-}
-
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.inner
@@ -911,6 +500,7 @@ impl std::error::Error for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fmt;
 
     #[test]
     fn boxed_resend_error_comes_back_as_it_was() {
@@ -1025,7 +615,7 @@ mod tests {
 
     #[test]
     fn a_circuit_open_call_is_not_sent_unless_an_earlier_attempt_was() {
-        use crate::breaker::state::{Refusal, Why};
+        use crate::vocab::{Refusal, Why};
         use crate::retry::{Attempt, Stop};
 
         let open = || {

@@ -3,8 +3,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::classify::{Class, GrpcCode};
-use crate::error::Readable;
+use super::{Class, GrpcCode};
 
 /// One attempt of a call: what it got, how long the call waited before it,
 /// and how long it took.
@@ -438,5 +437,38 @@ mod tests {
             a.to_string(),
             "#1 not_sent, waited 100 ms, #2 503 (overloaded), waited 1 s, #3 200 (success); 1.11 s in all; final answer"
         );
+    }
+}
+
+/// A duration as a message says it: whole milliseconds under a second
+/// ("502 ms", "<1 ms"), seconds to two decimals from there ("1.3 s",
+/// "12 s").
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Readable(pub(crate) Duration);
+
+impl fmt::Display for Readable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if d.is_zero() {
+            f.write_str("0 ms")
+        } else if d < Duration::from_millis(1) {
+            f.write_str("<1 ms")
+        } else {
+            write_ms(f, (d.as_micros() + 500) / 1000)
+        }
+    }
+}
+
+/// `ms` milliseconds: "502 ms" under a second, else "1.3 s", "12 s".
+pub(crate) fn write_ms(f: &mut fmt::Formatter<'_>, ms: u128) -> fmt::Result {
+    if ms < 1000 {
+        return write!(f, "{ms} ms");
+    }
+    let centis = (ms + 5) / 10;
+    let (secs, frac) = (centis / 100, centis % 100);
+    match frac {
+        0 => write!(f, "{secs} s"),
+        _ if frac % 10 == 0 => write!(f, "{secs}.{} s", frac / 10),
+        _ => write!(f, "{secs}.{frac:02} s"),
     }
 }

@@ -1,0 +1,29 @@
+//! Why a circuit breaker opened, and why it refused a call.
+
+use std::time::Duration;
+
+/// Why the circuit opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// `failures` of the window's `calls` failed.
+    Ratio { failures: u32, calls: u32 },
+    /// A half-open probe failed.
+    Probe,
+}
+
+/// Why a call was refused, and for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The circuit is open for `left` more.
+    Open { left: Duration, why: Why },
+    /// The circuit is half-open and all of its `probes` are out; come back
+    /// after `wait` (a break's length: the probes either close it sooner or
+    /// open it again).
+    Probing { probes: u32, wait: Duration },
+}
+
+/// `failures` of `calls` in whole per cent, rounded.
+pub(crate) fn percent(failures: u32, calls: u32) -> u64 {
+    let calls = u64::from(calls.max(1));
+    (u64::from(failures) * 100 + calls / 2) / calls
+}

@@ -1,0 +1,19 @@
+//! The crate's shared vocabulary, at the bottom of its house: the class of
+//! a failure, why retrying stopped, the attempt history, a gRPC status, why
+//! a circuit breaker refused, and the errors whose type alone says what the
+//! server did. It imports nothing of the crate; every room above takes its
+//! words from here (and re-exports them where users have always found
+//! them: `classify::Class`, `retry::Attempts`, `connect::HttpsNotEnabled`).
+
+mod attempts;
+mod breaker;
+mod class;
+mod grpc;
+mod marker;
+
+pub(crate) use attempts::{write_ms, Readable};
+pub use attempts::{Attempt, Attempts, Stop};
+pub(crate) use breaker::{percent, Refusal, Why};
+pub use class::Class;
+pub use grpc::{GrpcCode, GRPC_STATUS};
+pub use marker::HttpsNotEnabled;
