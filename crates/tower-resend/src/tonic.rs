@@ -404,9 +404,9 @@ impl<F> fmt::Debug for ResponseFuture<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocab::{Refusal, Why};
     use crate::classify::Class;
     use crate::retry::Stop;
+    use crate::vocab::{Refusal, Why};
     use http::StatusCode;
 
     fn history(attempts: &[(Class, Option<GrpcCode>)], stop: Stop) -> Attempts {

@@ -615,8 +615,8 @@ mod tests {
 
     #[test]
     fn a_circuit_open_call_is_not_sent_unless_an_earlier_attempt_was() {
-        use crate::vocab::{Refusal, Why};
         use crate::retry::{Attempt, Stop};
+        use crate::vocab::{Refusal, Why};
 
         let open = || {
             Error::circuit_open(
