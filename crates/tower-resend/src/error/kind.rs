@@ -29,7 +29,7 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum ErrorKind {
     /// The call's deadline ran out: the whole budget of the call is spent.
-    /// [`Error::phase`] tells whether an attempt was in flight or a wait was running.
+    /// [`Error::phase`](crate::Error::phase) tells whether an attempt was in flight or a wait was running.
     DeadlineExceeded,
     /// One attempt took longer than the per-attempt timeout, while the
     /// call's deadline still had time left.
@@ -38,7 +38,7 @@ pub enum ErrorKind {
     /// was sent.
     ConnectTimeout,
     /// The transport failed: connection refused, DNS, reset, a broken body.
-    /// [`Error::is_not_sent`] tells whether the request can have reached the server.
+    /// [`Error::is_not_sent`](crate::Error::is_not_sent) tells whether the request can have reached the server.
     Transport,
     /// The server may have acted on a request that is not safe to send again
     /// (a POST without an Idempotency-Key that timed out, or got a 5xx).
@@ -55,8 +55,8 @@ pub enum ErrorKind {
     BodyNotReplayable,
     /// The upstream's [circuit breaker](crate::breaker) is open: it looked
     /// unwell, so the call failed at once. Nothing was sent (safe to fall
-    /// back, or to send elsewhere); [`Error::retry_advice`] says to come back
-    /// after the time it stays open ([`Error::limit`]).
+    /// back, or to send elsewhere); [`Error::retry_advice`](crate::Error::retry_advice) says to come back
+    /// after the time it stays open ([`Error::limit`](crate::Error::limit)).
     CircuitOpen,
 }
 
@@ -110,7 +110,7 @@ impl fmt::Display for Phase {
 }
 
 /// What a caller that owns the retries (a job runner) should do after an
-/// [`Error`], from [`Error::retry_advice`].
+/// [`Error`](crate::Error), from [`Error::retry_advice`](crate::Error::retry_advice).
 ///
 /// ```
 /// use std::time::Duration;
@@ -137,7 +137,7 @@ pub enum RetryAdvice {
     /// Sending the same request again will not help.
     Never,
     /// The server may have acted, under an Idempotency-Key that resend
-    /// chose ([`Error::idempotency_key`]): send it again, after this wait,
+    /// chose ([`Error::idempotency_key`](crate::Error::idempotency_key)): send it again, after this wait,
     /// **with that same key** (the upstream answers the repeat from what it
     /// stored); a new key could do the work twice.
     SameKey(Duration),

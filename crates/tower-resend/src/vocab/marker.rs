@@ -1,6 +1,6 @@
 //! Errors whose type alone says what the server did.
 
-/// A request to an `https://` URL through a [`HyperClient`] built without
+/// A request to an `https://` URL through a [`HyperClient`](crate::connect::HyperClient) built without
 /// the `https` feature: it fails at once, is never retried, and says what
 /// to turn on.
 #[derive(Debug)]
