@@ -20,7 +20,8 @@ use crate::deadline::{
 use crate::error::{BoxError, Error};
 use crate::idempotency::{IdempotencyKeyLayer, SetIdempotencyKey};
 use crate::retry::{
-    Backoff, ReadAheadLayer, ReadAheadService, Retry, RetryBudget, RetryLayer, DEFAULT_READ_AHEAD,
+    Backoff, Hedge, HedgeLayer, ReadAheadLayer, ReadAheadService, Retry, RetryBudget, RetryLayer,
+    DEFAULT_READ_AHEAD,
 };
 
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer, IdleTimeout, IdleTimeoutLayer};
@@ -82,6 +83,7 @@ pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
     breaker: B,
     read_ahead: ReadAheadLayer,
     idle: IdleTimeoutLayer,
+    hedge: HedgeLayer<()>,
 }
 
 impl StackBuilder {
@@ -97,6 +99,7 @@ impl StackBuilder {
             breaker: NoBreaker,
             read_ahead: ReadAheadLayer::new(DEFAULT_READ_AHEAD),
             idle: IdleTimeoutLayer::none(),
+            hedge: HedgeLayer::new(Duration::ZERO).max_copies(1).classifier(()),
         }
     }
 }
@@ -246,6 +249,7 @@ impl<C, B> StackBuilder<C, B> {
             breaker: self.breaker,
             read_ahead: self.read_ahead,
             idle: self.idle,
+            hedge: self.hedge,
         }
     }
 
@@ -294,6 +298,7 @@ impl<C, B> StackBuilder<C, B> {
             header: self.header,
             read_ahead: self.read_ahead,
             idle: self.idle,
+            hedge: self.hedge,
         }
     }
 
@@ -362,6 +367,40 @@ impl<C, B> StackBuilder<C, B> {
         self
     }
 
+    /// Hedges replay-safe attempts: a backup copy `after` the first has not
+    /// answered, the first good answer wins (see [`HedgeLayer`]: a backup
+    /// spends a retry-budget token, at most two copies go out, each with
+    /// the same Idempotency-Key, a POST without a key is never hedged).
+    /// Default: off.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let stack = tower_resend::stack().hedge(Duration::from_millis(20));
+    /// # let _ = stack;
+    /// ```
+    #[must_use]
+    pub fn hedge(mut self, after: Duration) -> Self {
+        self.hedge = HedgeLayer::new(after).classifier(());
+        self
+    }
+
+    /// Hedges as [`hedge`](Self::hedge) does, sending the backup once the
+    /// first copy has taken longer than the `p` quantile of recent calls
+    /// (say 0.95), and at least `at_least`.
+    #[must_use]
+    pub fn hedge_at_percentile(mut self, p: f64, at_least: Duration) -> Self {
+        self.hedge = HedgeLayer::at_percentile(p, at_least).classifier(());
+        self
+    }
+
+    /// At most `n` copies of a hedged attempt (the first included), when
+    /// hedging is on. Default 2.
+    #[must_use]
+    pub fn hedge_copies(mut self, n: u32) -> Self {
+        self.hedge = self.hedge.max_copies(n);
+        self
+    }
+
     /// Also writes the time left, in milliseconds, as `name` on HTTP requests
     /// (gRPC requests always carry `grpc-timeout`). Default: none.
     #[must_use]
@@ -384,6 +423,7 @@ impl<C, B> StackBuilder<C, B> {
     pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B>
     where
         B: BreakerSlot,
+        C: Clone,
     {
         let total = match &self.name {
             Some(n) => DeadlineLayer::new(self.total).upstream(n.clone()),
@@ -394,6 +434,12 @@ impl<C, B> StackBuilder<C, B> {
         let inner = self.read_ahead.layer(self.idle.layer(transport));
         let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
         let inner = self.header.layer(inner);
+        // Hedged copies below the breaker, which sees them as one call.
+        let mut hedge = self.hedge.classifier(self.retry.classifier.clone());
+        if let Some(budget) = self.retry.budget.clone() {
+            hedge = hedge.budget(budget);
+        }
+        let inner = hedge.layer(inner);
         // The breaker (if any) inside the retry layer, so it sees every attempt.
         let inner = self.breaker.wrap(inner, self.name.as_ref(), self.retry);
         let inner = self.keys.layer(inner);
@@ -447,7 +493,9 @@ impl<C, K> StackBuilder<C, CircuitBreakerLayer<K>> {
 type Inner<S, C, B> = DeadlineService<
     SetIdempotencyKey<
         Retry<
-            <B as Slot>::Service<DeadlineHeader<AttemptTimeout<ReadAheadService<IdleTimeout<S>>>>>,
+            <B as Slot>::Service<
+                Hedge<DeadlineHeader<AttemptTimeout<ReadAheadService<IdleTimeout<S>>>>, C>,
+            >,
             C,
         >,
     >,

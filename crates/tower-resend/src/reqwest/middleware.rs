@@ -71,6 +71,7 @@ impl ResendMiddleware {
     pub fn new<C, B, RB>(stack: StackBuilder<C, B>) -> Self
     where
         B: BreakerSlot,
+        C: Clone,
         Stack<Handoff, C, B>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
             + Clone
             + Send
@@ -229,6 +230,7 @@ impl<C, B> StackBuilder<C, B> {
     pub fn reqwest_middleware<RB>(self) -> ResendMiddleware
     where
         B: BreakerSlot,
+        C: Clone,
         Stack<Handoff, C, B>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
             + Clone
             + Send

@@ -59,9 +59,9 @@ pub const RESEND_PREVIOUS_ATTEMPTS: HeaderName =
 /// ```
 #[derive(Clone, Debug)]
 pub struct RetryLayer<C = HttpClassifier> {
-    classifier: C,
+    pub(crate) classifier: C,
     policy: Policy,
-    budget: Option<RetryBudget>,
+    pub(crate) budget: Option<RetryBudget>,
     seed: Option<u64>,
     upstream: Option<Name>,
     attempt_header: Option<HeaderName>,

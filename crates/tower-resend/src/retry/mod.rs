@@ -71,6 +71,7 @@ mod body;
 mod budget;
 mod future;
 mod head;
+mod hedge;
 mod layer;
 mod policy;
 mod read_ahead;
@@ -82,6 +83,7 @@ pub use body::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
 pub(crate) use budget::Token;
 pub use budget::{InvalidBudget, RetryBudget};
 pub use future::ResponseFuture;
+pub use hedge::{Hedge, HedgeFuture, HedgeLayer, Hedged};
 pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS, RESEND_PREVIOUS_ATTEMPTS};
 pub use policy::{
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BUDGET_WAIT, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT,

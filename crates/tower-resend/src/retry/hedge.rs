@@ -1,0 +1,509 @@
+//! Hedged calls: a backup copy of a slow attempt, only where it is safe.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::{Instant, Sleep};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::{NoRetry, ReplayBody, RetryBudget};
+use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
+use crate::error::BoxError;
+
+/// When a backup copy goes out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Delay {
+    /// A fixed time after the last copy.
+    Fixed(Duration),
+    /// At the `p` quantile of recent calls' latency, never sooner than
+    /// `at_least`.
+    Percentile { p: f64, at_least: Duration },
+}
+
+/// Sends a backup copy of a replay-safe attempt that is slow to answer (as
+/// gRPC's hedging policy, A6, and Finagle's backup requests do), and takes
+/// the first good answer.
+///
+/// Only a request the classifier calls replay-safe is hedged: an idempotent
+/// method, or one with an Idempotency-Key (every copy carries the same
+/// key). Each backup spends a token of the [`RetryBudget`] and none is
+/// sent when it is dry; at most [`max_copies`](Self::max_copies) are in
+/// flight (2 by default: the first and one backup). A final answer from any
+/// copy (a success, or a rejection) ends the call and drops the others (a
+/// copy dropped mid-body closes its connection rather than reuse it); an
+/// answer that may change (overloaded, unknown, not sent) sends the next
+/// copy at once, unless the server asked for a wait (`Retry-After`,
+/// `grpc-retry-pushback-ms`), which stops further copies and, once none is
+/// left in flight, goes up to the retry layer. The call's one deadline
+/// bounds every copy. The winning response says what happened in a
+/// [`Hedged`] extension.
+///
+/// [`StackBuilder::hedge`](crate::StackBuilder::hedge) puts it in the stack
+/// (inside the retry layer, which treats the hedged copies as one attempt).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_resend::retry::HedgeLayer;
+///
+/// // A backup after 20 ms; or at the 95th percentile of recent calls.
+/// let fixed = HedgeLayer::new(Duration::from_millis(20));
+/// let adaptive = HedgeLayer::at_percentile(0.95, Duration::from_millis(5));
+/// # let _ = (fixed, adaptive);
+/// ```
+#[derive(Clone, Debug)]
+pub struct HedgeLayer<C = HttpClassifier> {
+    delay: Delay,
+    max_copies: u32,
+    budget: Option<RetryBudget>,
+    classifier: C,
+}
+
+impl HedgeLayer<HttpClassifier> {
+    /// A backup `after` the first copy has not answered.
+    pub fn new(after: Duration) -> Self {
+        Self {
+            delay: Delay::Fixed(after),
+            max_copies: 2,
+            budget: None,
+            classifier: HttpClassifier::new(),
+        }
+    }
+
+    /// A backup once the first copy has taken longer than the `p` quantile
+    /// (0 to 1, say 0.95) of recent calls' latency, and at least
+    /// `at_least` (also the delay until 64 calls have been seen).
+    pub fn at_percentile(p: f64, at_least: Duration) -> Self {
+        Self {
+            delay: Delay::Percentile {
+                p: if p.is_finite() {
+                    p.clamp(0.0, 1.0)
+                } else {
+                    0.95
+                },
+                at_least,
+            },
+            ..Self::new(at_least)
+        }
+    }
+}
+
+impl<C> HedgeLayer<C> {
+    /// At most `n` copies in flight, the first included (at least 1: no
+    /// hedging). Default 2.
+    #[must_use]
+    pub fn max_copies(mut self, n: u32) -> Self {
+        self.max_copies = n.max(1);
+        self
+    }
+
+    /// Backups spend tokens of `budget` (a stack gives its retry budget).
+    /// Without one, backups are limited by the copies alone.
+    #[must_use]
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Classifies with `classifier` (a stack gives its retry classifier).
+    #[must_use]
+    pub fn classifier<C2>(self, classifier: C2) -> HedgeLayer<C2> {
+        HedgeLayer {
+            delay: self.delay,
+            max_copies: self.max_copies,
+            budget: self.budget,
+            classifier,
+        }
+    }
+}
+
+impl<S, C: Clone> Layer<S> for HedgeLayer<C> {
+    type Service = Hedge<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Hedge {
+            inner,
+            shared: Arc::new(Shared {
+                delay: self.delay,
+                max_copies: self.max_copies,
+                budget: self.budget.clone(),
+                classifier: self.classifier.clone(),
+                latency: Latency::default(),
+            }),
+        }
+    }
+}
+
+/// What hedging did for a call: the copies sent, and which one answered
+/// (1 for the first). In the extensions of the response it returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Hedged {
+    /// Copies sent, the first included.
+    pub sent: u32,
+    /// The copy whose answer was returned, counted from 1.
+    pub won: u32,
+}
+
+struct Shared<C> {
+    delay: Delay,
+    max_copies: u32,
+    budget: Option<RetryBudget>,
+    classifier: C,
+    latency: Latency,
+}
+
+/// Recent latencies, and their quantile, refreshed every 64.
+#[derive(Default)]
+struct Latency {
+    recent: Mutex<Vec<Duration>>,
+    quantile_nanos: AtomicU64,
+}
+
+impl Latency {
+    const KEEP: usize = 512;
+    const EVERY: usize = 64;
+
+    fn record(&self, took: Duration, p: f64) {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        if recent.len() == Self::KEEP {
+            recent.remove(0);
+        }
+        recent.push(took);
+        if recent.len().is_multiple_of(Self::EVERY) {
+            let mut sorted = recent.clone();
+            sorted.sort_unstable();
+            let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+            let q = sorted.get(i).copied().unwrap_or_default();
+            let nanos = u64::try_from(q.as_nanos()).unwrap_or(u64::MAX);
+            self.quantile_nanos.store(nanos, Ordering::Relaxed);
+        }
+    }
+
+    fn quantile(&self) -> Option<Duration> {
+        match self.quantile_nanos.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+}
+
+impl<C> Shared<C> {
+    fn after(&self) -> Duration {
+        match self.delay {
+            Delay::Fixed(d) => d,
+            Delay::Percentile { at_least, .. } => self
+                .latency
+                .quantile()
+                .map_or(at_least, |q| q.max(at_least)),
+        }
+    }
+}
+
+/// Middleware that hedges replay-safe attempts; see [`HedgeLayer`].
+pub struct Hedge<S, C = HttpClassifier> {
+    inner: S,
+    shared: Arc<Shared<C>>,
+}
+
+impl<S: Clone, C> Clone for Hedge<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, C> std::fmt::Debug for Hedge<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hedge")
+            .field("inner", &self.inner)
+            .field("delay", &self.shared.delay)
+            .field("max_copies", &self.shared.max_copies)
+            .finish_non_exhaustive()
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, C, B, R> Service<Request<ReplayBody<B>>> for Hedge<S, C>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    C: Classify<R> + Send + Sync + 'static,
+    B: http_body::Body + Send + 'static,
+    R: Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = BoxError;
+    type Future = HedgeFuture<S::Future, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<ReplayBody<B>>) -> Self::Future {
+        let shared = Arc::clone(&self.shared);
+        let hedge = shared.max_copies > 1
+            && req.extensions().get::<NoRetry>().is_none()
+            && Classify::<R>::is_replay_safe(&shared.classifier, &RequestFacts::of(&req));
+        // What the copies are made of: the head, and a body replaying from
+        // the start (none: too large to keep, so no copies).
+        let template = if hedge { Template::of(&req) } else { None };
+        let first = self.inner.call(req);
+        match template {
+            // Not hedged (the usual call): no box, no timer.
+            None => HedgeFuture {
+                state: HedgeState::Direct { inner: first },
+            },
+            Some(template) => HedgeFuture {
+                state: HedgeState::Hedged {
+                    inner: Box::pin(hedged(first, self.inner.clone(), template, shared)),
+                },
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Response future of [`Hedge`].
+    pub struct HedgeFuture<F, R> {
+        #[pin]
+        state: HedgeState<F, R>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = HedgeStateProj]
+    enum HedgeState<F, R> {
+        // Not hedged: the one copy.
+        Direct { #[pin] inner: F },
+        // Hedged: the copies, polled together.
+        Hedged { inner: BoxFuture<Result<Response<R>, BoxError>> },
+    }
+}
+
+impl<F, R> std::fmt::Debug for HedgeFuture<F, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hedged = matches!(self.state, HedgeState::Hedged { .. });
+        f.debug_struct("HedgeFuture")
+            .field("hedged", &hedged)
+            .finish()
+    }
+}
+
+impl<F, R, E> Future for HedgeFuture<F, R>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<R>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            HedgeStateProj::Direct { inner } => inner.poll(cx).map_err(Into::into),
+            HedgeStateProj::Hedged { inner } => inner.as_mut().poll(cx),
+        }
+    }
+}
+
+/// A request's head and a body to copy.
+struct Template<B> {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+    extensions: http::Extensions,
+    body: ReplayBody<B>,
+}
+
+impl<B: http_body::Body> Template<B> {
+    fn of(req: &Request<ReplayBody<B>>) -> Option<Self> {
+        Some(Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            headers: req.headers().clone(),
+            extensions: req.extensions().clone(),
+            body: req.body().try_clone()?,
+        })
+    }
+
+    fn copy(&self) -> Option<Request<ReplayBody<B>>> {
+        let mut req = Request::new(self.body.try_clone()?);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        *req.extensions_mut() = self.extensions.clone();
+        Some(req)
+    }
+
+    fn facts(&self) -> RequestFacts<'_> {
+        RequestFacts::new(&self.method, &self.uri, &self.headers)
+    }
+}
+
+/// What woke the hedging loop.
+enum Woke<T> {
+    /// The copy at this index of the ones in flight ended.
+    Ended(usize, T),
+    /// Time for a backup.
+    Due,
+}
+
+/// The first copy (sent), and backups as the rules of [`HedgeLayer`] say.
+async fn hedged<S, C, B, R>(
+    first: S::Future,
+    mut svc: S,
+    template: Template<B>,
+    shared: Arc<Shared<C>>,
+) -> Result<Response<R>, BoxError>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
+    S::Error: Into<BoxError>,
+    C: Classify<R>,
+    B: http_body::Body,
+{
+    let start = Instant::now();
+    // (copy number, its future), the copies in flight.
+    let mut copies: Vec<(u32, Pin<Box<S::Future>>)> = vec![(1, Box::pin(first))];
+    let mut sent = 1u32;
+    let mut more = true;
+    let mut due: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(shared.after()));
+    loop {
+        let woke = std::future::poll_fn(|cx| {
+            for (i, (_, copy)) in copies.iter_mut().enumerate() {
+                if let Poll::Ready(result) = copy.as_mut().poll(cx) {
+                    return Poll::Ready(Woke::Ended(i, result));
+                }
+            }
+            if more && due.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woke::Due);
+            }
+            Poll::Pending
+        })
+        .await;
+        let (n, result) = match woke {
+            Woke::Due => {
+                more = match next_copy(&template, &shared, sent) {
+                    Some(req) => send(&mut svc, req, &mut copies, &mut sent).await,
+                    None => false,
+                } && sent < shared.max_copies;
+                due.as_mut().reset(Instant::now() + shared.after());
+                continue;
+            }
+            Woke::Ended(i, result) => (copies.swap_remove(i).0, result.map_err(Into::into)),
+        };
+        let facts = template.facts();
+        let c = match &result {
+            Ok(resp) => shared.classifier.classify_response(&facts, resp),
+            Err(e) => shared.classifier.classify_error(&facts, &**e),
+        };
+        let last = if matches!(c.class(), Class::Success | Class::Rejected) {
+            // A final answer ends the call; the other copies are dropped.
+            if let Delay::Percentile { p, .. } = shared.delay {
+                shared.latency.record(start.elapsed(), p);
+            }
+            true
+        } else {
+            // An answer that may change: the next copy at once, unless the
+            // server asked for a wait (then the retry layer waits it).
+            if c.pushback().is_some() {
+                more = false;
+            }
+            if more {
+                more = match next_copy(&template, &shared, sent) {
+                    Some(req) => send(&mut svc, req, &mut copies, &mut sent).await,
+                    None => false,
+                } && sent < shared.max_copies;
+                due.as_mut().reset(Instant::now() + shared.after());
+            }
+            copies.is_empty()
+        };
+        if last {
+            if sent > 1 {
+                tracing::debug!(
+                    sent,
+                    won = n,
+                    class = c.class().as_str(),
+                    "hedged call ended"
+                );
+            }
+            return result.map(|mut resp| {
+                resp.extensions_mut().insert(Hedged { sent, won: n });
+                resp
+            });
+        }
+    }
+}
+
+/// The next copy, if the copies, the budget and the body allow one.
+fn next_copy<B: http_body::Body, C>(
+    template: &Template<B>,
+    shared: &Shared<C>,
+    sent: u32,
+) -> Option<Request<ReplayBody<B>>> {
+    if sent >= shared.max_copies {
+        return None;
+    }
+    if let Some(budget) = &shared.budget {
+        budget.withdraw()?;
+    }
+    template.copy()
+}
+
+/// Sends `req` once the service is ready; false if it cannot take it.
+async fn send<S, B, R>(
+    svc: &mut S,
+    req: Request<ReplayBody<B>>,
+    copies: &mut Vec<(u32, Pin<Box<S::Future>>)>,
+    sent: &mut u32,
+) -> bool
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
+{
+    let ready = std::future::poll_fn(|cx| svc.poll_ready(cx)).await.is_ok();
+    if ready {
+        *sent += 1;
+        copies.push((*sent, Box::pin(svc.call(req))));
+    }
+    ready
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The adaptive delay: `at_least` until 64 calls are seen, then the
+    /// quantile of the recent ones (never under `at_least`), refreshed
+    /// every 64.
+    #[test]
+    fn the_adaptive_delay_follows_recent_latency() {
+        let layer = HedgeLayer::at_percentile(0.9, Duration::from_millis(5));
+        let hedge = layer.layer(());
+        let shared = &hedge.shared;
+        assert_eq!(shared.after(), Duration::from_millis(5));
+        // 64 calls of 1 to 64 ms: the 0.9 quantile is 58 ms.
+        for ms in 1..=64 {
+            shared.latency.record(Duration::from_millis(ms), 0.9);
+        }
+        assert_eq!(shared.after(), Duration::from_millis(58));
+        // 512 fast ones (the slow ones out of the 512 kept): the quantile
+        // falls, but never under the floor.
+        for _ in 0..512 {
+            shared.latency.record(Duration::from_micros(100), 0.9);
+        }
+        assert_eq!(shared.after(), Duration::from_millis(5));
+        // A fixed delay is fixed.
+        let fixed = HedgeLayer::new(Duration::from_millis(20)).layer(());
+        assert_eq!(fixed.shared.after(), Duration::from_millis(20));
+    }
+}
