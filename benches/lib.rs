@@ -181,6 +181,14 @@ pub mod variants {
         tower_resend::stack().name("bench").service(Instant200)
     }
 
+    /// [`stack`] with nothing read ahead (`read_ahead(0)`).
+    pub fn stack_no_read_ahead() -> impl Variant {
+        tower_resend::stack()
+            .name("bench")
+            .read_ahead(0)
+            .service(Instant200)
+    }
+
     /// [`stack`] with the circuit breaker on, with its defaults.
     pub fn stack_breaker() -> impl Variant {
         tower_resend::stack()

@@ -53,7 +53,8 @@ fn main() {
         let retry_ext = variants::tower_retry_ext();
         let stack = variants::stack();
         let breaker = variants::stack_breaker();
-        const NAMES: [&str; 7] = [
+        let no_read_ahead = variants::stack_no_read_ahead();
+        const NAMES: [&str; 8] = [
             "tower Timeout",
             "tower Timeout + Deadline extension",
             "resend Deadline + AttemptTimeout",
@@ -61,6 +62,7 @@ fn main() {
             "the same + Deadline and history extensions",
             "tower_resend::stack()",
             "tower_resend::stack().circuit_breaker()",
+            "tower_resend::stack().read_ahead(0)",
         ];
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
         // Warm-up round, not counted.
@@ -75,7 +77,8 @@ fn main() {
                     3 => per_call(&retry).await,
                     4 => per_call(&retry_ext).await,
                     5 => per_call(&stack).await,
-                    _ => per_call(&breaker).await,
+                    6 => per_call(&breaker).await,
+                    _ => per_call(&no_read_ahead).await,
                 };
             }
             if k > 0 {
@@ -114,6 +117,10 @@ fn main() {
         println!(
             "stack().circuit_breaker() - stack()                  : {:+.1} ns",
             median(times[6].iter().zip(&times[5]).map(|(x, y)| x - y).collect())
+        );
+        println!(
+            "stack() - stack().read_ahead(0)                      : {:+.1} ns",
+            median(times[5].iter().zip(&times[7]).map(|(x, y)| x - y).collect())
         );
     });
 }
