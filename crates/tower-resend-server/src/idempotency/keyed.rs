@@ -195,11 +195,13 @@ where
     let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
     // The handler's outbound calls derive their keys from this one, and
     // keep the inbound deadline, wherever the work goes on.
-    let handler = tower_resend::idempotency::derive_keys(
+    // Boxed where it is made: every later move of it (into the work, into
+    // its task) is a pointer's, whatever the size of the service's future.
+    let handler = Box::pin(tower_resend::idempotency::derive_keys(
         keyed.scope,
         keyed.key.header_value().clone(),
         tower_resend::deadline::carry(inner.call(req)),
-    );
+    ));
     let work = Work {
         shared: Arc::clone(&shared),
         protocol,
@@ -247,7 +249,7 @@ where
     };
     St::start(&mut hold, &mut parts.extensions);
     let req = Request::from_parts(parts, MaybeBuffered::inner(body));
-    let handler = tower_resend::deadline::carry(inner.call(req));
+    let handler = Box::pin(tower_resend::deadline::carry(inner.call(req)));
     let work = Work {
         shared,
         protocol,
@@ -295,9 +297,6 @@ impl<St: Backend> Work<St> {
         E: Send + 'static,
     {
         let protocol = self.protocol;
-        // Boxed: the task's future (and every move of it into the task)
-        // stays small, whatever the size of the service's own future.
-        let handler = Box::pin(handler);
         let task = tokio::spawn(self.run(hold, handler).in_current_span());
         match task.await {
             Ok(answered) => answered,
