@@ -115,6 +115,19 @@ struct Record {
     done: Option<Done>,
 }
 
+impl Record {
+    /// `claim`'s lease, until `expires`.
+    fn lease(claim: &Claim<'_>, expires: Instant) -> Box<Self> {
+        Box::new(Self {
+            fingerprint: claim.fingerprint,
+            token: claim.token,
+            expires,
+            write: 0,
+            done: None,
+        })
+    }
+}
+
 struct Done {
     response: StoredResponse,
     /// The bytes it counts for: the response's and the key's.
@@ -382,14 +395,7 @@ impl MemoryStore {
                 });
             }
             if room {
-                let lease = Box::new(Record {
-                    fingerprint: claim.fingerprint,
-                    token: claim.token,
-                    expires: now + ttl.lease,
-                    write: 0,
-                    done: None,
-                });
-                guard.write(key, lease, &self.shared);
+                guard.write(key, Record::lease(claim, now + ttl.lease), &self.shared);
                 return Ok(Begin::Acquired);
             }
             // Making room locks every shard in turn: not with this one held.
@@ -414,14 +420,7 @@ impl MemoryStore {
             // lost it): written anew.
             _ => {}
         }
-        let lease = Box::new(Record {
-            fingerprint: claim.fingerprint,
-            token: claim.token,
-            expires: now + ttl.lease,
-            write: 0,
-            done: None,
-        });
-        shard.write(key, lease, &self.shared);
+        shard.write(key, Record::lease(claim, now + ttl.lease), &self.shared);
         LeaseState::Held
     }
 
