@@ -883,3 +883,32 @@ async fn every_attempt_records_the_http_client_request_duration() {
         assert!(p.sum >= least && p.sum < least + 0.010, "{p:?}");
     }
 }
+
+/// A hedged attempt says on its span how many copies went and which one
+/// answered.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hedged_attempt_says_which_copy_answered() {
+    let t = Telemetry::start();
+    let server = server(
+        Script::new()
+            .then(Reply::ok().delay(Duration::from_secs(1)))
+            .otherwise(Reply::ok()),
+    )
+    .await;
+    let client = stack()
+        .hedge(Duration::from_millis(10))
+        .service(transport());
+    let resp = client.oneshot(get(server.uri("/x"))).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let hedged = resp
+        .extensions()
+        .get::<tower_resend::retry::Hedged>()
+        .copied();
+    assert_eq!(hedged.map(|h| (h.sent, h.won)), Some((2, 2)));
+    drop(resp);
+
+    let attempts = t.named("GET");
+    assert_eq!(attempts.len(), 1, "{attempts:#?}");
+    assert_eq!(int(&attempts[0], "resend.hedge.sent"), Some(2));
+    assert_eq!(int(&attempts[0], "resend.hedge.won"), Some(2));
+}

@@ -430,6 +430,11 @@ where
         };
         if last {
             if sent > 1 {
+                // On the attempt's span (entered while the copies are
+                // polled): how many copies went, and which one answered.
+                let span = tracing::Span::current();
+                span.record("resend.hedge.sent", i64::from(sent));
+                span.record("resend.hedge.won", i64::from(n));
                 tracing::debug!(
                     sent,
                     won = n,

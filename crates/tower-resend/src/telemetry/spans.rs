@@ -73,6 +73,8 @@ pub(crate) fn attempt_span(call: &Span, facts: &RequestFacts<'_>, previous: u32)
         rpc.service = grpc_method(facts).map(|(service, _)| service),
         rpc.method = grpc_method(facts).map(|(_, method)| method),
         rpc.grpc.status_code = Empty,
+        resend.hedge.sent = Empty,
+        resend.hedge.won = Empty,
     )
 }
 
