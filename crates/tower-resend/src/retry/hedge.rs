@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -161,7 +162,7 @@ struct Shared<C> {
 /// Recent latencies, and their quantile, refreshed every 64.
 #[derive(Default)]
 struct Latency {
-    recent: Mutex<Vec<Duration>>,
+    recent: Mutex<VecDeque<Duration>>,
     quantile_nanos: AtomicU64,
 }
 
@@ -172,11 +173,11 @@ impl Latency {
     fn record(&self, took: Duration, p: f64) {
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         if recent.len() == Self::KEEP {
-            recent.remove(0);
+            recent.pop_front();
         }
-        recent.push(took);
+        recent.push_back(took);
         if recent.len().is_multiple_of(Self::EVERY) {
-            let mut sorted = recent.clone();
+            let mut sorted: Vec<Duration> = recent.iter().copied().collect();
             sorted.sort_unstable();
             let i = ((sorted.len() - 1) as f64 * p).round() as usize;
             let q = sorted.get(i).copied().unwrap_or_default();
