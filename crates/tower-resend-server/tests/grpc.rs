@@ -475,3 +475,31 @@ async fn the_layers_refusals_are_grpc_statuses() {
     );
     assert_eq!(down.runs(), 0);
 }
+
+/// 8. A gRPC caller that gives up mid-handler (drops the call, no
+/// `grpc-timeout`) cancels nothing: the handler runs on to its end, and a
+/// retry under the same key gets its answer replayed, trailers and all,
+/// with one run.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_caller_that_gives_up_mid_handler_cancels_nothing() {
+    let server = GrpcServer::start(IdempotencyLayer::new(MemoryStore::new())).await;
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(500),
+        tonic_call(server.channel(), charge("slow", 9), Some("order-9"), None),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller gave up before the answer");
+    assert_eq!(server.runs(), 1);
+    // Past the handler's 1.5 s: its end was kept.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let resp = server
+        .channel()
+        .oneshot(framed(&charge("slow", 9), "order-9"))
+        .await
+        .expect("an answer");
+    let w = wire(resp).await;
+    assert_eq!(w.headers["idempotent-replayed"], "true");
+    assert_eq!(w.trailers.as_ref().expect("trailers")["grpc-status"], "0");
+    assert_eq!(w.message, Some(Balance { amount: 9, run: 1 }));
+    assert_eq!(server.runs(), 1);
+}
