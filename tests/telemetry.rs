@@ -885,7 +885,7 @@ async fn every_attempt_records_the_http_client_request_duration() {
 }
 
 /// A hedged attempt says on its span how many copies went and which one
-/// answered.
+/// answered, and the copies are counted by which one won.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_hedged_attempt_says_which_copy_answered() {
     let t = Telemetry::start();
@@ -897,8 +897,9 @@ async fn a_hedged_attempt_says_which_copy_answered() {
     .await;
     let client = stack()
         .hedge(Duration::from_millis(10))
+        .meter(&t.meter())
         .service(transport());
-    let resp = client.oneshot(get(server.uri("/x"))).await.unwrap();
+    let resp = client.clone().oneshot(get(server.uri("/x"))).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let hedged = resp
         .extensions()
@@ -911,4 +912,30 @@ async fn a_hedged_attempt_says_which_copy_answered() {
     assert_eq!(attempts.len(), 1, "{attempts:#?}");
     assert_eq!(int(&attempts[0], "resend.hedge.sent"), Some(2));
     assert_eq!(int(&attempts[0], "resend.hedge.won"), Some(2));
+
+    // A second call answers before the backup is due: one copy, the first.
+    let resp = client.oneshot(get(server.uri("/y"))).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    drop(resp);
+    let mut copies = t.points_of("resend.client.hedge.copies");
+    copies.sort_by(|a, b| {
+        a.attr("resend.hedge.winner")
+            .cmp(&b.attr("resend.hedge.winner"))
+    });
+    let winner = |w: &str| labels(&[("resend.upstream", "upstream"), ("resend.hedge.winner", w)]);
+    assert_eq!(
+        copies,
+        [
+            Point {
+                attrs: winner("backup"),
+                count: 1,
+                sum: 2.0
+            },
+            Point {
+                attrs: winner("first"),
+                count: 1,
+                sum: 1.0
+            }
+        ]
+    );
 }

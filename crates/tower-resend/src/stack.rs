@@ -435,7 +435,10 @@ impl<C, B> StackBuilder<C, B> {
         let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
         let inner = self.header.layer(inner);
         // Hedged copies below the breaker, which sees them as one call.
-        let mut hedge = self.hedge.classifier(self.retry.classifier.clone());
+        let mut hedge = self
+            .hedge
+            .classifier(self.retry.classifier.clone())
+            .metrics(self.retry.metrics().clone(), self.name.clone());
         if let Some(budget) = self.retry.budget.clone() {
             hedge = hedge.budget(budget);
         }

@@ -16,6 +16,8 @@ use tower_service::Service;
 use super::{NoRetry, ReplayBody, RetryBudget};
 use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
 use crate::error::BoxError;
+use crate::telemetry::{CallMetrics, ClientMetrics};
+use crate::Name;
 
 /// When a backup copy goes out.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,6 +65,8 @@ pub struct HedgeLayer<C = HttpClassifier> {
     max_copies: u32,
     budget: Option<RetryBudget>,
     classifier: C,
+    metrics: ClientMetrics,
+    upstream: Option<Name>,
 }
 
 impl HedgeLayer<HttpClassifier> {
@@ -73,6 +77,8 @@ impl HedgeLayer<HttpClassifier> {
             max_copies: 2,
             budget: None,
             classifier: HttpClassifier::new(),
+            metrics: ClientMetrics::OFF,
+            upstream: None,
         }
     }
 
@@ -119,7 +125,17 @@ impl<C> HedgeLayer<C> {
             max_copies: self.max_copies,
             budget: self.budget,
             classifier,
+            metrics: self.metrics,
+            upstream: self.upstream,
         }
+    }
+
+    /// Records the copies of each hedged attempt on the stack's instruments
+    /// (`resend.client.hedge.copies`), for the upstream `name`.
+    pub(crate) fn metrics(mut self, metrics: ClientMetrics, name: Option<Name>) -> Self {
+        self.metrics = metrics;
+        self.upstream = name;
+        self
     }
 }
 
@@ -127,16 +143,19 @@ impl<S, C: Clone> Layer<S> for HedgeLayer<C> {
     type Service = Hedge<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Hedge {
-            inner,
-            shared: Arc::new(Shared {
+        // One copy: nothing to share, and a clone of the service copies no
+        // `Arc` for it.
+        let shared = (self.max_copies > 1).then(|| {
+            Arc::new(Shared {
                 delay: self.delay,
                 max_copies: self.max_copies,
                 budget: self.budget.clone(),
                 classifier: self.classifier.clone(),
                 latency: Latency::default(),
-            }),
-        }
+                metrics: self.metrics.bind(self.upstream.as_ref()),
+            })
+        });
+        Hedge { inner, shared }
     }
 }
 
@@ -157,6 +176,7 @@ struct Shared<C> {
     budget: Option<RetryBudget>,
     classifier: C,
     latency: Latency,
+    metrics: CallMetrics,
 }
 
 /// Recent latencies, and their quantile, refreshed every 64.
@@ -209,25 +229,30 @@ impl<C> Shared<C> {
 /// Middleware that hedges replay-safe attempts; see [`HedgeLayer`].
 pub struct Hedge<S, C = HttpClassifier> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    /// None when only one copy may be in flight: nothing is hedged.
+    shared: Option<Arc<Shared<C>>>,
 }
 
 impl<S: Clone, C> Clone for Hedge<S, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            shared: self.shared.clone(),
         }
     }
 }
 
 impl<S: std::fmt::Debug, C> std::fmt::Debug for Hedge<S, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hedge")
-            .field("inner", &self.inner)
-            .field("delay", &self.shared.delay)
-            .field("max_copies", &self.shared.max_copies)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("Hedge");
+        d.field("inner", &self.inner);
+        match &self.shared {
+            Some(shared) => d
+                .field("delay", &shared.delay)
+                .field("max_copies", &shared.max_copies),
+            None => d.field("max_copies", &1),
+        };
+        d.finish_non_exhaustive()
     }
 }
 
@@ -251,20 +276,20 @@ where
     }
 
     fn call(&mut self, req: Request<ReplayBody<B>>) -> Self::Future {
-        let shared = Arc::clone(&self.shared);
-        let hedge = shared.max_copies > 1
-            && req.extensions().get::<NoRetry>().is_none()
-            && Classify::<R>::is_replay_safe(&shared.classifier, &RequestFacts::of(&req));
         // What the copies are made of: the head, and a body replaying from
         // the start (none: too large to keep, so no copies).
-        let template = if hedge { Template::of(&req) } else { None };
+        let copies = self.shared.as_ref().and_then(|shared| {
+            let hedge = req.extensions().get::<NoRetry>().is_none()
+                && Classify::<R>::is_replay_safe(&shared.classifier, &RequestFacts::of(&req));
+            hedge.then(|| Some((Template::of(&req)?, Arc::clone(shared))))?
+        });
         let first = self.inner.call(req);
-        match template {
+        match copies {
             // Not hedged (the usual call): no box, no timer.
             None => HedgeFuture {
                 state: HedgeState::Direct { inner: first },
             },
-            Some(template) => HedgeFuture {
+            Some((template, shared)) => HedgeFuture {
                 state: HedgeState::Hedged {
                     inner: Box::pin(hedged(first, self.inner.clone(), template, shared)),
                 },
@@ -430,6 +455,7 @@ where
             copies.is_empty()
         };
         if last {
+            shared.metrics.hedged(sent, n);
             if sent > 1 {
                 // On the attempt's span (entered while the copies are
                 // polled): how many copies went, and which one answered.
@@ -495,7 +521,7 @@ mod tests {
     fn the_adaptive_delay_follows_recent_latency() {
         let layer = HedgeLayer::at_percentile(0.9, Duration::from_millis(5));
         let hedge = layer.layer(());
-        let shared = &hedge.shared;
+        let shared = hedge.shared.as_ref().unwrap();
         assert_eq!(shared.after(), Duration::from_millis(5));
         // 64 calls of 1 to 64 ms: the 0.9 quantile is 58 ms.
         for ms in 1..=64 {
@@ -510,6 +536,9 @@ mod tests {
         assert_eq!(shared.after(), Duration::from_millis(5));
         // A fixed delay is fixed.
         let fixed = HedgeLayer::new(Duration::from_millis(20)).layer(());
-        assert_eq!(fixed.shared.after(), Duration::from_millis(20));
+        assert_eq!(fixed.shared.unwrap().after(), Duration::from_millis(20));
+        // One copy: nothing shared, nothing hedged.
+        let one = HedgeLayer::new(Duration::from_millis(20)).max_copies(1);
+        assert!(one.layer(()).shared.is_none());
     }
 }

@@ -302,7 +302,6 @@ impl<C> RetryLayer<C> {
     }
 
     /// The instruments given, if any (the stack hands them to its breaker).
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
     pub(crate) fn metrics(&self) -> &ClientMetrics {
         &self.metrics
     }

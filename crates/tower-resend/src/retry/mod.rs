@@ -75,6 +75,7 @@ mod hedge;
 mod layer;
 mod policy;
 mod read_ahead;
+mod retrying;
 mod service;
 
 pub use crate::vocab::{Attempt, Attempts, Stop};

@@ -6,9 +6,10 @@ use http_body::Body;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::future::{ResponseFuture, Retrying};
+use super::future::ResponseFuture;
 use super::head::RetryInCharge;
 use super::layer::Shared;
+use super::retrying::Retrying;
 use super::{CallOptions, NoRetry, ReplayBody, RetryLayer};
 use crate::classify::{Classify, HttpClassifier, RequestFacts};
 use crate::deadline::{context, Deadline};

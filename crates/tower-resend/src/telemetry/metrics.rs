@@ -42,6 +42,7 @@ struct Instruments {
     grpc_transparent: Histogram<u64>,
     grpc_retry_delay: Histogram<f64>,
     retry_delay: Histogram<f64>,
+    hedge_copies: Histogram<u64>,
     budget_exhausted: Counter<u64>,
     outcome_unknown: Counter<u64>,
     breaker_changes: Counter<u64>,
@@ -111,6 +112,11 @@ impl Instruments {
             retry_delay: delay(
                 "resend.client.retry.delay",
                 "A wait before a retry, by its reason",
+            ),
+            hedge_copies: count(
+                "resend.client.hedge.copies",
+                "{copy}",
+                "Copies sent by a hedged attempt, the first included",
             ),
             budget_exhausted: counter(
                 "resend.client.retry_budget.exhausted",
@@ -229,6 +235,17 @@ impl CallMetrics {
         let reason = KeyValue::new("resend.wait.reason", reason.as_str());
         b.with(Some(reason), None, |a| {
             b.i.retry_delay.record(wait.as_secs_f64(), a);
+        });
+    }
+
+    /// A hedged attempt ended after sending `sent` copies, with the answer
+    /// (or error) of copy `won`, counted from 1.
+    pub(crate) fn hedged(&self, sent: u32, won: u32) {
+        let Some(b) = &self.0 else { return };
+        let winner = if won > 1 { "backup" } else { "first" };
+        let winner = KeyValue::new("resend.hedge.winner", winner);
+        b.with(Some(winner), None, |a| {
+            b.i.hedge_copies.record(u64::from(sent), a);
         });
     }
 

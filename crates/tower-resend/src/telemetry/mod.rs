@@ -87,6 +87,7 @@
 //! | `grpc.client.call.transparent_retries` | histogram, `{retry}` | gRFC A96: as `resend.client.call.transparent_retries` | `grpc.method`, `grpc.target` |
 //! | `grpc.client.call.retry_delay` | histogram, `s` | gRFC A96: at the end of a gRPC call that retried, the total time it spent without an attempt in flight | `grpc.method`, `grpc.target` |
 //! | `resend.client.retry.delay` | histogram, `s` | every wait before a retry (HTTP and gRPC), as long as it lasted | `resend.upstream`, `resend.wait.reason` |
+//! | `resend.client.hedge.copies` | histogram, `{copy}` | at the end of every hedged attempt (a replay-safe request of a stack with [`hedge`](crate::StackBuilder::hedge)): the copies it sent, the first included (1: no backup was needed) | `resend.upstream`, `resend.hedge.winner` (`first` or `backup`: the copy whose answer, or error, was returned) |
 //! | `resend.client.retry_budget.exhausted` | counter, `{call}` | a call that ended because no retry budget token came in time | `resend.upstream` |
 //! | `resend.client.outcome_unknown` | counter, `{call}` | a call that ended outcome-unknown (it may have been processed, and is not safe to resend) | `resend.upstream`, `http.request.method` |
 //! | `resend.client.breaker.state_changes` | counter, `{change}` | every change of a circuit breaker's state | `resend.upstream`, `resend.breaker.state` (`open`, `half_open`, `closed`: the new state) |
@@ -97,10 +98,10 @@
 //! client calls.
 //!
 //! A96 records a call's retry delay as one total; resend also records each
-//! wait, with its reason, in `resend.client.retry.delay`. The conventions'
-//! `http.client.request.duration` is not recorded: the attempt spans carry
-//! each request's duration, and a transport instrumented of its own
-//! (reqwest's, hyper's) would count it twice.
+//! wait, with its reason, in `resend.client.retry.delay`. A transport
+//! instrumented of its own (reqwest's, hyper's) would record
+//! `http.client.request.duration` a second time: give resend the meter, or
+//! the transport, not both.
 //!
 //! [tracing-opentelemetry]: https://docs.rs/tracing-opentelemetry
 

@@ -42,6 +42,9 @@ impl CallMetrics {
     pub(crate) fn waited(&self, _reason: WaitReason, _wait: Duration) {}
 
     #[inline]
+    pub(crate) fn hedged(&self, _sent: u32, _won: u32) {}
+
+    #[inline]
     pub(crate) fn attempt_ended<R>(
         &self,
         _facts: &RequestFacts<'_>,
