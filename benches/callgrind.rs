@@ -16,14 +16,19 @@
 //!   `loop_tower` (that client under tower's Timeout: one timer per call),
 //!   `loop_tower_retry` and `loop_tower_retry_ext` (that client under
 //!   `tower_retry`, without and with the per-call writes), `loop_stack`
-//!   (the full stack over `tower_resend::hyper_client`).
-#![allow(missing_docs, clippy::unwrap_used)]
+//!   (the full stack over `tower_resend::hyper_client`);
+//! - diagnostics: `sizes` prints the size of the service, its future and its
+//!   response as the stack's layers are added one by one (every layer moves
+//!   its inner future and the response by value: their size is a cost of
+//!   every call), and `ablate` times the same partial stacks, N calls each,
+//!   interleaved over 7 rounds (medians, wall clock).
+#![allow(missing_docs, clippy::unwrap_used, clippy::print_stderr)]
 
 use std::time::Duration;
 
 use http::Request;
 use http_body_util::BodyExt;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_resend::{AttemptTimeoutLayer, DeadlineLayer};
 use tower_resend_benches::{carried, variants, Body, CloneAndRetry, Instant200};
 
@@ -119,6 +124,105 @@ fn main() {
             "tower_retry" => run(variants::tower_retry(), n).await,
             "tower_retry_ext" => run(variants::tower_retry_ext(), n).await,
             "stack" => run(variants::stack(), n).await,
+            "sizes" => {
+                use tower_resend::retry::{HedgeLayer, ReadAheadLayer};
+                use tower_resend::timeout::IdleTimeoutLayer;
+                fn size<S: Service<Request<Body>>>(name: &str, s: &S) {
+                    eprintln!(
+                        "{name}: service {} future {} response {}",
+                        std::mem::size_of_val(s),
+                        std::mem::size_of::<S::Future>(),
+                        std::mem::size_of::<S::Response>()
+                    );
+                }
+                fn size_r<S: Service<Request<tower_resend::retry::ReplayBody<Body>>>>(
+                    name: &str,
+                    s: &S,
+                ) {
+                    eprintln!(
+                        "{name}: service {} future {} response {}",
+                        std::mem::size_of_val(s),
+                        std::mem::size_of::<S::Future>(),
+                        std::mem::size_of::<S::Response>()
+                    );
+                }
+                size("tower_retry_ext", &variants::tower_retry_ext());
+                size("stack", &variants::stack());
+                size("bare", &Instant200);
+                let ra = ReadAheadLayer::new(64 * 1024).layer(Instant200);
+                size_r("read_ahead", &ra);
+                let idle = IdleTimeoutLayer::none().layer(ra.clone());
+                size_r("+idle", &idle);
+                let at = a().layer(idle.clone());
+                size_r("+attempt", &at);
+                let hd = tower_resend::DeadlineHeaderLayer::new().layer(at.clone());
+                size_r("+header", &hd);
+                let hg = HedgeLayer::new(Duration::ZERO)
+                    .max_copies(1)
+                    .layer(hd.clone());
+                size_r("+hedge", &hg);
+                let rt = tower_resend::RetryLayer::new().layer(hg.clone());
+                size("+retry", &rt);
+                let dl = d().layer(rt.clone());
+                size("+deadline", &dl);
+            }
+            "retry" => run(tower_resend::RetryLayer::new().layer(Instant200), n).await,
+            "retry_ra" => {
+                let ra = tower_resend::retry::ReadAheadLayer::new(64 * 1024).layer(Instant200);
+                run(tower_resend::RetryLayer::new().layer(ra), n).await
+            }
+            "ablate" => {
+                use tower_resend::retry::{HedgeLayer, ReadAheadLayer};
+                use tower_resend::timeout::IdleTimeoutLayer;
+                async fn time<S>(svc: &S, n: usize) -> f64
+                where
+                    S: Service<Request<Body>> + Clone,
+                    S::Error: std::fmt::Debug,
+                {
+                    let t = tokio::time::Instant::now();
+                    run(svc.clone(), n).await;
+                    t.elapsed().as_nanos() as f64 / n as f64
+                }
+                let retry = tower_resend::RetryLayer::new().layer(Instant200);
+                let ra = ReadAheadLayer::new(64 * 1024).layer(Instant200);
+                let retry_ra = tower_resend::RetryLayer::new().layer(ra.clone());
+                let idle = IdleTimeoutLayer::none().layer(ra.clone());
+                let at = a().layer(idle.clone());
+                let retry_at = tower_resend::RetryLayer::new().layer(at.clone());
+                let hd = tower_resend::DeadlineHeaderLayer::new().layer(at.clone());
+                let hg = HedgeLayer::new(Duration::ZERO)
+                    .max_copies(1)
+                    .layer(hd.clone());
+                let rt = tower_resend::RetryLayer::new().layer(hg.clone());
+                let dl = d().layer(rt.clone());
+                let stack = variants::stack();
+                let tower = variants::tower_retry_ext();
+                let names = [
+                    "bare",
+                    "tower_ext",
+                    "retry",
+                    "retry+ra",
+                    "retry+ra+idle+at",
+                    "retry+..+hedge+header",
+                    "+deadline",
+                    "stack",
+                ];
+                let mut t = vec![Vec::new(); names.len()];
+                for _ in 0..7 {
+                    t[0].push(time(&Instant200, n).await);
+                    t[1].push(time(&tower, n).await);
+                    t[2].push(time(&retry, n).await);
+                    t[3].push(time(&retry_ra, n).await);
+                    t[4].push(time(&retry_at, n).await);
+                    t[5].push(time(&rt, n).await);
+                    t[6].push(time(&dl, n).await);
+                    t[7].push(time(&stack, n).await);
+                }
+                for (name, mut v) in names.iter().zip(t) {
+                    v.sort_by(f64::total_cmp);
+                    eprintln!("{name:<24} {:7.1} ns", v[v.len() / 2]);
+                }
+            }
             "loop_bare" => loopback("bare", n).await,
             "loop_tower" => loopback("tower", n).await,
             "loop_stack" => loopback("stack", n).await,

@@ -163,24 +163,28 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
+    #[project_replace = StateProjReplace]
     enum State<F, B> {
         Calling { #[pin] future: F, cap: usize },
-        // A body that declared a length within the cap: read to its end.
-        Reading {
-            head: Option<http::response::Parts>,
-            #[pin]
-            body: B,
-            read: Read,
-        },
-        // A body of unknown length: read to its end or the cap, whichever
-        // comes first; boxed, so that what is left of it can be handed on.
-        Probing {
-            head: Option<http::response::Parts>,
-            body: Option<Pin<Box<B>>>,
-            read: Read,
-            cap: usize,
-        },
+        // A body being read ahead.
+        Reading { ahead: Pin<Box<Ahead<B>>> },
         Done,
+    }
+}
+
+pin_project! {
+    /// A body being read ahead, with its head and what was read of it.
+    /// Boxed: most calls read nothing ahead, and inline it would make every
+    /// call's future (moved through each layer above) larger by its size.
+    struct Ahead<B> {
+        head: Option<http::response::Parts>,
+        #[pin]
+        body: B,
+        read: Read,
+        // Read to the end, or to this many bytes (a body of unknown
+        // length; past them, the rest is handed on as it comes). `None`: the
+        // body declared its length, within the cap.
+        cap: Option<usize>,
     }
 }
 
@@ -276,66 +280,43 @@ where
                         return Poll::Ready(Ok(resp.map(ReadAheadBody::streaming)));
                     }
                     let (head, body) = resp.into_parts();
-                    let head = Some(head);
-                    let read = Read::default();
-                    if hint.exact().is_some() {
-                        this.state.set(State::Reading { head, body, read });
-                    } else {
-                        let body = Some(Box::pin(body));
-                        this.state.set(State::Probing {
-                            head,
-                            body,
-                            read,
-                            cap,
-                        });
-                    }
+                    let ahead = Box::pin(Ahead {
+                        head: Some(head),
+                        body,
+                        read: Read::default(),
+                        cap: hint.exact().is_none().then_some(cap),
+                    });
+                    this.state.set(State::Reading { ahead });
                 }
-                StateProj::Reading {
-                    head,
-                    mut body,
-                    read,
-                } => {
-                    while let Some(frame) = ready!(body.as_mut().poll_frame(cx)) {
-                        read.push::<B>(frame.map_err(Into::into)?);
-                    }
-                    let Some(head) = head.take() else {
-                        return after_completion();
-                    };
-                    let body = ReadAheadBody::buffered(read.take_data(), read.trailers.take());
-                    this.state.set(State::Done);
-                    return Poll::Ready(Ok(Response::from_parts(head, body)));
-                }
-                StateProj::Probing {
-                    head,
-                    body,
-                    read,
-                    cap,
-                } => {
-                    let Some(inner) = body.as_mut() else {
-                        return after_completion();
-                    };
+                StateProj::Reading { ahead } => {
+                    let mut a = ahead.as_mut().project();
                     let mut ended = false;
-                    while read.len <= *cap {
-                        match ready!(inner.as_mut().poll_frame(cx)) {
-                            Some(frame) => read.push::<B>(frame.map_err(Into::into)?),
+                    while a.cap.is_none_or(|cap| a.read.len <= cap) {
+                        match ready!(a.body.as_mut().poll_frame(cx)) {
+                            Some(frame) => a.read.push::<B>(frame.map_err(Into::into)?),
                             None => {
                                 ended = true;
                                 break;
                             }
                         }
                     }
-                    let (Some(head), Some(inner)) = (head.take(), body.take()) else {
+                    let Some(head) = a.head.take() else {
                         return after_completion();
                     };
-                    let data = read.take_data();
+                    let data = a.read.take_data();
+                    let trailers = a.read.trailers.take();
+                    let StateProjReplace::Reading { ahead } =
+                        this.state.as_mut().project_replace(State::Done)
+                    else {
+                        return after_completion();
+                    };
                     let body = if ended {
-                        ReadAheadBody::buffered(data, read.trailers.take())
+                        ReadAheadBody::buffered(data, trailers)
                     } else {
                         // Past the cap: what was read, then the rest as it
                         // comes.
-                        ReadAheadBody::prefixed(data, inner)
+                        ReadAheadBody::prefixed(data, ahead)
                     };
-                    this.state.set(State::Done);
                     return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
                 StateProj::Done => return after_completion(),
@@ -358,8 +339,10 @@ pin_project! {
     #[project = InnerProj]
     enum Inner<B> {
         Streaming { #[pin] body: B },
-        Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
-        Prefixed { data: Option<Bytes>, body: Pin<Box<B>> },
+        // Trailers boxed: rare, and the response goes up through every
+        // layer by value.
+        Buffered { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
+        Prefixed { data: Option<Bytes>, ahead: Pin<Box<Ahead<B>>> },
     }
 }
 
@@ -383,16 +366,16 @@ impl<B> ReadAheadBody<B> {
         Self {
             inner: Inner::Buffered {
                 data: (!data.is_empty()).then_some(data),
-                trailers,
+                trailers: trailers.map(Box::new),
             },
         }
     }
 
-    fn prefixed(data: Bytes, body: Pin<Box<B>>) -> Self {
+    fn prefixed(data: Bytes, ahead: Pin<Box<Ahead<B>>>) -> Self {
         Self {
             inner: Inner::Prefixed {
                 data: (!data.is_empty()).then_some(data),
-                body,
+                ahead,
             },
         }
     }
@@ -438,13 +421,13 @@ where
                 if let Some(d) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(d))));
                 }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(*t))))
             }
-            InnerProj::Prefixed { data, body } => {
+            InnerProj::Prefixed { data, ahead } => {
                 if let Some(d) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(d))));
                 }
-                forward(body.as_mut(), cx)
+                forward(ahead.as_mut().project().body, cx)
             }
         }
     }
@@ -453,7 +436,7 @@ where
         match &self.inner {
             Inner::Streaming { body } => body.is_end_stream(),
             Inner::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
-            Inner::Prefixed { data, body } => data.is_none() && body.is_end_stream(),
+            Inner::Prefixed { data, ahead } => data.is_none() && ahead.body.is_end_stream(),
         }
     }
 
@@ -463,9 +446,9 @@ where
             Inner::Buffered { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Inner::Prefixed { data, body } => {
+            Inner::Prefixed { data, ahead } => {
                 let read = data.as_ref().map_or(0, |d| d.len() as u64);
-                let rest = body.size_hint();
+                let rest = ahead.body.size_hint();
                 let mut hint = SizeHint::new();
                 hint.set_lower(rest.lower().saturating_add(read));
                 if let Some(upper) = rest.upper() {

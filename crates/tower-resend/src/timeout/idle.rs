@@ -151,9 +151,9 @@ pin_project! {
         inner: B,
         idle: Option<Duration>,
         // Set on the first read that has to wait: a body that is all there
-        // (the common small answer) never sets a timer.
-        #[pin]
-        timer: Option<Sleep>,
+        // (the common small answer) never sets a timer. Boxed: the response
+        // goes up through every layer by value, and a `Sleep` is 112 bytes.
+        timer: Option<Pin<Box<Sleep>>>,
     }
 }
 
@@ -169,27 +169,22 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
-        let mut this = self.project();
+        let this = self.project();
         if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
-            if let (Some(idle), Some(timer)) = (*this.idle, this.timer.as_mut().as_pin_mut()) {
-                timer.reset(Instant::now() + idle);
+            if let (Some(idle), Some(timer)) = (*this.idle, this.timer.as_mut()) {
+                timer.as_mut().reset(Instant::now() + idle);
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let Some(idle) = *this.idle else {
             return Poll::Pending;
         };
-        if this.timer.is_none() {
-            this.timer.set(Some(tokio::time::sleep(idle)));
-        }
-        match this.timer.as_pin_mut() {
-            Some(timer) => {
-                ready!(timer.poll(cx));
-                let e = Error::attempt_timeout(idle).with_phase(Phase::Body);
-                Poll::Ready(Some(Err(e.into())))
-            }
-            None => Poll::Pending,
-        }
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        ready!(timer.as_mut().poll(cx));
+        let e = Error::attempt_timeout(idle).with_phase(Phase::Body);
+        Poll::Ready(Some(Err(e.into())))
     }
 
     fn is_end_stream(&self) -> bool {
