@@ -53,7 +53,9 @@ pub struct DeadlineHeaderLayer {
 
 #[derive(Clone, Debug)]
 struct Config {
-    http_header: Option<HeaderName>,
+    // Shared: the service is cloned for every call, and a `HeaderName`
+    // inline is 32 bytes more to copy each time.
+    http_header: Option<std::sync::Arc<HeaderName>>,
     margin: Duration,
 }
 
@@ -76,7 +78,7 @@ impl DeadlineHeaderLayer {
     /// are not gRPC. Default: none.
     #[must_use]
     pub fn http_header(mut self, name: HeaderName) -> Self {
-        self.config.http_header = Some(name);
+        self.config.http_header = Some(std::sync::Arc::new(name));
         self
     }
 
@@ -161,7 +163,7 @@ where
         let name = if is_grpc(&req) {
             Some(GRPC_TIMEOUT)
         } else {
-            self.config.http_header.clone()
+            self.config.http_header.as_deref().cloned()
         };
         if let Some(name) = name {
             let call = super::context::current().map(|(d, _)| d);

@@ -49,6 +49,7 @@
 mod derive;
 
 use std::fmt;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::header::HeaderName;
@@ -210,12 +211,13 @@ impl<S> Layer<S> for IdempotencyKeyLayer {
     type Service = SetIdempotencyKey<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SetIdempotencyKey {
-            inner,
-            header: self.header.clone(),
-            enabled: self.enabled,
-            upstream: self.upstream.clone(),
-        }
+        let keys = self.enabled.then(|| {
+            Arc::new(Keys {
+                header: self.header.clone(),
+                upstream: self.upstream.clone(),
+            })
+        });
+        SetIdempotencyKey { inner, keys }
     }
 }
 
@@ -224,8 +226,15 @@ impl<S> Layer<S> for IdempotencyKeyLayer {
 #[derive(Clone, Debug)]
 pub struct SetIdempotencyKey<S> {
     inner: S,
+    /// None: disabled (a stack's default). Shared: the service is cloned
+    /// for every call, and its size is copied each time.
+    keys: Option<Arc<Keys>>,
+}
+
+/// Which header a key goes in, and the upstream derived keys are counted by.
+#[derive(Debug)]
+struct Keys {
     header: HeaderName,
-    enabled: bool,
     upstream: Option<Name>,
 }
 
@@ -252,8 +261,8 @@ impl<S> SetIdempotencyKey<S> {
 
     /// A key for a request that has none: derived inside a keyed operation,
     /// else a UUID v4.
-    fn fresh<B>(&self, req: &Request<B>) -> HeaderValue {
-        let upstream = match &self.upstream {
+    fn fresh<B>(keys: &Keys, req: &Request<B>) -> HeaderValue {
+        let upstream = match &keys.upstream {
             Some(name) => name.as_str(),
             None => authority(req.uri()),
         };
@@ -304,15 +313,13 @@ impl<S> SetIdempotencyKey<S> {
     /// Writes the request's key, if it needs one and has none; returns it
     /// when resend chose it (and then marks the request [`GeneratedKey`]).
     pub(crate) fn write_key<B>(&self, req: &mut Request<B>) -> Option<HeaderValue> {
-        if !self.enabled {
-            return None;
-        }
+        let keys = self.keys.as_deref()?;
         let given = req.extensions().get::<IdempotencyKey>();
         let wanted = given.is_some() || !is_idempotent(req.method());
         // Looked for only when a key is wanted: an idempotent request
         // without one (most GETs) does no header lookups here.
         let has_key = || {
-            req.headers().contains_key(&self.header)
+            req.headers().contains_key(&keys.header)
                 || KEY_HEADERS.iter().any(|h| req.headers().contains_key(h))
         };
         if !wanted || has_key() || req.extensions().get::<NoIdempotencyKey>().is_some() {
@@ -320,13 +327,13 @@ impl<S> SetIdempotencyKey<S> {
         }
         let (value, chosen) = match given {
             Some(k) => (k.0.clone(), false),
-            None => (self.fresh(req), true),
+            None => (Self::fresh(keys, req), true),
         };
         if !chosen {
-            req.headers_mut().insert(self.header.clone(), value);
+            req.headers_mut().insert(keys.header.clone(), value);
             return None;
         }
-        req.headers_mut().insert(self.header.clone(), value.clone());
+        req.headers_mut().insert(keys.header.clone(), value.clone());
         req.extensions_mut().insert(GeneratedKey(value.clone()));
         Some(value)
     }
