@@ -559,7 +559,7 @@ where
         // then finds it and does nothing), so that an error of the call —
         // the deadline's too, which fires outside the key layer — can say
         // which key a retry must carry.
-        let key = self.inner.get_ref().write_key(&mut req);
+        let key = self.inner.get_ref().write_key(&mut req).map(Box::new);
         StackFuture {
             inner: self.inner.call(req),
             key,
@@ -573,8 +573,9 @@ pin_project! {
     pub struct StackFuture<F> {
         #[pin]
         inner: F,
-        // The Idempotency-Key the stack chose, if it did.
-        key: Option<http::HeaderValue>,
+        // The Idempotency-Key the stack chose, if it did. Boxed: most calls
+        // have none, and every call's future is moved by value.
+        key: Option<Box<http::HeaderValue>>,
     }
 }
 
@@ -589,7 +590,7 @@ where
         this.inner.poll(cx).map_err(|e| {
             let e = Error::from_box(e);
             match this.key.take() {
-                Some(key) => e.with_generated_key(key),
+                Some(key) => e.with_generated_key(*key),
                 None => e,
             }
         })

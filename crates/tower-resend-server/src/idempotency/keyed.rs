@@ -297,7 +297,10 @@ impl<St: Backend> Work<St> {
         E: Send + 'static,
     {
         let protocol = self.protocol;
-        let task = tokio::spawn(self.run(hold, handler).in_current_span());
+        // Boxed before it is spawned: an async fn's future is as large as
+        // its largest state, and spawning moves it whole more than once;
+        // a box is moved as one pointer.
+        let task = tokio::spawn(Box::pin(self.run(hold, handler)).in_current_span());
         match task.await {
             Ok(answered) => answered,
             // (The supervisor catches the handler's panics: this is the
@@ -352,7 +355,9 @@ impl<St: Backend> Work<St> {
             ended: how_it_ended(&mut ended),
         };
         match decide(step) {
-            Action::Keep(keep) => self.keep(hold, keep, ended).await,
+            // Boxed: keeping is a store call, whose future would otherwise
+            // be part of this task's, moved whole into the task at spawn.
+            Action::Keep(keep) => Box::pin(self.keep(hold, keep, ended)).await,
             Action::Release => {
                 St::release(shared, hold).await;
                 self.reply(Reply::Handler, ended)
@@ -370,7 +375,7 @@ impl<St: Backend> Work<St> {
                     undone: false,
                 });
                 tracing::error!(?answer, "kept as a failure");
-                self.keep(hold, keep, ended).await
+                Box::pin(self.keep(hold, keep, ended)).await
             }
         }
     }
