@@ -185,6 +185,8 @@ pin_project! {
         // length; past them, the rest is handed on as it comes). `None`: the
         // body declared its length, within the cap.
         cap: Option<usize>,
+        // The body ended within the cap: it is all in `read`.
+        ended: bool,
     }
 }
 
@@ -285,37 +287,33 @@ where
                         body,
                         read: Read::default(),
                         cap: hint.exact().is_none().then_some(cap),
+                        ended: false,
                     });
                     this.state.set(State::Reading { ahead });
                 }
                 StateProj::Reading { ahead } => {
                     let mut a = ahead.as_mut().project();
-                    let mut ended = false;
-                    while a.cap.is_none_or(|cap| a.read.len <= cap) {
+                    while !*a.ended && a.cap.is_none_or(|cap| a.read.len <= cap) {
                         match ready!(a.body.as_mut().poll_frame(cx)) {
                             Some(frame) => a.read.push::<B>(frame.map_err(Into::into)?),
-                            None => {
-                                ended = true;
-                                break;
-                            }
+                            None => *a.ended = true,
                         }
                     }
                     let Some(head) = a.head.take() else {
                         return after_completion();
                     };
+                    // What was read, as one chunk, for the body to give first.
                     let data = a.read.take_data();
-                    let trailers = a.read.trailers.take();
+                    a.read.first = (!data.is_empty()).then_some(data);
                     let StateProjReplace::Reading { ahead } =
                         this.state.as_mut().project_replace(State::Done)
                     else {
                         return after_completion();
                     };
-                    let body = if ended {
-                        ReadAheadBody::buffered(data, trailers)
-                    } else {
-                        // Past the cap: what was read, then the rest as it
-                        // comes.
-                        ReadAheadBody::prefixed(data, ahead)
+                    // The whole body, or (past the cap) what was read, then
+                    // the rest as it comes; in the box it was read into.
+                    let body = ReadAheadBody {
+                        inner: Inner::Read { ahead },
                     };
                     return Poll::Ready(Ok(Response::from_parts(head, body)));
                 }
@@ -339,18 +337,18 @@ pin_project! {
     #[project = InnerProj]
     enum Inner<B> {
         Streaming { #[pin] body: B },
-        // Trailers boxed: rare, and the response goes up through every
-        // layer by value.
-        Buffered { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
-        Prefixed { data: Option<Bytes>, ahead: Pin<Box<Ahead<B>>> },
+        // Read ahead: what was read (and, if it did not end within the
+        // cap, the rest of the body), in the box it was read into, so that
+        // the response (moved by value through every layer) carries a
+        // pointer.
+        Read { ahead: Pin<Box<Ahead<B>>> },
     }
 }
 
 impl<B> std::fmt::Debug for ReadAheadBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let read = matches!(self.inner, Inner::Buffered { .. });
         f.debug_struct("ReadAheadBody")
-            .field("read_ahead", &read)
+            .field("read_ahead", &self.is_read_ahead())
             .finish_non_exhaustive()
     }
 }
@@ -362,27 +360,9 @@ impl<B> ReadAheadBody<B> {
         }
     }
 
-    fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        Self {
-            inner: Inner::Buffered {
-                data: (!data.is_empty()).then_some(data),
-                trailers: trailers.map(Box::new),
-            },
-        }
-    }
-
-    fn prefixed(data: Bytes, ahead: Pin<Box<Ahead<B>>>) -> Self {
-        Self {
-            inner: Inner::Prefixed {
-                data: (!data.is_empty()).then_some(data),
-                ahead,
-            },
-        }
-    }
-
     /// True when the whole body was read ahead (it can no longer fail).
     pub fn is_read_ahead(&self) -> bool {
-        matches!(self.inner, Inner::Buffered { .. })
+        matches!(&self.inner, Inner::Read { ahead } if ahead.ended)
     }
 }
 
@@ -417,17 +397,15 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().inner.project() {
             InnerProj::Streaming { body } => forward(body, cx),
-            InnerProj::Buffered { data, trailers } => {
-                if let Some(d) = data.take() {
+            InnerProj::Read { ahead } => {
+                let a = ahead.as_mut().project();
+                if let Some(d) = a.read.first.take() {
                     return Poll::Ready(Some(Ok(Frame::data(d))));
                 }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(*t))))
-            }
-            InnerProj::Prefixed { data, ahead } => {
-                if let Some(d) = data.take() {
-                    return Poll::Ready(Some(Ok(Frame::data(d))));
+                if *a.ended {
+                    return Poll::Ready(a.read.trailers.take().map(|t| Ok(Frame::trailers(t))));
                 }
-                forward(ahead.as_mut().project().body, cx)
+                forward(a.body, cx)
             }
         }
     }
@@ -435,19 +413,25 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Streaming { body } => body.is_end_stream(),
-            Inner::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
-            Inner::Prefixed { data, ahead } => data.is_none() && ahead.body.is_end_stream(),
+            Inner::Read { ahead } => {
+                ahead.read.first.is_none()
+                    && if ahead.ended {
+                        ahead.read.trailers.is_none()
+                    } else {
+                        ahead.body.is_end_stream()
+                    }
+            }
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Streaming { body } => body.size_hint(),
-            Inner::Buffered { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            Inner::Prefixed { data, ahead } => {
-                let read = data.as_ref().map_or(0, |d| d.len() as u64);
+            Inner::Read { ahead } => {
+                let read = ahead.read.first.as_ref().map_or(0, |d| d.len() as u64);
+                if ahead.ended {
+                    return SizeHint::with_exact(read);
+                }
                 let rest = ahead.body.size_hint();
                 let mut hint = SizeHint::new();
                 hint.set_lower(rest.lower().saturating_add(read));
