@@ -16,7 +16,8 @@
 //!   `loop_tower` (that client under tower's Timeout: one timer per call),
 //!   `loop_tower_retry` and `loop_tower_retry_ext` (that client under
 //!   `tower_retry`, without and with the per-call writes), `loop_stack`
-//!   (the full stack over `tower_resend::hyper_client`);
+//!   (the full stack over `tower_resend::hyper_client`), `loop_stack_no_read_ahead`
+//!   (the same with `read_ahead(0)`);
 //! - diagnostics: `sizes` prints the size of the service, its future and its
 //!   response as the stack's layers are added one by one (every layer moves
 //!   its inner future and the response by value: their size is a cost of
@@ -57,11 +58,19 @@ async fn loopback(which: &str, n: usize) {
     let resend = tower_resend::stack()
         .name("bench")
         .service(tower_resend::hyper_client(Duration::from_secs(2)));
+    let no_read_ahead = tower_resend::stack()
+        .name("bench")
+        .read_ahead(0)
+        .service(tower_resend::hyper_client(Duration::from_secs(2)));
     for i in 0..n {
         let req = Request::get(uri.clone()).body(Body::new()).unwrap();
         match which {
             "stack" => {
                 let r = resend.clone().oneshot(req).await.unwrap();
+                r.into_body().collect().await.unwrap();
+            }
+            "stack_no_read_ahead" => {
+                let r = no_read_ahead.clone().oneshot(req).await.unwrap();
                 r.into_body().collect().await.unwrap();
             }
             "tower" => {
@@ -226,6 +235,7 @@ fn main() {
             "loop_bare" => loopback("bare", n).await,
             "loop_tower" => loopback("tower", n).await,
             "loop_stack" => loopback("stack", n).await,
+            "loop_stack_no_read_ahead" => loopback("stack_no_read_ahead", n).await,
             "loop_tower_retry" => loopback("tower_retry", n).await,
             "loop_tower_retry_ext" => loopback("tower_retry_ext", n).await,
             other => panic!("unknown variant {other:?}"),

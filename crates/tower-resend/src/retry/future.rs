@@ -232,7 +232,9 @@ where
                                 // No time to wait for one: out of budget now.
                                 this.state.set(State::Done);
                                 let elapsed = now.saturating_duration_since(r.start).max(took);
-                                return Poll::Ready(r.finish(elapsed, result, Stop::Budget));
+                                let mut result = result;
+                                r.finish(elapsed, &mut result, Stop::Budget);
+                                return Poll::Ready(result);
                             };
                             let returned = Box::pin(budget.returned());
                             let recheck = Box::pin(tokio::time::sleep_until(recheck_at(
@@ -286,7 +288,9 @@ where
                             } else {
                                 now.saturating_duration_since(r.start)
                             };
-                            return Poll::Ready(r.finish(elapsed, result, stop));
+                            let mut result = result;
+                            r.finish(elapsed, &mut result, stop);
+                            return Poll::Ready(result);
                         }
                     }
                 }
@@ -309,14 +313,15 @@ where
                     if now >= throttle.stop_at {
                         // No token came in time: the last answer, out of
                         // budget.
-                        let result = match (throttle.ok.take(), throttle.error.take()) {
+                        let mut result = match (throttle.ok.take(), throttle.error.take()) {
                             (Some(ok), _) => ok.map_err(Into::into),
                             (None, Some(e)) => Err(e),
                             (None, None) => Err("retry budget wait without an answer".into()),
                         };
                         this.state.set(State::Done);
                         let elapsed = now.saturating_duration_since(r.start);
-                        return Poll::Ready(r.finish(elapsed, result, Stop::Budget));
+                        r.finish(elapsed, &mut result, Stop::Budget);
+                        return Poll::Ready(result);
                     }
                     let mut woke = false;
                     if throttle.returned.as_mut().poll(cx).is_ready() {
@@ -357,7 +362,9 @@ where
                             this.state.set(State::Done);
                             let e = Error::from_box(e.into());
                             let elapsed = r.start.elapsed();
-                            return Poll::Ready(r.finish(elapsed, Err(e.into()), Stop::Final));
+                            let mut result = Err(e.into());
+                            r.finish(elapsed, &mut result, Stop::Final);
+                            return Poll::Ready(result);
                         }
                         Poll::Ready(Ok(())) => {}
                     }

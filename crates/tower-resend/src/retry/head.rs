@@ -1,7 +1,6 @@
 //! What a retry needs to send the request again, kept without cloning the
 //! extension map on the success path when it holds only tower-resend's own entries.
 
-use http::request::Parts;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
 use crate::classify::RequestFacts;
@@ -36,31 +35,31 @@ enum Own {
 }
 
 impl Head {
-    /// Keeps what later attempts need from `parts` (which already carry the
+    /// Keeps what later attempts need from `req` (which already carries the
     /// [`RetryInCharge`] marker, and `deadline`, the `Deadline` among their
     /// extensions, if any); the first attempt takes `parts` itself.
     /// `key` is the key resend chose, if the caller's extensions hold one
     /// (looked up only when they hold more than tower-resend's deadline).
-    pub(super) fn keep(
-        parts: &Parts,
+    pub(super) fn keep<B>(
+        req: &Request<B>,
         deadline: Option<Deadline>,
         key: Option<http::HeaderValue>,
     ) -> Self {
         let ours = 1 + usize::from(deadline.is_some()) + usize::from(key.is_some());
-        let extensions = if parts.extensions.len() == ours {
+        let extensions = if req.extensions().len() == ours {
             Own::Rebuild(deadline, key)
         } else {
-            Own::Cloned(parts.extensions.clone())
+            Own::Cloned(req.extensions().clone())
         };
         Self {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            version: parts.version,
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
             // An empty map is made, not cloned: cheaper, and the usual case.
-            headers: if parts.headers.is_empty() {
+            headers: if req.headers().is_empty() {
                 HeaderMap::new()
             } else {
-                parts.headers.clone()
+                req.headers().clone()
             },
             extensions,
         }
@@ -107,6 +106,7 @@ impl Head {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::request::Parts;
     use std::time::Duration;
 
     #[derive(Clone, Debug, PartialEq)]
@@ -135,7 +135,10 @@ mod tests {
                 e.insert(Mine(7));
             }),
         ] {
-            let head = Head::keep(&p, p.extensions.get::<Deadline>().copied(), None);
+            let deadline = p.extensions.get::<Deadline>().copied();
+            let p = Request::from_parts(p, ());
+            let head = Head::keep(&p, deadline, None);
+            let p = p.into_parts().0;
             let again = head.request(());
             assert_eq!(again.method(), p.method);
             assert_eq!(again.uri(), &p.uri);

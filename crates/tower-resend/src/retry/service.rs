@@ -122,17 +122,17 @@ where
         if let Some(budget) = &shared.budget {
             budget.deposit();
         }
-        let (mut parts, body) = req.into_parts();
-        parts.extensions.insert(RetryInCharge);
-        let body = ReplayBody::new(body, shared.policy.replay_cap);
-        // A fresh body always clones; if it ever did not, it is sent as it is
-        // and simply not replayed.
-        let (first, body) = match body.try_clone() {
-            Some(first) => (first, Some(body)),
-            None => (body, None),
-        };
+        let mut attempt = req.map(|body| ReplayBody::new(body, shared.policy.replay_cap));
+        attempt.extensions_mut().insert(RetryInCharge);
+        // The first attempt sends a clone, and the original is kept for the
+        // next. A fresh body always clones; if it ever did not, it is sent
+        // as it is and simply not replayed.
+        let body = attempt
+            .body()
+            .try_clone()
+            .map(|first| std::mem::replace(attempt.body_mut(), first));
         let mut retrying = Retrying::new(
-            &parts,
+            &attempt,
             own,
             key,
             body,
@@ -146,7 +146,6 @@ where
         if let Some(o) = options {
             retrying.set_options(o);
         }
-        let attempt = Request::from_parts(parts, first);
         // Call the service that was made ready; a later attempt uses a clone
         // of the layer's template, made (and made ready) only then.
         // The layers below hear of this attempt: its own limit, and whether
