@@ -8,6 +8,7 @@
 //! makes per call (a `Deadline` on the request, a history on the response).
 //!
 //! `cargo bench -p tower-resend-benches --bench loopback_ratio`
+//! (`RESEND_BENCH_ROUNDS=n` sets the rounds, default 21)
 #![allow(missing_docs, clippy::print_stdout)]
 
 use std::time::Duration;
@@ -24,7 +25,6 @@ use tower_resend_testkit::{Script, TestServer};
 
 const CONCURRENCY: usize = 16;
 const PER_TASK: usize = 1024;
-const ROUNDS: usize = 21;
 
 /// One batch through clones of `svc`; requests per second.
 async fn batch<S, B>(svc: S, uri: http::Uri) -> f64
@@ -107,9 +107,13 @@ fn main() {
         for which in 0..NAMES.len() {
             run(which).await;
         }
+        let rounds: usize = std::env::var("RESEND_BENCH_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(21);
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
         let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
-        for round in 0..ROUNDS {
+        for round in 0..rounds {
             // Rotate which client goes first.
             let mut got = [0.0; NAMES.len()];
             for k in 0..NAMES.len() {
@@ -129,7 +133,7 @@ fn main() {
                 .join(" ")
         };
         println!(
-            "rounds: {ROUNDS}, each {} requests per client, concurrency {CONCURRENCY}",
+            "rounds: {rounds}, each {} requests per client, concurrency {CONCURRENCY}",
             CONCURRENCY * PER_TASK
         );
         for (which, name) in NAMES.iter().enumerate() {
