@@ -376,6 +376,11 @@ mod hyper_impl {
                 };
             }
             let req = req.map(|body| {
+                // A body with nothing to send (most GETs) goes as the empty
+                // body, which boxes nothing; others are boxed.
+                if body.is_end_stream() {
+                    return AnyBody::default();
+                }
                 body.map_frame(|frame| frame.map_data(|mut d| d.copy_to_bytes(d.remaining())))
                     .map_err(Into::into)
                     .boxed_unsync()
