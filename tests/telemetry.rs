@@ -939,3 +939,45 @@ async fn a_hedged_attempt_says_which_copy_answered() {
         ]
     );
 }
+
+/// A hedge layer of its own records on the meter it is given, under its
+/// upstream's name.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hedge_layer_on_its_own_records_too() {
+    let t = Telemetry::start();
+    let sends = Arc::new(AtomicU32::new(0));
+    let upstream = {
+        let sends = Arc::clone(&sends);
+        service_fn(move |_: Request<ReplayBody<Full<Bytes>>>| {
+            // The first copy stalls a second; the backup answers at once.
+            let first = sends.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+            }
+        })
+    };
+    let svc = tower_resend::retry::HedgeLayer::new(Duration::from_millis(10))
+        .upstream("upstream")
+        .meter(&t.meter())
+        .layer(upstream);
+    let req = Request::get("http://upstream/x")
+        .body(ReplayBody::new(Full::new(Bytes::new()), 1024))
+        .unwrap();
+    let resp = svc.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(sends.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        t.points_of("resend.client.hedge.copies"),
+        [Point {
+            attrs: labels(&[
+                ("resend.upstream", "upstream"),
+                ("resend.hedge.winner", "backup")
+            ]),
+            count: 1,
+            sum: 2.0
+        }]
+    );
+}

@@ -137,6 +137,26 @@ impl<C> HedgeLayer<C> {
         self.upstream = name;
         self
     }
+
+    /// Names the upstream in what this layer records (`resend.upstream`).
+    /// A stack gives its own name.
+    #[must_use]
+    pub fn upstream(mut self, name: impl Into<Name>) -> Self {
+        self.upstream = Some(name.into());
+        self
+    }
+
+    /// Records the copies of each hedged attempt, and which one won, on
+    /// `resend.client.hedge.copies`, made from `meter` (see the
+    /// [table](crate::telemetry#metrics-feature-otel)). A stack gives its
+    /// own meter. Default: none, and no cost.
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(mut self, meter: &opentelemetry::metrics::Meter) -> Self {
+        self.metrics = ClientMetrics::new(meter);
+        self
+    }
 }
 
 impl<S, C: Clone> Layer<S> for HedgeLayer<C> {
