@@ -14,7 +14,7 @@ use http_body_util::Full;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::{service_fn, ServiceExt};
-use tower_resend::retry::{Hedged, ReplayBody, RetryBudget};
+use tower_resend::retry::{Attempts, Hedged, ReplayBody, RetryBudget};
 
 const CALLS: usize = 2000;
 const FAST: Duration = Duration::from_millis(2);
@@ -100,7 +100,15 @@ where
                     .oneshot(request(method.clone(), n))
                     .await
                     .unwrap_or_else(|e| panic!("call {n}: {e:?}"));
-                let by_backup = resp.extensions().get::<Hedged>().is_some_and(|h| h.won > 1);
+                let hedged = resp.extensions().get::<Hedged>().copied();
+                let by_backup = hedged.is_some_and(|h| h.won > 1);
+                // The call's history says the same.
+                let last = resp.extensions().get::<Attempts>().and_then(Attempts::last);
+                assert_eq!(
+                    last.map(|a| (a.copies(), a.winning_copy())),
+                    Some(hedged.map_or((1, 1), |h| (h.sent, h.won))),
+                    "call {n}"
+                );
                 out.push((started.elapsed(), by_backup));
             }
             out

@@ -11,7 +11,7 @@ use tower_service::Service;
 use super::layer::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use super::policy::Decision;
 use super::retrying::Retrying;
-use super::{Attempt, ReplayBody, RetryBudget, Stop, Token};
+use super::{Attempt, Hedged, ReplayBody, RetryBudget, Stop, Token};
 use crate::classify::{is_replayed, Class, Classification, Classify};
 use crate::deadline::context;
 use crate::error::{BoxError, Error, ErrorKind, Phase};
@@ -134,11 +134,18 @@ where
                         r.attempt = tracing::Span::none();
                     }
                     let made = r.history.len() + 1;
-                    r.history.push(
+                    let mut attempt =
                         Attempt::new(c.class(), status, r.waited, took, c.retry_after())
                             .with_grpc_code(c.grpc_code())
-                            .with_replayed(c.replayed()),
-                    );
+                            .with_replayed(c.replayed());
+                    if let Some(h) = result
+                        .as_ref()
+                        .ok()
+                        .and_then(|r| r.extensions().get::<Hedged>())
+                    {
+                        attempt = attempt.with_copies(h.sent, h.won);
+                    }
+                    r.history.push(attempt);
                     let decision = match c.class() {
                         // A final answer (the decision table's first row)
                         // needs neither the time left nor a random draw.

@@ -45,7 +45,9 @@ enum Delay {
 /// `grpc-retry-pushback-ms`), which stops further copies and, once none is
 /// left in flight, goes up to the retry layer. The call's one deadline
 /// bounds every copy. The winning response says what happened in a
-/// [`Hedged`] extension.
+/// [`Hedged`] extension, and so does the attempt's record in the call's
+/// [`Attempts`](super::Attempts) ([`copies`](super::Attempt::copies),
+/// [`winning_copy`](super::Attempt::winning_copy)).
 ///
 /// [`StackBuilder::hedge`](crate::StackBuilder::hedge) puts it in the stack
 /// (inside the retry layer, which treats the hedged copies as one attempt).

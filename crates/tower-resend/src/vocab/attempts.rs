@@ -14,6 +14,10 @@ pub struct Attempt {
     // In the padding after `status`: the record stays 56 bytes.
     grpc: Option<GrpcCode>,
     replayed: bool,
+    // Hedged copies sent, and the one whose answer came back (0: not
+    // hedged); saturating, and in the padding too.
+    copies: u8,
+    won: u8,
     waited: Duration,
     took: Duration,
     server_wait: Option<Duration>,
@@ -32,6 +36,8 @@ impl Attempt {
             status,
             grpc: None,
             replayed: false,
+            copies: 0,
+            won: 0,
             waited,
             took,
             server_wait,
@@ -50,6 +56,33 @@ impl Attempt {
     pub(crate) const fn with_replayed(mut self, replayed: bool) -> Self {
         self.replayed = replayed;
         self
+    }
+
+    /// The attempt, hedged: `sent` copies went, and copy `won` answered.
+    pub(crate) fn with_copies(mut self, sent: u32, won: u32) -> Self {
+        self.copies = u8::try_from(sent).unwrap_or(u8::MAX);
+        self.won = u8::try_from(won).unwrap_or(u8::MAX);
+        self
+    }
+
+    /// Copies of the attempt sent, the first included: more than one when
+    /// it was [hedged](crate::StackBuilder::hedge) and a backup went out.
+    pub const fn copies(&self) -> u32 {
+        if self.copies == 0 {
+            1
+        } else {
+            self.copies as u32
+        }
+    }
+
+    /// The copy whose answer the attempt returned, counted from 1 (2 or
+    /// more: a backup's). Known for answers; 1 for an error.
+    pub const fn winning_copy(&self) -> u32 {
+        if self.won == 0 {
+            1
+        } else {
+            self.won as u32
+        }
     }
 
     /// True when the server answered the attempt with a response replayed
