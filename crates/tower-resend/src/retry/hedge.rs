@@ -300,11 +300,14 @@ where
     fn call(&mut self, req: Request<ReplayBody<B>>) -> Self::Future {
         // What the copies are made of: the head, and a body replaying from
         // the start (none: too large to keep, so no copies).
-        let copies = self.shared.as_ref().and_then(|shared| {
-            let hedge = req.extensions().get::<NoRetry>().is_none()
-                && Classify::<R>::is_replay_safe(&shared.classifier, &RequestFacts::of(&req));
-            hedge.then(|| Some((Template::of(&req)?, Arc::clone(shared))))?
-        });
+        let copies = self
+            .shared
+            .as_ref()
+            .filter(|shared| {
+                req.extensions().get::<NoRetry>().is_none()
+                    && Classify::<R>::is_replay_safe(&shared.classifier, &RequestFacts::of(&req))
+            })
+            .and_then(|shared| Some((Template::of(&req)?, Arc::clone(shared))));
         let first = self.inner.call(req);
         match copies {
             // Not hedged (the usual call): no box, no timer.

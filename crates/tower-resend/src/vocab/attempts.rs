@@ -14,8 +14,8 @@ pub struct Attempt {
     // In the padding after `status`: the record stays 56 bytes.
     grpc: Option<GrpcCode>,
     replayed: bool,
-    // Hedged copies sent, and the one whose answer came back (0: not
-    // hedged); saturating, and in the padding too.
+    // Copies sent (more than 1: hedged), and the one whose answer came
+    // back; saturating, and in the padding too.
     copies: u8,
     won: u8,
     waited: Duration,
@@ -36,8 +36,8 @@ impl Attempt {
             status,
             grpc: None,
             replayed: false,
-            copies: 0,
-            won: 0,
+            copies: 1,
+            won: 1,
             waited,
             took,
             server_wait,
@@ -68,21 +68,13 @@ impl Attempt {
     /// Copies of the attempt sent, the first included: more than one when
     /// it was [hedged](crate::StackBuilder::hedge) and a backup went out.
     pub const fn copies(&self) -> u32 {
-        if self.copies == 0 {
-            1
-        } else {
-            self.copies as u32
-        }
+        self.copies as u32
     }
 
     /// The copy whose answer the attempt returned, counted from 1 (2 or
     /// more: a backup's). Known for answers; 1 for an error.
     pub const fn winning_copy(&self) -> u32 {
-        if self.won == 0 {
-            1
-        } else {
-            self.won as u32
-        }
+        self.won as u32
     }
 
     /// True when the server answered the attempt with a response replayed
