@@ -78,4 +78,6 @@ pub use script::Script;
 pub use server::{Arrival, Builder, TestServer, DEFAULT_BODY_LIMIT};
 
 #[cfg(test)]
+mod lifecycle_tests;
+#[cfg(test)]
 mod tests;
