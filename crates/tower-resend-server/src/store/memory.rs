@@ -85,9 +85,7 @@ struct Shared {
 /// behind is found when room is needed.)
 #[derive(Default)]
 struct Shard {
-    /// Boxed: the table stays small (a key and a pointer an entry), and
-    /// a lease becomes its finished record in place.
-    records: HashMap<Arc<str>, Box<Record>, RandomState>,
+    records: HashMap<Arc<[u8]>, Record, RandomState>,
     /// Finished records, by when they were written (and so by when they
     /// expire: a store's records are written with one layer's TTL), for
     /// the sweep, and the oldest for eviction.
@@ -99,7 +97,7 @@ struct Shard {
 
 /// A write, as a queue remembers it.
 struct Written {
-    key: Arc<str>,
+    key: Arc<[u8]>,
     write: u64,
     expires: Instant,
 }
@@ -117,20 +115,24 @@ struct Record {
 
 impl Record {
     /// `claim`'s lease, until `expires`.
-    fn lease(claim: &Claim<'_>, expires: Instant) -> Box<Self> {
-        Box::new(Self {
+    fn lease(claim: &Claim<'_>, expires: Instant) -> Self {
+        Self {
             fingerprint: claim.fingerprint,
             token: claim.token,
             expires,
             write: 0,
             done: None,
-        })
+        }
     }
 }
 
+/// A finished record's response, encoded as a store of bytes keeps it
+/// ([`StoredResponse::encode`]): one allocation a record, where the
+/// response itself holds several (its header maps, its body), each freed
+/// by whichever thread sweeps it a record's life later.
 struct Done {
-    response: StoredResponse,
-    /// The bytes it counts for: the response's and the key's.
+    response: Box<[u8]>,
+    /// The bytes it counts for: the encoded response's and the key's.
     bytes: usize,
 }
 
@@ -155,10 +157,15 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A record's key in its map: the scope's length, the scope and the key,
-/// so that no (scope, key) pair reads as another.
-fn map_key(key: &RecordKey<'_>) -> Arc<str> {
-    Arc::from(format!("{}:{}{}", key.scope.len(), key.scope, key.key))
+/// A record's key in its map: the scope's length (eight bytes), the scope
+/// and the key, so that no (scope, key) pair reads as another.
+fn map_key(key: &RecordKey<'_>) -> Vec<u8> {
+    let (scope, k) = (key.scope.as_bytes(), key.key.as_bytes());
+    let mut out = Vec::with_capacity(8 + scope.len() + k.len());
+    out.extend_from_slice(&u64::try_from(scope.len()).unwrap_or(u64::MAX).to_le_bytes());
+    out.extend_from_slice(scope);
+    out.extend_from_slice(k);
+    out
 }
 
 impl Shard {
@@ -217,7 +224,7 @@ impl Shard {
     }
 
     /// Writes `record` for `key`, in place of what was there, and queues it.
-    fn write(&mut self, key: Arc<str>, mut record: Box<Record>, shared: &Shared) {
+    fn write(&mut self, key: Arc<[u8]>, mut record: Record, shared: &Shared) {
         self.writes += 1;
         record.write = self.writes;
         if let Some(done) = &record.done {
@@ -295,7 +302,7 @@ impl MemoryStore {
         self.shared.evicted.load(Relaxed)
     }
 
-    fn shard(&self, key: &str) -> &Mutex<Shard> {
+    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
         // The top bits: a shard's map indexes by the low ones (with its own
         // seed, but never mind).
         let i = (self.shared.hasher.hash_one(key) >> 60) as usize % SHARDS;
@@ -383,19 +390,30 @@ impl MemoryStore {
             guard.sweep(now, &self.shared);
             // Held, or finished: say what holds it. (Also after making
             // room, when the lock was let go and another request took it.)
-            if let Some(found) = guard.records.get(&key).filter(|r| r.expires > now) {
-                return Ok(match &found.done {
-                    Some(done) => Begin::Completed {
-                        fingerprint: found.fingerprint,
-                        response: done.response.clone(),
+            if let Some(found) = guard
+                .records
+                .get(key.as_slice())
+                .filter(|r| r.expires > now)
+            {
+                return match &found.done {
+                    Some(done) => match StoredResponse::decode(&done.response) {
+                        Some(response) => Ok(Begin::Completed {
+                            fingerprint: found.fingerprint,
+                            response,
+                        }),
+                        // (It encoded it: a bug, failing closed.)
+                        None => Err(StoreError::new(
+                            "memory store: a finished record that does not decode",
+                        )),
                     },
-                    None => Begin::InProgress {
+                    None => Ok(Begin::InProgress {
                         fingerprint: found.fingerprint,
-                    },
-                });
+                    }),
+                };
             }
             if room {
-                guard.write(key, Record::lease(claim, now + ttl.lease), &self.shared);
+                let lease = Record::lease(claim, now + ttl.lease);
+                guard.write(Arc::from(key), lease, &self.shared);
                 return Ok(Begin::Acquired);
             }
             // Making room locks every shard in turn: not with this one held.
@@ -413,34 +431,36 @@ impl MemoryStore {
         let key = map_key(&claim.key);
         let now = Instant::now();
         let mut shard = lock(self.shard(&key));
-        match shard.records.get(&key).filter(|r| r.expires > now) {
+        match shard
+            .records
+            .get(key.as_slice())
+            .filter(|r| r.expires > now)
+        {
             Some(r) if r.token != claim.token => return LeaseState::Lost,
             Some(r) if r.done.is_some() => return LeaseState::Completed,
             // Its own lease, renewed; or none at all (expired, or the store
             // lost it): written anew.
             _ => {}
         }
-        shard.write(key, Record::lease(claim, now + ttl.lease), &self.shared);
+        let lease = Record::lease(claim, now + ttl.lease);
+        shard.write(Arc::from(key), lease, &self.shared);
         LeaseState::Held
     }
 
     fn complete_now(&self, claim: &Claim<'_>, response: &StoredResponse, ttl: Ttl) -> LeaseState {
         let key = map_key(&claim.key);
         let now = Instant::now();
-        let mut response = response.clone();
-        let mut bytes = response.size() + key.len();
-        if bytes > self.max_bytes {
-            // Too large for the store by itself: kept without its body.
-            bytes -= response.body.len();
-            response.body = Bytes::new();
-            response.body_omitted = true;
-        }
+        let done = self.encode(response, key.len());
         let shard = self.shard(&key);
         // Room without making any (the usual case): one lock, one look.
-        let mut room = self.fits(0, bytes);
+        let mut room = self.fits(0, done.bytes);
         loop {
             let mut guard = lock(shard);
-            match guard.records.get(&key).filter(|r| r.expires > now) {
+            match guard
+                .records
+                .get(key.as_slice())
+                .filter(|r| r.expires > now)
+            {
                 Some(r) if r.token != claim.token => return LeaseState::Lost,
                 Some(r) if r.done.is_some() => return LeaseState::Held,
                 _ => {}
@@ -448,35 +468,39 @@ impl MemoryStore {
             if room {
                 let shard = &mut *guard;
                 let expires = now + ttl.record;
-                let done = Done { response, bytes };
-                match shard.records.get_mut(&key) {
+                let bytes = done.bytes;
+                match shard.records.get_key_value(key.as_slice()) {
                     // Its own lease (the usual case) becomes the record in
-                    // place.
-                    Some(r) if r.token == claim.token => {
+                    // place, under the key it was written with.
+                    Some((mapped, r)) if r.token == claim.token => {
+                        let mapped = Arc::clone(mapped);
                         shard.writes += 1;
-                        r.write = shard.writes;
-                        r.expires = expires;
-                        self.shared.bytes.fetch_add(bytes, Relaxed);
-                        // (An expired record of its own, rewritten.)
-                        if let Some(old) = r.done.replace(done) {
-                            self.shared.bytes.fetch_sub(old.bytes, Relaxed);
+                        let write = shard.writes;
+                        if let Some(r) = shard.records.get_mut(key.as_slice()) {
+                            r.write = write;
+                            r.expires = expires;
+                            self.shared.bytes.fetch_add(bytes, Relaxed);
+                            // (An expired record of its own, rewritten.)
+                            if let Some(old) = r.done.replace(done) {
+                                self.shared.bytes.fetch_sub(old.bytes, Relaxed);
+                            }
                         }
                         shard.done.push_back(Written {
-                            key,
-                            write: shard.writes,
+                            key: mapped,
+                            write,
                             expires,
                         });
                     }
                     // Its lease was lost (expired and let go): written anew.
                     _ => {
-                        let record = Box::new(Record {
+                        let record = Record {
                             fingerprint: claim.fingerprint,
                             token: claim.token,
                             expires,
                             write: 0,
                             done: Some(done),
-                        });
-                        shard.write(key, record, &self.shared);
+                        };
+                        shard.write(Arc::from(key), record, &self.shared);
                     }
                 }
                 return LeaseState::Held;
@@ -485,8 +509,27 @@ impl MemoryStore {
             // (A lease counts for no bytes: only the response's need room.
             // A store that cannot make it still keeps the response, over
             // its bound for a moment, rather than lose the work's end.)
-            self.make_room(0, bytes);
+            self.make_room(0, done.bytes);
             room = true;
+        }
+    }
+
+    /// `response` encoded, and the bytes it counts for with a key of
+    /// `key_len`: without its body if it is too large for the store by
+    /// itself.
+    fn encode(&self, response: &StoredResponse, key_len: usize) -> Done {
+        let mut encoded = response.encode();
+        if encoded.len() + key_len > self.max_bytes && !response.body.is_empty() {
+            let bare = StoredResponse {
+                body: Bytes::new(),
+                body_omitted: true,
+                ..response.clone()
+            };
+            encoded = bare.encode();
+        }
+        Done {
+            bytes: encoded.len() + key_len,
+            response: encoded.into_boxed_slice(),
         }
     }
 
@@ -495,10 +538,10 @@ impl MemoryStore {
         let mut shard = lock(self.shard(&key));
         let mine = shard
             .records
-            .get(&key)
+            .get(key.as_slice())
             .is_some_and(|r| r.token == claim.token && r.done.is_none());
         if mine {
-            if let Some(record) = shard.records.remove(&key) {
+            if let Some(record) = shard.records.remove(key.as_slice()) {
                 self.shared.forget(&record);
             }
         }
@@ -684,7 +727,7 @@ mod tests {
                 .unwrap(),
             LeaseState::Held
         );
-        let stored = resp("done").size() + map_key(&key("k")).len();
+        let stored = resp("done").encode().len() + map_key(&key("k")).len();
         assert_eq!(s.shared.bytes.load(Relaxed), stored);
         match s.begin(&claim(key("k"), b, t), TTL).await.unwrap() {
             Begin::Completed { fingerprint, .. } => assert_eq!(fingerprint, a),
@@ -1041,7 +1084,7 @@ mod tests {
                 lowest_when_full = lowest_when_full.min(bytes);
             }
         }
-        let one = response.size() + map_key(&key("key-00000")).len();
+        let one = response.encode().len() + map_key(&key("key-00000")).len();
         assert!(
             lowest_when_full + one > max_bytes,
             "fell to {lowest_when_full} bytes"
