@@ -1,8 +1,8 @@
 //! The one supervisor of a keyed request's work: the handler (and the
 //! reading of its response) run to their end, the hold on the key renewed
 //! every third of its life meanwhile, cut when the inbound deadline runs
-//! out, a panic caught. It runs inside the request's own task
-//! ([`keyed`](super::keyed)), so a caller that goes away does not cancel it.
+//! out, a panic caught. It runs to its end whether its caller waits or goes
+//! away ([`keyed`](super::keyed)).
 
 use std::any::Any;
 use std::convert::Infallible;
