@@ -59,7 +59,7 @@ impl Held {
         map.get(&(Box::from(key.scope), Box::from(key.key)))
             .map(|(fingerprint, response)| Begin::Completed {
                 fingerprint: *fingerprint,
-                response: response.clone(),
+                response: Box::new(response.clone()),
             })
     }
 

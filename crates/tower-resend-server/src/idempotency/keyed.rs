@@ -186,7 +186,7 @@ where
         (Action::Replay(stored), _) => {
             tracing::debug!(key = keyed.key.as_str(), "replaying a stored response");
             telemetry::outcome(&span, config.stats.metrics(), Outcome::Replayed);
-            return Ok(replay(stored));
+            return Ok(replay(*stored));
         }
         (Action::Answer(answer), _) => return refuse(answer),
         (other, _) => return refuse(unexpected(other)),

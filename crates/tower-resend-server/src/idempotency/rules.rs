@@ -115,9 +115,6 @@ pub(crate) enum Commit {
 }
 
 /// What the layer knows at one step of a request.
-// (Made and matched once a step, by value: a box would cost more than the
-// room a found response takes.)
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Step {
     /// A request arrived, its body not read yet.
@@ -172,7 +169,6 @@ pub(crate) enum Reply {
 }
 
 /// What to do.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Action {
     /// Not the layer's business: the handler runs as if the layer were not
@@ -191,7 +187,7 @@ pub(crate) enum Action {
     Run,
     /// The operation finished: replay its response; the handler does not
     /// run.
-    Replay(StoredResponse),
+    Replay(Box<StoredResponse>),
     /// The lease is renewed (or needs no renewal): renew again in a third
     /// of a lease.
     Renewed,

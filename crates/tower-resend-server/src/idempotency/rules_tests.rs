@@ -140,9 +140,9 @@ fn what_holds_the_key_decides_who_runs() {
     // Same key after it finished: the stored response.
     let done = Begin::Completed {
         fingerprint: mine,
-        response: stored(),
+        response: Box::new(stored()),
     };
-    assert_eq!(found(Ok(done), mine), Action::Replay(stored()));
+    assert_eq!(found(Ok(done), mine), Action::Replay(Box::new(stored())));
     // Same key, other fingerprint: 422, running or finished.
     assert_eq!(
         found(Ok(Begin::InProgress { fingerprint: other }), mine),
@@ -150,7 +150,7 @@ fn what_holds_the_key_decides_who_runs() {
     );
     let theirs = Begin::Completed {
         fingerprint: other,
-        response: stored(),
+        response: Box::new(stored()),
     };
     assert_eq!(found(Ok(theirs), mine), Action::Answer(Answer::KeyReused));
     // A store that cannot answer: fail closed; one that is not set up says so.

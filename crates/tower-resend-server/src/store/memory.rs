@@ -399,7 +399,7 @@ impl MemoryStore {
                     Some(done) => match StoredResponse::decode(&done.response) {
                         Some(response) => Ok(Begin::Completed {
                             fingerprint: found.fingerprint,
-                            response,
+                            response: Box::new(response),
                         }),
                         // (It encoded it: a bug, failing closed.)
                         None => Err(StoreError::new(

@@ -351,7 +351,9 @@ fn parse(value: &[u8]) -> Result<Begin, StoreError> {
         b'L' => Ok(Begin::InProgress { fingerprint }),
         b'D' => Ok(Begin::Completed {
             fingerprint,
-            response: StoredResponse::decode(value.get(65..).ok_or_else(bad)?).ok_or_else(bad)?,
+            response: Box::new(
+                StoredResponse::decode(value.get(65..).ok_or_else(bad)?).ok_or_else(bad)?,
+            ),
         }),
         _ => Err(bad()),
     }

@@ -915,7 +915,7 @@ pub async fn a_stale_holder_cannot_touch_the_new_holders_lease<St: Store>(
     stale_complete().await;
     store.release(&stale).await.unwrap();
     match store.begin(&other, ttl).await.unwrap() {
-        Begin::Completed { response: kept, .. } => assert_eq!(kept, response("new")),
+        Begin::Completed { response: kept, .. } => assert_eq!(*kept, response("new")),
         found => panic!("the new holder's response is kept, found {found:?}"),
     }
 }

@@ -391,7 +391,7 @@ pub(crate) fn found(row: Option<PgRow>) -> Result<Option<Begin>, StoreError> {
         .ok_or_else(|| StoreError::new("unreadable record in PostgreSQL: response"))?;
     Ok(Some(Begin::Completed {
         fingerprint,
-        response,
+        response: Box::new(response),
     }))
 }
 
