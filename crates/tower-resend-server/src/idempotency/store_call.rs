@@ -4,17 +4,23 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use super::telemetry::{Op, ServerMetrics};
 use crate::store::StoreError;
 
 /// `fut`, a store call, given up after `limit` (a store that does not
-/// answer in time cannot be reached).
+/// answer in time cannot be reached). A call that answers at once (the
+/// memory store's) arms no timer.
 pub(crate) async fn with_timeout<T>(
     limit: Duration,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    let mut fut = std::pin::pin!(fut);
+    if let Some(answered) = fut.as_mut().now_or_never() {
+        return answered;
+    }
     match tokio::time::timeout(limit, fut).await {
         Ok(answered) => answered,
         Err(_) => Err(StoreError::new(format!("no answer within {limit:?}"))),
