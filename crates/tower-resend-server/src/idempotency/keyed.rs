@@ -93,14 +93,15 @@ pub(crate) struct Keyed {
 }
 
 /// A keyed request: its body read, its key claimed, then (if it is this
-/// request's) the handler run to its end, the caller there or not. Its answer's status goes
-/// on the request's span.
+/// request's) the handler run to its end, the caller there or not; in the
+/// request's `span`, where its answer's status goes.
 pub(crate) async fn keyed<St, S, B, RB>(
     shared: Arc<Shared<St>>,
     inner: S,
     parts: Parts,
     body: B,
     keyed: Keyed,
+    span: tracing::Span,
 ) -> Answering<RB, S::Error>
 where
     St: Backend,
@@ -108,9 +109,11 @@ where
     B: RequestBody,
     RB: ResponseBody,
 {
-    let answered = claim_then_run(shared, inner, parts, body, keyed).await;
+    let answered = claim_then_run(shared, inner, parts, body, keyed)
+        .instrument(span.clone())
+        .await;
     if let Ok(resp) = &answered {
-        telemetry::answered(&tracing::Span::current(), resp.status());
+        telemetry::answered(&span, resp.status());
     }
     answered
 }
@@ -193,14 +196,14 @@ where
     };
     telemetry::outcome(&span, config.stats.metrics(), Outcome::Ran);
 
-    // From here on the work is the layer's: it runs to its end in its own
-    // task, bounded by the inbound deadline.
+    // From here on the work is the layer's: it runs to its end, bounded by
+    // the inbound deadline.
     St::start(&mut hold, &mut parts.extensions);
     let req = Request::from_parts(parts, MaybeBuffered::full(bytes));
     // The handler's outbound calls derive their keys from this one, and
     // keep the inbound deadline, wherever the work goes on.
-    // Boxed where it is made: every later move of it (into the work, into
-    // its task) is a pointer's, whatever the size of the service's future.
+    // Boxed where it is made: moved into the work as a pointer, whatever
+    // the size of the service's future.
     let handler = Box::pin(tower_resend::idempotency::derive_keys(
         keyed.scope,
         keyed.key.header_value().clone(),
@@ -346,9 +349,7 @@ impl<St: Backend> Work<St> {
             ended: how_it_ended(&mut ended),
         };
         match decide(step) {
-            // Boxed: keeping is a store call, whose future would otherwise
-            // be part of this task's, moved whole into the task at spawn.
-            Action::Keep(keep) => Box::pin(self.keep(hold, keep, ended)).await,
+            Action::Keep(keep) => self.keep(hold, keep, ended).await,
             Action::Release => {
                 St::release(shared, hold).await;
                 self.reply(Reply::Handler, ended)
@@ -366,7 +367,7 @@ impl<St: Backend> Work<St> {
                     undone: false,
                 });
                 tracing::error!(?answer, "kept as a failure");
-                Box::pin(self.keep(hold, keep, ended)).await
+                self.keep(hold, keep, ended).await
             }
         }
     }
@@ -569,18 +570,20 @@ impl<F: Future + Send + 'static> Drop for Unabandoned<F> {
 fn how_it_ended<RB, E>(ended: &mut Supervision<Result<Done<RB>, E>>) -> Ended {
     match ended {
         Supervision::Done(Ok((head, _, Ok(read)))) => {
-            let mut trailers = read.trailers.take().unwrap_or_default();
-            let nothing_done = head.extensions.get::<NothingDone>().is_some()
-                | take_mark(&mut head.headers, &IDEMPOTENT_NOTHING_DONE)
-                | take_mark(&mut trailers, &IDEMPOTENT_NOTHING_DONE);
-            let keep = head.extensions.get::<KeepResponse>().is_some()
-                | take_mark(&mut head.headers, &IDEMPOTENT_KEEP)
-                | take_mark(&mut trailers, &IDEMPOTENT_KEEP);
-            let grpc = GrpcCode::in_headers(&head.headers).or(GrpcCode::in_headers(&trailers));
-            let pushback = head.headers.contains_key(GRPC_RETRY_PUSHBACK_MS)
-                || trailers.contains_key(GRPC_RETRY_PUSHBACK_MS);
-            if !trailers.is_empty() {
-                read.trailers = Some(trailers);
+            let mut nothing_done = head.extensions.get::<NothingDone>().is_some()
+                | take_mark(&mut head.headers, &IDEMPOTENT_NOTHING_DONE);
+            let mut keep = head.extensions.get::<KeepResponse>().is_some()
+                | take_mark(&mut head.headers, &IDEMPOTENT_KEEP);
+            let mut grpc = GrpcCode::in_headers(&head.headers);
+            let mut pushback = head.headers.contains_key(GRPC_RETRY_PUSHBACK_MS);
+            if let Some(trailers) = &mut read.trailers {
+                nothing_done |= take_mark(trailers, &IDEMPOTENT_NOTHING_DONE);
+                keep |= take_mark(trailers, &IDEMPOTENT_KEEP);
+                grpc = grpc.or(GrpcCode::in_headers(trailers));
+                pushback |= trailers.contains_key(GRPC_RETRY_PUSHBACK_MS);
+                if trailers.is_empty() {
+                    read.trailers = None;
+                }
             }
             Ended::Answered(Answered {
                 status: head.status,

@@ -10,7 +10,6 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_resend::{BoxError, Deadline};
 use tower_service::Service;
-use tracing::Instrument;
 
 use super::backend::Backend;
 use super::config::{Anonymous, Config, Shared};
@@ -113,8 +112,9 @@ where
                     key,
                     deadline,
                 };
-                let run = keyed::keyed(shared, inner, parts, body, keyed);
-                ResponseFuture::keyed(Box::pin(run.instrument(span)))
+                ResponseFuture::keyed(Box::pin(keyed::keyed(
+                    shared, inner, parts, body, keyed, span,
+                )))
             }
             (Action::Transact, ..) => {
                 let inner = self.take_readied();
