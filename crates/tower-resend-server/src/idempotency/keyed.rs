@@ -413,7 +413,7 @@ impl<St: Backend> Work<St> {
                     &shared.config.per_caller,
                     &read.bytes,
                     read.whole,
-                    read.trailers.as_ref(),
+                    read.trailers.as_deref(),
                 ),
                 head.status,
             ),
@@ -612,7 +612,7 @@ fn handler_response<RB>(
     read: Read,
 ) -> Response<MaybeBuffered<RB>> {
     let body = if read.whole {
-        MaybeBuffered::with_trailers(read.bytes, read.trailers)
+        MaybeBuffered::with_boxed_trailers(read.bytes, read.trailers)
     } else {
         MaybeBuffered::chain(read.bytes, body)
     };
