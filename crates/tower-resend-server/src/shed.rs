@@ -58,8 +58,8 @@ use tower_resend::retry::{GRPC_PREVIOUS_RPC_ATTEMPTS, RESEND_PREVIOUS_ATTEMPTS};
 use tower_resend::Deadline;
 use tower_service::Service;
 
+use crate::body::MaybeBuffered;
 use crate::problems::{Problem, ProblemType, Protocol};
-use crate::MaybeBuffered;
 
 /// The wait a refusal names before any work has finished to measure.
 const FIRST_GUESS: Duration = Duration::from_millis(100);
