@@ -523,17 +523,22 @@ impl<St: Backend> Work<St> {
 /// a task per keyed request cost the layer about six points of
 /// `server_throughput`'s waiting row (the task woken, then its caller,
 /// often on the other worker), for a caller that almost always waits.
-async fn to_its_end<F: Future + Send + 'static>(work: Pin<Box<F>>) -> F::Output {
+/// (The guard is made at once, not at the first poll: a wait dropped before
+/// it was ever polled hands the work on too.)
+fn to_its_end<F: Future + Send + 'static>(work: Pin<Box<F>>) -> impl Future<Output = F::Output> {
     let mut unabandoned = Unabandoned {
         work: Some(work),
         span: tracing::Span::current(),
     };
-    let out = match unabandoned.work.as_mut() {
-        Some(work) => work.await,
-        None => std::future::pending().await,
-    };
-    unabandoned.work = None;
-    out
+    async move {
+        let out = match unabandoned.work.as_mut() {
+            Some(work) => work.await,
+            None => std::future::pending().await,
+        };
+        // Ended: nothing left to hand on.
+        drop(unabandoned.work.take());
+        out
+    }
 }
 
 /// Work in progress, spawned to its end if dropped before it.

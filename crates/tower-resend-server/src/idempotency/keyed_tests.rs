@@ -116,3 +116,41 @@ async fn a_handlers_marks_are_taken_off_its_answer() {
     }
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// Awaited, the work runs in the caller's task and answers it; dropped
+/// before its end (or before it was ever polled), it goes on in a task of
+/// its own to its end, once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn work_whose_caller_goes_away_runs_to_its_end() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let (started, ended) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let work = |started: Arc<AtomicUsize>, ended: Arc<AtomicUsize>| async move {
+        started.fetch_add(1, SeqCst);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ended.fetch_add(1, SeqCst);
+        7
+    };
+
+    // Awaited: its answer.
+    let out = super::to_its_end(Box::pin(work(started.clone(), ended.clone()))).await;
+    assert_eq!((out, started.load(SeqCst), ended.load(SeqCst)), (7, 1, 1));
+
+    // Dropped midway: the caller stops waiting, the work does not.
+    let caller = super::to_its_end(Box::pin(work(started.clone(), ended.clone())));
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), caller).await;
+    assert!(gave_up.is_err());
+    assert_eq!((started.load(SeqCst), ended.load(SeqCst)), (2, 1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!((started.load(SeqCst), ended.load(SeqCst)), (2, 2));
+
+    // Never polled, then dropped: it runs, once, on its own.
+    drop(super::to_its_end(Box::pin(work(
+        started.clone(),
+        ended.clone(),
+    ))));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!((started.load(SeqCst), ended.load(SeqCst)), (3, 3));
+}
