@@ -1,12 +1,11 @@
 //! A keyed request, start to end, in both modes: the body read and the key
 //! claimed in the caller's future; from the handler's start on, work that a
 //! caller who goes away hands to a task of its own rather than cancel
-//! ([`to_its_end`]). At each step the rules ([`decide`]) say what to do; the
+//! ([`to_its_end`](super::supervise::to_its_end)). At each step the rules ([`decide`]) say what to do; the
 //! backend does the I/O of its mode.
 
 use std::borrow::Cow;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,7 +26,7 @@ use super::response::{
     answer, record, replay, take_mark, IDEMPOTENT_KEEP, IDEMPOTENT_NOTHING_DONE,
 };
 use super::rules::{decide, Action, Answered, BodyRead, Ended, Keep, Reply, Step};
-use super::supervise::{supervise, Supervision};
+use super::supervise::{supervise, to_its_end, Supervision};
 use super::telemetry::{self, Outcome};
 use super::{KeepResponse, NothingDone};
 use crate::body::{read_capped, MaybeBuffered, Read};
@@ -511,59 +510,6 @@ impl<St: Backend> Work<St> {
             d.instant().saturating_duration_since(self.started_at)
         });
         Attribution::from_snapshot(cut, budget, elapsed).stored(self.protocol)
-    }
-}
-
-/// `work` run to its end, even if its caller goes away: awaited, it runs
-/// in the caller's task; dropped before its end, it is spawned, as it is
-/// at that point, to run to its end in a task of its own (in the span it
-/// was made in).
-///
-/// Why not `tokio::spawn` from the start, as DESIGN section 7 first said:
-/// a task per keyed request cost the layer about six points of
-/// `server_throughput`'s waiting row (the task woken, then its caller,
-/// often on the other worker), for a caller that almost always waits.
-/// (The guard is made at once, not at the first poll: a wait dropped before
-/// it was ever polled hands the work on too.)
-fn to_its_end<F: Future + Send + 'static>(work: Pin<Box<F>>) -> impl Future<Output = F::Output> {
-    let mut unabandoned = Unabandoned {
-        work: Some(work),
-        span: tracing::Span::current(),
-    };
-    async move {
-        let out = match unabandoned.work.as_mut() {
-            Some(work) => work.await,
-            None => std::future::pending().await,
-        };
-        // Ended: nothing left to hand on.
-        drop(unabandoned.work.take());
-        out
-    }
-}
-
-/// Work in progress, spawned to its end if dropped before it.
-struct Unabandoned<F: Future + Send + 'static> {
-    work: Option<Pin<Box<F>>>,
-    span: tracing::Span,
-}
-
-impl<F: Future + Send + 'static> Drop for Unabandoned<F> {
-    fn drop(&mut self) {
-        let Some(work) = self.work.take() else { return };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let span = std::mem::replace(&mut self.span, tracing::Span::none());
-                runtime.spawn(
-                    async move {
-                        work.await;
-                    }
-                    .instrument(span),
-                );
-            }
-            Err(_) => tracing::error!(
-                "a keyed request's caller went away outside a tokio runtime: its work is dropped unfinished"
-            ),
-        }
     }
 }
 
