@@ -451,7 +451,7 @@ mod hyper_impl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorKind;
+    use crate::error::ErrorKind;
     use tower::{service_fn, ServiceExt};
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -490,7 +490,7 @@ mod tests {
     #[cfg(all(feature = "hyper-client", not(feature = "https")))]
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn https_without_the_feature_fails_once_and_says_so() {
-        let stack = crate::stack()
+        let stack = crate::stack::stack()
             .max_attempts(3)
             .service(hyper_client(Duration::from_secs(2)));
         let start = tokio::time::Instant::now();

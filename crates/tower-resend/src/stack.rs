@@ -1,6 +1,6 @@
 //! The composed stack: every layer in the right order, one error type.
 
-use crate::Name;
+use crate::name::Name;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

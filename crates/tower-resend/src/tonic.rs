@@ -429,7 +429,7 @@ mod tests {
     }
 
     fn named(mut e: Error) -> Error {
-        e.set_upstream_if_none(Some(&crate::Name::from("ledger")));
+        e.set_upstream_if_none(Some(&crate::name::Name::from("ledger")));
         e
     }
 

@@ -9,8 +9,8 @@ use super::state::{Classes, Rules};
 use super::CircuitBreaker;
 use crate::classify::{Class, HttpClassifier};
 use crate::deadline::clamp;
+use crate::name::Name;
 use crate::telemetry::ClientMetrics;
-use crate::Name;
 
 /// Default failure ratio that opens the circuit: 10 %.
 pub const DEFAULT_FAILURE_RATIO: f64 = 0.1;

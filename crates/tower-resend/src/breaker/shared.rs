@@ -16,9 +16,9 @@ use super::window::Window;
 use super::CircuitState;
 use crate::classify::{Classify, RequestFacts};
 use crate::error::{BoxError, Error};
+use crate::name::Name;
 use crate::telemetry::{BreakerMetrics, ClientMetrics};
 use crate::vocab::{percent, Why};
-use crate::Name;
 
 /// The layer's settings, checked.
 #[derive(Clone, Debug)]

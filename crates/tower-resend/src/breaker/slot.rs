@@ -2,8 +2,8 @@
 //! for, so that a stack without a breaker pays nothing for it.
 
 use super::{CircuitBreaker, CircuitBreakerLayer};
+use crate::name::Name;
 use crate::retry::{Retry, RetryLayer};
-use crate::Name;
 
 /// What the circuit breaker's place in a [`Stack`](crate::Stack) holds:
 /// [`NoBreaker`] (the default) or a [`CircuitBreakerLayer`], put there by
@@ -30,7 +30,7 @@ pub(crate) mod sealed {
         fn wrap<S: Clone, C>(
             self,
             inner: S,
-            name: Option<&crate::Name>,
+            name: Option<&crate::name::Name>,
             retry: RetryLayer<C>,
         ) -> Retry<Self::Service<S>, C>;
     }

@@ -362,10 +362,12 @@ pub(crate) fn verdict(class: Class, failing: Classes) -> Outcome {
 pub(crate) fn observes_upstream(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(err);
     while let Some(e) = next {
-        if let Some(ours) = e.downcast_ref::<crate::Error>() {
+        if let Some(ours) = e.downcast_ref::<crate::error::Error>() {
             return match ours.kind() {
-                crate::ErrorKind::CircuitOpen => false,
-                crate::ErrorKind::DeadlineExceeded => ours.phase() != Some(crate::Phase::Start),
+                crate::error::ErrorKind::CircuitOpen => false,
+                crate::error::ErrorKind::DeadlineExceeded => {
+                    ours.phase() != Some(crate::error::Phase::Start)
+                }
                 _ => true,
             };
         }
@@ -592,7 +594,8 @@ mod tests {
 
     #[test]
     fn errors_of_our_own_making_are_no_observation() {
-        use crate::{Error, Phase};
+        use crate::error::Error;
+        use crate::error::Phase;
         let expired = Error::deadline_exceeded(Phase::Start, Duration::ZERO);
         assert!(!observes_upstream(&expired));
         let open = Error::circuit_open(

@@ -11,8 +11,12 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 
 use super::{CircuitBreakerLayer, CircuitState};
 use crate::classify::Class;
+use crate::error::BoxError;
+use crate::error::Error;
+use crate::error::ErrorKind;
+use crate::error::Phase;
+use crate::error::RetryAdvice;
 use crate::timeout::AttemptTimeoutLayer;
-use crate::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
 
 const MS: Duration = Duration::from_millis(1);
 const S: Duration = Duration::from_secs(1);

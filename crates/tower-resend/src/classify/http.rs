@@ -157,7 +157,7 @@ pub(crate) fn classify_error(err: &(dyn std::error::Error + 'static)) -> Class {
             // Sending again cannot help: the client lacks TLS.
             return Class::Rejected;
         }
-        if let Some(ours) = e.downcast_ref::<crate::Error>() {
+        if let Some(ours) = e.downcast_ref::<crate::error::Error>() {
             if ours.is_not_sent() {
                 return Class::NotSent;
             }
@@ -194,7 +194,7 @@ fn proves_not_sent(_: &(dyn std::error::Error + 'static)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Error;
+    use crate::error::Error;
     use http::Request;
     use std::time::Duration;
 

@@ -1,4 +1,4 @@
-use crate::Name;
+use crate::name::Name;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -1,4 +1,4 @@
-use crate::Name;
+use crate::name::Name;
 use std::time::Duration;
 
 use tower_layer::Layer;

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::Name;
+use crate::name::Name;
 use std::task::{Context, Poll};
 use std::time::Duration;
 

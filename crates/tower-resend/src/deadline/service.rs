@@ -1,4 +1,4 @@
-use crate::Name;
+use crate::name::Name;
 use std::task::{Context, Poll};
 use std::time::Duration;
 

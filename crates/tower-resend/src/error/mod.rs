@@ -7,7 +7,7 @@
 //! way: the [`ErrorKind`], the upstream's name, the attempts made, the time
 //! spent and the cause as [`source`](std::error::Error::source).
 
-use crate::Name;
+use crate::name::Name;
 use std::time::Duration;
 
 use crate::vocab::{Attempt, Attempts, Class, Refusal};
@@ -551,7 +551,7 @@ mod tests {
     #[test]
     fn messages_say_what_fired() {
         let mut e = Error::deadline_exceeded(Phase::Waiting, Duration::from_secs(1));
-        e.set_upstream_if_none(Some(&crate::Name::from("shipping")));
+        e.set_upstream_if_none(Some(&crate::name::Name::from("shipping")));
         assert_eq!(
             e.to_string(),
             "shipping: deadline exceeded while waiting to retry after 1 s"

@@ -58,7 +58,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::classify::{is_idempotent, KEY_HEADERS};
-use crate::Name;
+use crate::name::Name;
 
 pub use derive::{derive_keys, DeriveKeys, KeySource};
 

@@ -14,7 +14,8 @@ use tower_service::Service;
 use super::handoff::{take_buffered, Buffered, Dispatch, Handoff, Job, Reply};
 use crate::breaker::BreakerSlot;
 use crate::error::{BoxError, Error};
-use crate::{Stack, StackBuilder};
+use crate::stack::Stack;
+use crate::stack::StackBuilder;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -386,7 +387,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::ErrorKind;
+    use crate::error::ErrorKind;
 
     /// Counts the attempts alive.
     struct Live(Arc<AtomicUsize>);
@@ -399,7 +400,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn an_attempt_the_stack_gave_up_on_is_dropped_before_the_next() {
-        let resend = crate::stack()
+        let resend = crate::stack::stack()
             .attempt_timeout(Duration::from_secs(1))
             .max_attempts(2)
             .no_budget()
@@ -431,7 +432,9 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn each_attempt_has_the_stacks_head_and_the_body_in_memory() {
-        let resend = crate::stack().idempotency_keys().reqwest_middleware();
+        let resend = crate::stack::stack()
+            .idempotency_keys()
+            .reqwest_middleware();
         let req = Request::post("http://up.invalid/charges")
             .body(::reqwest::Body::from("amount=100"))
             .unwrap();

@@ -30,7 +30,7 @@
 //! `reqwest_middleware::Error::Middleware(e)`, where `e` (an
 //! `anyhow::Error`) holds a [`tower_resend::Error`](crate::Error): find it with
 //! `tower_resend::reqwest::resend_error(&err)`, or with
-//! `e.downcast_ref::<tower_resend::Error>()`. Its kind says what fired ([`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown): a POST
+//! `e.downcast_ref::<tower_resend::Error>()`. Its kind says what fired ([`OutcomeUnknown`](crate::error::ErrorKind::OutcomeUnknown): a POST
 //! without a key that may have been processed, verify before sending it
 //! again), and the last cause, a `reqwest::Error` or an error of a later
 //! middleware, is down its [`source`](std::error::Error::source) chain.
@@ -49,7 +49,7 @@
 //! it and keeps a copy up to the replay cap (64 KiB by default,
 //! [`replay_cap`](crate::RetryLayer::replay_cap)); a larger one is sent once,
 //! and a call that needed a retry ends
-//! [`BodyNotReplayable`](crate::ErrorKind::BodyNotReplayable), never a
+//! [`BodyNotReplayable`](crate::error::ErrorKind::BodyNotReplayable), never a
 //! resend of half a body.
 //!
 //! ## Extensions
@@ -373,7 +373,7 @@ mod tests {
         assert_eq!(classify(&err), Class::NotSent);
         let err = Error::from_box(err);
         assert!(err.is_not_sent(), "{err}");
-        assert_eq!(err.kind(), crate::ErrorKind::Transport);
+        assert_eq!(err.kind(), crate::error::ErrorKind::Transport);
     }
 
     #[tokio::test(flavor = "current_thread")]

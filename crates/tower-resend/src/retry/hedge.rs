@@ -16,8 +16,8 @@ use tower_service::Service;
 use super::{NoRetry, ReplayBody, RetryBudget};
 use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
 use crate::error::BoxError;
+use crate::name::Name;
 use crate::telemetry::{CallMetrics, ClientMetrics};
-use crate::Name;
 
 /// When a backup copy goes out.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,4 +1,4 @@
-use crate::Name;
+use crate::name::Name;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

@@ -176,7 +176,7 @@ mod tests {
 
     use super::*;
     use crate::classify::Classification;
-    use crate::Error;
+    use crate::error::Error;
 
     /// HTTP classification, but only `/safe` is replay-safe, whatever the
     /// method.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::{Outcome, WaitReason};
 use crate::classify::RequestFacts;
+use crate::name::Name;
 use crate::retry::{Attempts, Stop};
-use crate::Name;
 
 /// No instruments. (Not `Copy`, as the one with instruments is not.)
 #[derive(Clone, Debug, Default)]
@@ -48,7 +48,7 @@ impl CallMetrics {
     pub(crate) fn attempt_ended<R>(
         &self,
         _facts: &RequestFacts<'_>,
-        _result: &Result<http::Response<R>, crate::BoxError>,
+        _result: &Result<http::Response<R>, crate::error::BoxError>,
         _c: &crate::classify::Classification,
         _took: Duration,
     ) {
