@@ -16,7 +16,7 @@
 //! with [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown). What the
 //! server did not process (RESOURCE_EXHAUSTED, a refused connection) is
 //! retried for every method. Each attempt's status is in its record
-//! ([`Attempt::grpc_code`](crate::retry::Attempt::grpc_code)):
+//! ([`Attempt::grpc_code`](crate::vocab::Attempt::grpc_code)):
 //! `#1 grpc UNAVAILABLE (overloaded)`, not `200`.
 //!
 //! # Deadline
@@ -405,7 +405,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
 mod tests {
     use super::*;
     use crate::classify::Class;
-    use crate::retry::Stop;
+    use crate::vocab::Stop;
     use crate::vocab::{Refusal, Why};
     use http::StatusCode;
 

@@ -96,7 +96,7 @@ impl Error {
         let out_of_time = i
             .history
             .as_ref()
-            .is_some_and(|h| h.stop() == crate::retry::Stop::Deadline);
+            .is_some_and(|h| h.stop() == crate::vocab::Stop::Deadline);
         match i.kind {
             ErrorKind::DeadlineExceeded => {
                 f.write_str("deadline exceeded")?;

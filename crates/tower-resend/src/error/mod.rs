@@ -564,7 +564,7 @@ mod tests {
 
     #[test]
     fn nothing_processed_when_not_sent_or_no_attempt_was_acted_on() {
-        use crate::retry::{Attempt, Stop};
+        use crate::vocab::{Attempt, Stop};
         use http::StatusCode;
 
         fn history(attempts: &[(Class, u16)]) -> Attempts {
@@ -615,7 +615,7 @@ mod tests {
 
     #[test]
     fn a_circuit_open_call_is_not_sent_unless_an_earlier_attempt_was() {
-        use crate::retry::{Attempt, Stop};
+        use crate::vocab::{Attempt, Stop};
         use crate::vocab::{Refusal, Why};
 
         let open = || {

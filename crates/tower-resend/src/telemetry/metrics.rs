@@ -13,7 +13,7 @@ use super::{answer_error, method_str, Outcome, WaitReason};
 use crate::classify::{Class, Classification, RequestFacts};
 use crate::error::BoxError;
 use crate::name::Name;
-use crate::retry::{Attempts, Stop};
+use crate::vocab::{Attempts, Stop};
 
 /// Buckets of counts per call (attempts, retries): gRFC A96's.
 const COUNT_BUCKETS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];

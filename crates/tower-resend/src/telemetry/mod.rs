@@ -121,7 +121,7 @@ use http::Method;
 
 use crate::classify::{Class, GrpcCode};
 use crate::error::ErrorKind;
-use crate::retry::Stop;
+use crate::vocab::Stop;
 
 /// The meter of the global meter provider, scoped `tower-resend` with this
 /// crate's version: for [`StackBuilder::meter`](crate::StackBuilder::meter)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Outcome, WaitReason};
 use crate::classify::RequestFacts;
 use crate::name::Name;
-use crate::retry::{Attempts, Stop};
+use crate::vocab::{Attempts, Stop};
 
 /// No instruments. (Not `Copy`, as the one with instruments is not.)
 #[derive(Clone, Debug, Default)]

@@ -11,7 +11,7 @@ use tracing::Span;
 use super::{answer_error, kind_str, stop_str, Outcome, WaitReason};
 use crate::classify::{Class, Classification, RequestFacts};
 use crate::error::{BoxError, Error, ErrorKind};
-use crate::retry::Stop;
+use crate::vocab::Stop;
 
 /// The spans of a call and of its first attempt; with no subscriber that
 /// could want them (tracing's `INFO` off everywhere), two disabled spans
