@@ -22,25 +22,14 @@ async fn drop_shuts_everything_down() {
     let metrics = tokio::runtime::Handle::current().metrics();
 
     // Leave a request hanging on each protocol.
-    let h1 = tokio::spawn(async move {
-        let client = http1();
-        let _ = send(
-            &client,
-            Request::get(format!("http://{addr}/"))
+    let hanging = [("HTTP/1", http1()), ("HTTP/2", http2())].map(|(name, client)| {
+        let request = tokio::spawn(async move {
+            let req = Request::get(format!("http://{addr}/"))
                 .body(Full::default())
-                .unwrap(),
-        )
-        .await;
-    });
-    let h2 = tokio::spawn(async move {
-        let client = http2();
-        let _ = send(
-            &client,
-            Request::get(format!("http://{addr}/"))
-                .body(Full::default())
-                .unwrap(),
-        )
-        .await;
+                .unwrap();
+            let _ = send(&client, req).await;
+        });
+        (name, request)
     });
     for _ in 0..1000 {
         if server.arrival_count() == 2 {
@@ -66,14 +55,12 @@ async fn drop_shuts_everything_down() {
 
     // ...and the hanging requests fail on the client side.
     let hung_up = Duration::from_secs(60);
-    tokio::time::timeout(hung_up, h1)
-        .await
-        .expect("HTTP/1 request still hanging")
-        .unwrap();
-    tokio::time::timeout(hung_up, h2)
-        .await
-        .expect("HTTP/2 request still hanging")
-        .unwrap();
+    for (name, request) in hanging {
+        tokio::time::timeout(hung_up, request)
+            .await
+            .unwrap_or_else(|_| panic!("{name} request still hanging"))
+            .unwrap();
+    }
 
     // ...and no task is left behind.
     for _ in 0..1000 {
