@@ -2,7 +2,7 @@
 //! on loopback, called by tonic's own client and by tower-resend's tonic
 //! stack: stored answers keep their trailers, the layer's own answers are
 //! gRPC statuses (trailers-only), and what says "nothing was done" frees the
-//! key. Prost messages written by hand (no protoc), on tokio's paused clock.
+//! key, also when the store goes away after the work. Prost messages written by hand (no protoc), on tokio's paused clock.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -501,5 +501,93 @@ async fn a_grpc_caller_that_gives_up_mid_handler_cancels_nothing() {
     assert_eq!(w.headers["idempotent-replayed"], "true");
     assert_eq!(w.trailers.as_ref().expect("trailers")["grpc-status"], "0");
     assert_eq!(w.message, Some(Balance { amount: 9, run: 1 }));
+    assert_eq!(server.runs(), 1);
+}
+
+/// A memory store that refuses its first `refusals` final writes (the
+/// store went away after the work), and answers everything else.
+#[derive(Clone)]
+struct RefusesFinalWrites {
+    inner: MemoryStore,
+    refusals: Arc<AtomicUsize>,
+}
+
+impl Store for RefusesFinalWrites {
+    async fn begin(&self, c: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
+        self.inner.begin(c, ttl).await
+    }
+    async fn renew(&self, c: &Claim<'_>, ttl: Ttl) -> Result<LeaseState, StoreError> {
+        self.inner.renew(c, ttl).await
+    }
+    async fn complete(
+        &self,
+        c: &Claim<'_>,
+        r: &StoredResponse,
+        ttl: Ttl,
+    ) -> Result<LeaseState, StoreError> {
+        let refuse = self
+            .refusals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refuse {
+            return Err(StoreError::new("gone after the work"));
+        }
+        self.inner.complete(c, r, ttl).await
+    }
+    async fn release(&self, c: &Claim<'_>) -> Result<(), StoreError> {
+        self.inner.release(c).await
+    }
+}
+
+/// 9. A store that goes away after the work: the first caller still gets
+/// its answer with its trailers; a retry while the response is held (not
+/// yet stored) gets it replayed from this process, trailers and all; once
+/// the store takes it, the replay comes from the store, the same. One run.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_store_gone_after_the_work_still_replays_with_trailers() {
+    let store = RefusesFinalWrites {
+        inner: MemoryStore::new(),
+        refusals: Arc::new(AtomicUsize::new(3)),
+    };
+    let refusals = Arc::clone(&store.refusals);
+    let server = GrpcServer::start(IdempotencyLayer::new(store)).await;
+    let ask = || async {
+        let resp = server
+            .channel()
+            .oneshot(framed(&charge("ok", 4), "order-10"))
+            .await
+            .expect("an answer");
+        wire(resp).await
+    };
+
+    let first = ask().await;
+    assert_eq!(
+        first.trailers.as_ref().expect("trailers")["grpc-status"],
+        "0"
+    );
+    assert_eq!(first.message, Some(Balance { amount: 4, run: 1 }));
+    assert!(
+        refusals.load(Ordering::SeqCst) > 0,
+        "still held, not stored"
+    );
+
+    let held = ask().await;
+    assert_eq!(held.headers["idempotent-replayed"], "true");
+    assert_eq!(
+        held.trailers.as_ref().expect("trailers")["grpc-status"],
+        "0"
+    );
+    assert_eq!(held.message, Some(Balance { amount: 4, run: 1 }));
+
+    // The background writes get through (100 ms, then 200, 400 ...).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(refusals.load(Ordering::SeqCst), 0);
+    let stored = ask().await;
+    assert_eq!(stored.headers["idempotent-replayed"], "true");
+    assert_eq!(
+        stored.trailers.as_ref().expect("trailers")["grpc-status"],
+        "0"
+    );
+    assert_eq!(stored.message, Some(Balance { amount: 4, run: 1 }));
     assert_eq!(server.runs(), 1);
 }
