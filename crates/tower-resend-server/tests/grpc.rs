@@ -1,8 +1,9 @@
 //! The idempotency layer on a real tonic server (`Server::builder().layer(..)`),
 //! on loopback, called by tonic's own client and by tower-resend's tonic
-//! stack: stored answers keep their trailers, the layer's own answers are
-//! gRPC statuses (trailers-only), and what says "nothing was done" frees the
-//! key, also when the store goes away after the work. Prost messages written by hand (no protoc), on tokio's paused clock.
+//! stack: stored answers keep their trailers (also when the store goes away
+//! after the work), the layer's own answers are gRPC statuses
+//! (trailers-only), and what says "nothing was done" frees the key. Prost
+//! messages written by hand (no protoc), on tokio's paused clock.
 
 use std::convert::Infallible;
 use std::future::Future;
