@@ -467,42 +467,24 @@ impl MemoryStore {
             }
             if room {
                 let shard = &mut *guard;
-                let expires = now + ttl.record;
-                let bytes = done.bytes;
-                match shard.records.get_key_value(key.as_slice()) {
-                    // Its own lease (the usual case) becomes the record in
-                    // place, under the key it was written with.
-                    Some((mapped, r)) if r.token == claim.token => {
-                        let mapped = Arc::clone(mapped);
-                        shard.writes += 1;
-                        let write = shard.writes;
-                        if let Some(r) = shard.records.get_mut(key.as_slice()) {
-                            r.write = write;
-                            r.expires = expires;
-                            self.shared.bytes.fetch_add(bytes, Relaxed);
-                            // (An expired record of its own, rewritten.)
-                            if let Some(old) = r.done.replace(done) {
-                                self.shared.bytes.fetch_sub(old.bytes, Relaxed);
-                            }
-                        }
-                        shard.done.push_back(Written {
-                            key: mapped,
-                            write,
-                            expires,
-                        });
+                // Its own lease (the usual case), or a lost one's leftovers,
+                // gives way to the finished record, under the key it was
+                // written with; a lease let go meanwhile is written anew.
+                let mapped = match shard.records.remove_entry(key.as_slice()) {
+                    Some((mapped, old)) => {
+                        self.shared.forget(&old);
+                        mapped
                     }
-                    // Its lease was lost (expired and let go): written anew.
-                    _ => {
-                        let record = Record {
-                            fingerprint: claim.fingerprint,
-                            token: claim.token,
-                            expires,
-                            write: 0,
-                            done: Some(done),
-                        };
-                        shard.write(Arc::from(key), record, &self.shared);
-                    }
-                }
+                    None => Arc::from(key),
+                };
+                let record = Record {
+                    fingerprint: claim.fingerprint,
+                    token: claim.token,
+                    expires: now + ttl.record,
+                    write: 0,
+                    done: Some(done),
+                };
+                shard.write(mapped, record, &self.shared);
                 return LeaseState::Held;
             }
             drop(guard);
