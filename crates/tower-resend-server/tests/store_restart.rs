@@ -12,9 +12,9 @@
 //! stored late), and every key replays the first run's response from the
 //! store itself. Each handler runs exactly once.
 //!
-//! One test is ignored: it shows a gap of the layer (a held response's
-//! lease is not renewed, so another process runs the key again once the
-//! lease expires); run it with `--ignored`.
+//! A held response's lease is renewed while it waits for the store, so
+//! another process gets 409 however long the store is away
+//! (`a_held_response_keeps_its_lease_for_other_processes`).
 #![allow(clippy::print_stderr)]
 
 #[cfg(feature = "postgres")]
