@@ -561,12 +561,14 @@ async fn a_store_gone_after_the_work_still_replays_with_trailers() {
         wire(resp).await
     };
 
+    // Each answer: the first run's message, ending `grpc-status: 0`.
+    let the_first_runs = |w: &Wire| {
+        assert_eq!(w.trailers.as_ref().expect("trailers")["grpc-status"], "0");
+        assert_eq!(w.message, Some(Balance { amount: 4, run: 1 }));
+    };
+
     let first = ask().await;
-    assert_eq!(
-        first.trailers.as_ref().expect("trailers")["grpc-status"],
-        "0"
-    );
-    assert_eq!(first.message, Some(Balance { amount: 4, run: 1 }));
+    the_first_runs(&first);
     assert!(
         refusals.load(Ordering::SeqCst) > 0,
         "still held, not stored"
@@ -574,21 +576,13 @@ async fn a_store_gone_after_the_work_still_replays_with_trailers() {
 
     let held = ask().await;
     assert_eq!(held.headers["idempotent-replayed"], "true");
-    assert_eq!(
-        held.trailers.as_ref().expect("trailers")["grpc-status"],
-        "0"
-    );
-    assert_eq!(held.message, Some(Balance { amount: 4, run: 1 }));
+    the_first_runs(&held);
 
     // The background writes get through (100 ms, then 200, 400 ...).
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(refusals.load(Ordering::SeqCst), 0);
     let stored = ask().await;
     assert_eq!(stored.headers["idempotent-replayed"], "true");
-    assert_eq!(
-        stored.trailers.as_ref().expect("trailers")["grpc-status"],
-        "0"
-    );
-    assert_eq!(stored.message, Some(Balance { amount: 4, run: 1 }));
+    the_first_runs(&stored);
     assert_eq!(server.runs(), 1);
 }
