@@ -1,15 +1,16 @@
 //! The in-process store.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use foldhash::fast::RandomState;
+use hashbrown::hash_table::{Entry, HashTable};
 use tokio::time::Instant;
 
 use super::{
@@ -79,13 +80,19 @@ struct Shared {
     purged: Mutex<Option<Instant>>,
 }
 
-/// One shard: its records by key, and the order its finished ones were
-/// written in. (Leases are in no queue: a lease ends as a finished record
-/// or is let go, and an expired one reads as absent; the rare one left
-/// behind is found when room is needed.)
+/// One shard: its records, and the order its finished ones were written
+/// in. (Leases are in no queue: a lease ends as a finished record or is
+/// let go, and an expired one reads as absent; the rare one left behind is
+/// found when room is needed.)
+///
+/// The records are a hash table of records that hold their own key, rather
+/// than a map from key to record: a request finds its record by the hash
+/// of its scope and key, read where they are, with no key built to look it
+/// up, and the queue finds a record again by its hash and write number,
+/// with no copy of its key.
 #[derive(Default)]
 struct Shard {
-    records: HashMap<Arc<[u8]>, Record, RandomState>,
+    records: HashTable<Record>,
     /// Finished records, by when they were written (and so by when they
     /// expire: a store's records are written with one layer's TTL), for
     /// the sweep, and the oldest for eviction.
@@ -97,13 +104,18 @@ struct Shard {
 
 /// A write, as a queue remembers it.
 struct Written {
-    key: Arc<[u8]>,
+    hash: u64,
     write: u64,
     expires: Instant,
 }
 
 /// What the store holds for a key.
 struct Record {
+    /// The scope and the key, end to end, and where the one ends.
+    key: Box<[u8]>,
+    scope_len: usize,
+    /// The hash of its scope and key ([`Shared::hash`]).
+    hash: u64,
     fingerprint: Fingerprint,
     token: LeaseToken,
     expires: Instant,
@@ -114,13 +126,28 @@ struct Record {
 }
 
 impl Record {
+    /// Whether it is the record of `key`.
+    fn is(&self, key: &RecordKey<'_>) -> bool {
+        let (scope, k) = self.key.split_at(self.scope_len);
+        scope == key.scope.as_bytes() && k == key.key.as_bytes()
+    }
+}
+
+/// What a write puts in a record: a lease (no response) or a finished one.
+struct Fields {
+    fingerprint: Fingerprint,
+    token: LeaseToken,
+    expires: Instant,
+    done: Option<Done>,
+}
+
+impl Fields {
     /// `claim`'s lease, until `expires`.
     fn lease(claim: &Claim<'_>, expires: Instant) -> Self {
         Self {
             fingerprint: claim.fingerprint,
             token: claim.token,
             expires,
-            write: 0,
             done: None,
         }
     }
@@ -157,18 +184,19 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A record's key in its map: the scope's length (eight bytes), the scope
-/// and the key, so that no (scope, key) pair reads as another.
-fn map_key(key: &RecordKey<'_>) -> Vec<u8> {
-    let (scope, k) = (key.scope.as_bytes(), key.key.as_bytes());
-    let mut out = Vec::with_capacity(8 + scope.len() + k.len());
-    out.extend_from_slice(&u64::try_from(scope.len()).unwrap_or(u64::MAX).to_le_bytes());
-    out.extend_from_slice(scope);
-    out.extend_from_slice(k);
-    out
+/// The bytes a record's key counts for.
+fn key_len(key: &RecordKey<'_>) -> usize {
+    key.scope.len() + key.key.len()
 }
 
 impl Shard {
+    /// The live record of `key` (`hash`), if any: one not expired by `now`.
+    fn live(&self, hash: u64, key: &RecordKey<'_>, now: Instant) -> Option<&Record> {
+        self.records
+            .find(hash, |r| r.is(key))
+            .filter(|r| r.expires > now)
+    }
+
     /// Drops the records whose time is up, as their queues say.
     fn sweep(&mut self, now: Instant, shared: &Shared) {
         while self.done.front().is_some_and(|w| w.expires <= now) {
@@ -181,7 +209,7 @@ impl Shard {
     /// Drops the expired leases (step 2 of the store's docs); how many.
     fn purge_leases(&mut self, now: Instant, shared: &Shared) -> usize {
         let before = self.records.len();
-        self.records.retain(|_, r| {
+        self.records.retain(|r| {
             let keep = r.done.is_some() || r.expires > now;
             if !keep {
                 shared.forget(r);
@@ -193,20 +221,35 @@ impl Shard {
 
     /// Removes the record `w` wrote, if it is still the one there.
     fn remove_if(&mut self, w: &Written, shared: &Shared) -> bool {
-        if self.records.get(&w.key).is_none_or(|r| r.write != w.write) {
-            return false;
+        match self.records.find_entry(w.hash, |r| r.write == w.write) {
+            Ok(found) => {
+                shared.forget(&found.remove().0);
+                true
+            }
+            Err(_) => false,
         }
-        if let Some(record) = self.records.remove(&w.key) {
-            shared.forget(&record);
+    }
+
+    /// Removes the record of `key` (`hash`) if `which` says so.
+    fn remove_where(
+        &mut self,
+        hash: u64,
+        key: &RecordKey<'_>,
+        which: impl FnOnce(&Record) -> bool,
+        shared: &Shared,
+    ) {
+        if let Ok(found) = self.records.find_entry(hash, |r| r.is(key)) {
+            if which(found.get()) {
+                shared.forget(&found.remove().0);
+            }
         }
-        true
     }
 
     /// When the oldest finished record was written to expire, if any is
     /// left (stale queue entries are dropped on the way).
     fn oldest_done(&mut self) -> Option<Instant> {
         while let Some(w) = self.done.front() {
-            if self.records.get(&w.key).is_some_and(|r| r.write == w.write) {
+            if self.records.find(w.hash, |r| r.write == w.write).is_some() {
                 return Some(w.expires);
             }
             self.done.pop_front();
@@ -223,26 +266,70 @@ impl Shard {
         }
     }
 
-    /// Writes `record` for `key`, in place of what was there, and queues it.
-    fn write(&mut self, key: Arc<[u8]>, mut record: Record, shared: &Shared) {
+    /// Writes `fields` for `key` (`hash`), in place of what was there, and
+    /// queues it if it is finished.
+    fn write(&mut self, hash: u64, key: &RecordKey<'_>, fields: Fields, shared: &Shared) {
         self.writes += 1;
-        record.write = self.writes;
-        if let Some(done) = &record.done {
+        let write = self.writes;
+        if let Some(done) = &fields.done {
             shared.bytes.fetch_add(done.bytes, Relaxed);
             self.done.push_back(Written {
-                key: Arc::clone(&key),
-                write: self.writes,
-                expires: record.expires,
+                hash,
+                write,
+                expires: fields.expires,
             });
         }
         shared.records.fetch_add(1, Relaxed);
-        if let Some(old) = self.records.insert(key, record) {
-            shared.forget(&old);
+        let Fields {
+            fingerprint,
+            token,
+            expires,
+            done,
+        } = fields;
+        match self.records.entry(hash, |r| r.is(key), |r| r.hash) {
+            Entry::Occupied(mut found) => {
+                let r = found.get_mut();
+                shared.forget(r);
+                (r.fingerprint, r.token, r.expires, r.write) = (fingerprint, token, expires, write);
+                r.done = done;
+            }
+            Entry::Vacant(slot) => {
+                let mut bytes = Vec::with_capacity(key_len(key));
+                bytes.extend_from_slice(key.scope.as_bytes());
+                bytes.extend_from_slice(key.key.as_bytes());
+                slot.insert(Record {
+                    key: bytes.into_boxed_slice(),
+                    scope_len: key.scope.len(),
+                    hash,
+                    fingerprint,
+                    token,
+                    expires,
+                    write,
+                    done,
+                });
+            }
         }
     }
 }
 
 impl Shared {
+    /// The hash of a record's scope and key: the scope's length first, so
+    /// that the same bytes split another way hash (and compare) apart.
+    fn hash(&self, key: &RecordKey<'_>) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write_usize(key.scope.len());
+        h.write(key.scope.as_bytes());
+        h.write(key.key.as_bytes());
+        h.finish()
+    }
+
+    /// The shard of a record whose hash is `hash`: from bits the shard's
+    /// table does not use (it indexes by the low ones and tags by the top
+    /// seven).
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        &self.shards[(hash >> 32) as usize % SHARDS]
+    }
+
     /// A record is gone: its count and bytes with it.
     fn forget(&self, record: &Record) {
         self.records.fetch_sub(1, Relaxed);
@@ -300,13 +387,6 @@ impl MemoryStore {
     /// Finished records evicted to make room since the store was made.
     pub fn evicted(&self) -> u64 {
         self.shared.evicted.load(Relaxed)
-    }
-
-    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
-        // The top bits: a shard's map indexes by the low ones (with its own
-        // seed, but never mind).
-        let i = (self.shared.hasher.hash_one(key) >> 60) as usize % SHARDS;
-        &self.shared.shards[i]
     }
 
     /// Whether `records` more records and `bytes` more bytes fit.
@@ -380,9 +460,10 @@ impl MemoryStore {
     }
 
     fn begin_now(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
-        let key = map_key(&claim.key);
+        let key = &claim.key;
+        let hash = self.shared.hash(key);
         let now = Instant::now();
-        let shard = self.shard(&key);
+        let shard = self.shared.shard(hash);
         // Room without making any (the usual case): one lock, one look.
         let mut room = self.fits(1, 0);
         loop {
@@ -390,11 +471,7 @@ impl MemoryStore {
             guard.sweep(now, &self.shared);
             // Held, or finished: say what holds it. (Also after making
             // room, when the lock was let go and another request took it.)
-            if let Some(found) = guard
-                .records
-                .get(key.as_slice())
-                .filter(|r| r.expires > now)
-            {
+            if let Some(found) = guard.live(hash, key, now) {
                 return match &found.done {
                     Some(done) => match StoredResponse::decode(&done.response) {
                         Some(response) => Ok(Begin::Completed {
@@ -412,8 +489,8 @@ impl MemoryStore {
                 };
             }
             if room {
-                let lease = Record::lease(claim, now + ttl.lease);
-                guard.write(Arc::from(key), lease, &self.shared);
+                let lease = Fields::lease(claim, now + ttl.lease);
+                guard.write(hash, key, lease, &self.shared);
                 return Ok(Begin::Acquired);
             }
             // Making room locks every shard in turn: not with this one held.
@@ -428,63 +505,48 @@ impl MemoryStore {
     }
 
     fn renew_now(&self, claim: &Claim<'_>, ttl: Ttl) -> LeaseState {
-        let key = map_key(&claim.key);
+        let key = &claim.key;
+        let hash = self.shared.hash(key);
         let now = Instant::now();
-        let mut shard = lock(self.shard(&key));
-        match shard
-            .records
-            .get(key.as_slice())
-            .filter(|r| r.expires > now)
-        {
+        let mut shard = lock(self.shared.shard(hash));
+        match shard.live(hash, key, now) {
             Some(r) if r.token != claim.token => return LeaseState::Lost,
             Some(r) if r.done.is_some() => return LeaseState::Completed,
             // Its own lease, renewed; or none at all (expired, or the store
             // lost it): written anew.
             _ => {}
         }
-        let lease = Record::lease(claim, now + ttl.lease);
-        shard.write(Arc::from(key), lease, &self.shared);
+        let lease = Fields::lease(claim, now + ttl.lease);
+        shard.write(hash, key, lease, &self.shared);
         LeaseState::Held
     }
 
     fn complete_now(&self, claim: &Claim<'_>, response: &StoredResponse, ttl: Ttl) -> LeaseState {
-        let key = map_key(&claim.key);
+        let key = &claim.key;
+        let hash = self.shared.hash(key);
         let now = Instant::now();
-        let done = self.encode(response, key.len());
-        let shard = self.shard(&key);
+        let done = self.encode(response, key_len(key));
+        let shard = self.shared.shard(hash);
         // Room without making any (the usual case): one lock, one look.
         let mut room = self.fits(0, done.bytes);
         loop {
             let mut guard = lock(shard);
-            match guard
-                .records
-                .get(key.as_slice())
-                .filter(|r| r.expires > now)
-            {
+            match guard.live(hash, key, now) {
                 Some(r) if r.token != claim.token => return LeaseState::Lost,
                 Some(r) if r.done.is_some() => return LeaseState::Held,
                 _ => {}
             }
             if room {
-                let shard = &mut *guard;
                 // Its own lease (the usual case), or a lost one's leftovers,
-                // gives way to the finished record, under the key it was
-                // written with; a lease let go meanwhile is written anew.
-                let mapped = match shard.records.remove_entry(key.as_slice()) {
-                    Some((mapped, old)) => {
-                        self.shared.forget(&old);
-                        mapped
-                    }
-                    None => Arc::from(key),
-                };
-                let record = Record {
+                // gives way to the finished record; a lease let go meanwhile
+                // is written anew.
+                let record = Fields {
                     fingerprint: claim.fingerprint,
                     token: claim.token,
                     expires: now + ttl.record,
-                    write: 0,
                     done: Some(done),
                 };
-                shard.write(mapped, record, &self.shared);
+                guard.write(hash, key, record, &self.shared);
                 return LeaseState::Held;
             }
             drop(guard);
@@ -516,17 +578,11 @@ impl MemoryStore {
     }
 
     fn release_now(&self, claim: &Claim<'_>) {
-        let key = map_key(&claim.key);
-        let mut shard = lock(self.shard(&key));
-        let mine = shard
-            .records
-            .get(key.as_slice())
-            .is_some_and(|r| r.token == claim.token && r.done.is_none());
-        if mine {
-            if let Some(record) = shard.records.remove(key.as_slice()) {
-                self.shared.forget(&record);
-            }
-        }
+        let key = &claim.key;
+        let hash = self.shared.hash(key);
+        let mut shard = lock(self.shared.shard(hash));
+        let mine = |r: &Record| r.token == claim.token && r.done.is_none();
+        shard.remove_where(hash, key, mine, &self.shared);
     }
 }
 
@@ -709,7 +765,7 @@ mod tests {
                 .unwrap(),
             LeaseState::Held
         );
-        let stored = resp("done").encode().len() + map_key(&key("k")).len();
+        let stored = resp("done").encode().len() + key_len(&key("k"));
         assert_eq!(s.shared.bytes.load(Relaxed), stored);
         match s.begin(&claim(key("k"), b, t), TTL).await.unwrap() {
             Begin::Completed { fingerprint, .. } => assert_eq!(fingerprint, a),
@@ -1066,7 +1122,7 @@ mod tests {
                 lowest_when_full = lowest_when_full.min(bytes);
             }
         }
-        let one = response.encode().len() + map_key(&key("key-00000")).len();
+        let one = response.encode().len() + key_len(&key("key-00000"));
         assert!(
             lowest_when_full + one > max_bytes,
             "fell to {lowest_when_full} bytes"
