@@ -316,6 +316,47 @@ async fn a_duplicate_while_the_first_runs_is_unavailable_with_a_pushback() {
     assert_eq!(server.runs(), 1);
 }
 
+/// A handler slower than its lease keeps it for as long as it runs: a
+/// duplicate long after the lease would have lapsed (three lease lives in)
+/// is still told the first runs, and replays its end once it has one.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_handler_slower_than_its_lease_runs_once() {
+    let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::from_millis(300));
+    let server = GrpcServer::start(layer).await;
+    let first = tokio::spawn(tonic_call(
+        server.channel(),
+        charge("slow", 4),
+        Some("order-slow"),
+        None,
+    ));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    let status = tonic_call(
+        server.channel(),
+        charge("slow", 4),
+        Some("order-slow"),
+        None,
+    )
+    .await
+    .expect_err("the first still runs");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("in progress"), "{status:?}");
+
+    let (balance, _) = first.await.unwrap().expect("the first answers");
+    assert_eq!(balance.run, 1);
+    let (replayed, metadata) = tonic_call(
+        server.channel(),
+        charge("slow", 4),
+        Some("order-slow"),
+        None,
+    )
+    .await
+    .expect("the replay");
+    assert_eq!(replayed, Balance { amount: 4, run: 1 });
+    assert_eq!(metadata.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(server.runs(), 1);
+}
+
 /// 4. The same key with another payload: INVALID_ARGUMENT, which
 /// tower-resend's stack does not retry (one attempt).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
