@@ -83,13 +83,9 @@ struct Shared {
 /// One shard: its records, and the order its finished ones were written
 /// in. (Leases are in no queue: a lease ends as a finished record or is
 /// let go, and an expired one reads as absent; the rare one left behind is
-/// found when room is needed.)
-///
-/// The records are a hash table of records that hold their own key, rather
-/// than a map from key to record: a request finds its record by the hash
-/// of its scope and key, read where they are, with no key built to look it
-/// up, and the queue finds a record again by its hash and write number,
-/// with no copy of its key.
+/// found when room is needed.) A record holds its key: a request finds it
+/// by the hash of its scope and key, with no key built to look it up; the
+/// queue, by its hash and write number.
 #[derive(Default)]
 struct Shard {
     records: HashTable<Record>,
@@ -227,21 +223,6 @@ impl Shard {
                 true
             }
             Err(_) => false,
-        }
-    }
-
-    /// Removes the record of `key` (`hash`) if `which` says so.
-    fn remove_where(
-        &mut self,
-        hash: u64,
-        key: &RecordKey<'_>,
-        which: impl FnOnce(&Record) -> bool,
-        shared: &Shared,
-    ) {
-        if let Ok(found) = self.records.find_entry(hash, |r| r.is(key)) {
-            if which(found.get()) {
-                shared.forget(&found.remove().0);
-            }
         }
     }
 
@@ -581,8 +562,11 @@ impl MemoryStore {
         let key = &claim.key;
         let hash = self.shared.hash(key);
         let mut shard = lock(self.shared.shard(hash));
-        let mine = |r: &Record| r.token == claim.token && r.done.is_none();
-        shard.remove_where(hash, key, mine, &self.shared);
+        if let Ok(found) = shard.records.find_entry(hash, |r| r.is(key)) {
+            if found.get().token == claim.token && found.get().done.is_none() {
+                self.shared.forget(&found.remove().0);
+            }
+        }
     }
 }
 
