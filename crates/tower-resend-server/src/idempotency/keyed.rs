@@ -1,8 +1,8 @@
 //! A keyed request, start to end, in both modes: the body read and the key
 //! claimed in the caller's future; from the handler's start on, work that a
 //! caller who goes away hands to a task of its own rather than cancel
-//! ([`to_its_end`](super::supervise::to_its_end)). At each step the rules ([`decide`]) say what to do; the
-//! backend does the I/O of its mode.
+//! ([`to_its_end`](super::supervise::to_its_end)). At each step the rules
+//! ([`decide`]) say what to do; the backend does the I/O of its mode.
 
 use std::borrow::Cow;
 use std::future::Future;

@@ -110,15 +110,12 @@ struct Record {
     /// The scope and the key, end to end, and where the one ends.
     key: Box<[u8]>,
     scope_len: usize,
-    /// The hash of its scope and key ([`Shared::hash`]).
+    /// The hash of its scope and key ([`Shared::hash`]), for the table's
+    /// growth.
     hash: u64,
-    fingerprint: Fingerprint,
-    token: LeaseToken,
-    expires: Instant,
     /// The write that made it (see [`Shard::writes`]).
     write: u64,
-    /// The response, once the work is done.
-    done: Option<Done>,
+    state: State,
 }
 
 impl Record {
@@ -129,15 +126,16 @@ impl Record {
     }
 }
 
-/// What a write puts in a record: a lease (no response) or a finished one.
-struct Fields {
+/// What a record says, as a write puts it: a lease, or a finished one.
+struct State {
     fingerprint: Fingerprint,
     token: LeaseToken,
     expires: Instant,
+    /// The response, once the work is done.
     done: Option<Done>,
 }
 
-impl Fields {
+impl State {
     /// `claim`'s lease, until `expires`.
     fn lease(claim: &Claim<'_>, expires: Instant) -> Self {
         Self {
@@ -190,7 +188,7 @@ impl Shard {
     fn live(&self, hash: u64, key: &RecordKey<'_>, now: Instant) -> Option<&Record> {
         self.records
             .find(hash, |r| r.is(key))
-            .filter(|r| r.expires > now)
+            .filter(|r| r.state.expires > now)
     }
 
     /// Drops the records whose time is up, as their queues say.
@@ -206,7 +204,7 @@ impl Shard {
     fn purge_leases(&mut self, now: Instant, shared: &Shared) -> usize {
         let before = self.records.len();
         self.records.retain(|r| {
-            let keep = r.done.is_some() || r.expires > now;
+            let keep = r.state.done.is_some() || r.state.expires > now;
             if !keep {
                 shared.forget(r);
             }
@@ -247,32 +245,25 @@ impl Shard {
         }
     }
 
-    /// Writes `fields` for `key` (`hash`), in place of what was there, and
+    /// Writes `state` for `key` (`hash`), in place of what was there, and
     /// queues it if it is finished.
-    fn write(&mut self, hash: u64, key: &RecordKey<'_>, fields: Fields, shared: &Shared) {
+    fn write(&mut self, hash: u64, key: &RecordKey<'_>, state: State, shared: &Shared) {
         self.writes += 1;
         let write = self.writes;
-        if let Some(done) = &fields.done {
+        if let Some(done) = &state.done {
             shared.bytes.fetch_add(done.bytes, Relaxed);
             self.done.push_back(Written {
                 hash,
                 write,
-                expires: fields.expires,
+                expires: state.expires,
             });
         }
         shared.records.fetch_add(1, Relaxed);
-        let Fields {
-            fingerprint,
-            token,
-            expires,
-            done,
-        } = fields;
         match self.records.entry(hash, |r| r.is(key), |r| r.hash) {
             Entry::Occupied(mut found) => {
                 let r = found.get_mut();
                 shared.forget(r);
-                (r.fingerprint, r.token, r.expires, r.write) = (fingerprint, token, expires, write);
-                r.done = done;
+                (r.write, r.state) = (write, state);
             }
             Entry::Vacant(slot) => {
                 let mut bytes = Vec::with_capacity(key_len(key));
@@ -282,11 +273,8 @@ impl Shard {
                     key: bytes.into_boxed_slice(),
                     scope_len: key.scope.len(),
                     hash,
-                    fingerprint,
-                    token,
-                    expires,
                     write,
-                    done,
+                    state,
                 });
             }
         }
@@ -314,7 +302,7 @@ impl Shared {
     /// A record is gone: its count and bytes with it.
     fn forget(&self, record: &Record) {
         self.records.fetch_sub(1, Relaxed);
-        if let Some(done) = &record.done {
+        if let Some(done) = &record.state.done {
             self.bytes.fetch_sub(done.bytes, Relaxed);
         }
     }
@@ -453,10 +441,10 @@ impl MemoryStore {
             // Held, or finished: say what holds it. (Also after making
             // room, when the lock was let go and another request took it.)
             if let Some(found) = guard.live(hash, key, now) {
-                return match &found.done {
+                return match &found.state.done {
                     Some(done) => match StoredResponse::decode(&done.response) {
                         Some(response) => Ok(Begin::Completed {
-                            fingerprint: found.fingerprint,
+                            fingerprint: found.state.fingerprint,
                             response: Box::new(response),
                         }),
                         // (It encoded it: a bug, failing closed.)
@@ -465,12 +453,12 @@ impl MemoryStore {
                         )),
                     },
                     None => Ok(Begin::InProgress {
-                        fingerprint: found.fingerprint,
+                        fingerprint: found.state.fingerprint,
                     }),
                 };
             }
             if room {
-                let lease = Fields::lease(claim, now + ttl.lease);
+                let lease = State::lease(claim, now + ttl.lease);
                 guard.write(hash, key, lease, &self.shared);
                 return Ok(Begin::Acquired);
             }
@@ -491,13 +479,13 @@ impl MemoryStore {
         let now = Instant::now();
         let mut shard = lock(self.shared.shard(hash));
         match shard.live(hash, key, now) {
-            Some(r) if r.token != claim.token => return LeaseState::Lost,
-            Some(r) if r.done.is_some() => return LeaseState::Completed,
+            Some(r) if r.state.token != claim.token => return LeaseState::Lost,
+            Some(r) if r.state.done.is_some() => return LeaseState::Completed,
             // Its own lease, renewed; or none at all (expired, or the store
             // lost it): written anew.
             _ => {}
         }
-        let lease = Fields::lease(claim, now + ttl.lease);
+        let lease = State::lease(claim, now + ttl.lease);
         shard.write(hash, key, lease, &self.shared);
         LeaseState::Held
     }
@@ -513,15 +501,15 @@ impl MemoryStore {
         loop {
             let mut guard = lock(shard);
             match guard.live(hash, key, now) {
-                Some(r) if r.token != claim.token => return LeaseState::Lost,
-                Some(r) if r.done.is_some() => return LeaseState::Held,
+                Some(r) if r.state.token != claim.token => return LeaseState::Lost,
+                Some(r) if r.state.done.is_some() => return LeaseState::Held,
                 _ => {}
             }
             if room {
                 // Its own lease (the usual case), or a lost one's leftovers,
                 // gives way to the finished record; a lease let go meanwhile
                 // is written anew.
-                let record = Fields {
+                let record = State {
                     fingerprint: claim.fingerprint,
                     token: claim.token,
                     expires: now + ttl.record,
@@ -563,7 +551,8 @@ impl MemoryStore {
         let hash = self.shared.hash(key);
         let mut shard = lock(self.shared.shard(hash));
         if let Ok(found) = shard.records.find_entry(hash, |r| r.is(key)) {
-            if found.get().token == claim.token && found.get().done.is_none() {
+            let mine = &found.get().state;
+            if mine.token == claim.token && mine.done.is_none() {
                 self.shared.forget(&found.remove().0);
             }
         }
