@@ -1,0 +1,93 @@
+//! What the server's handle and its tasks share: the compiled script, the
+//! [`Arrival`] records and effect counts, the connection count, the body
+//! limit and the shutdown signal.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Uri, Version};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::script::Plan;
+
+/// One request as the server received it.
+#[derive(Clone, Debug)]
+pub struct Arrival {
+    /// When the request had been received in full (head and body), on tokio's
+    /// clock.
+    pub at: Instant,
+    /// The request method.
+    pub method: Method,
+    /// The request target in origin form (path and query), as received. An
+    /// absolute target (as HTTP/2 sends) is reduced to its path and query.
+    pub uri: Uri,
+    /// `HTTP/1.1` or `HTTP/2.0` (or `HTTP/1.0`).
+    pub version: Version,
+    /// The request headers, as received.
+    pub headers: HeaderMap,
+    /// The `Idempotency-Key` header, else the `X-Idempotency-Key` header;
+    /// `None` if absent or not visible ASCII.
+    pub idempotency_key: Option<String>,
+    /// The request body. For a request over the body limit (answered `413`),
+    /// the bytes read before the limit was hit (none if the declared
+    /// `Content-Length` was already over it); for a request whose body the
+    /// client did not finish sending, the bytes that came.
+    pub body: Bytes,
+    /// 1-based index of this arrival among all arrivals at this server.
+    pub attempt: usize,
+}
+
+/// What the server has seen and done.
+#[derive(Debug, Default)]
+pub(super) struct Record {
+    pub(super) arrivals: Vec<Arrival>,
+    pub(super) arrival_count: usize,
+    pub(super) keyless_effects: usize,
+    pub(super) keyed_effects: HashMap<String, usize>,
+    pub(super) total_effects: usize,
+}
+
+impl Record {
+    pub(super) fn effect(&mut self, key: Option<&str>) {
+        match key {
+            None => self.keyless_effects += 1,
+            Some(key) => match self.keyed_effects.get_mut(key) {
+                Some(n) => *n += 1,
+                None => {
+                    self.keyed_effects.insert(key.to_owned(), 1);
+                }
+            },
+        }
+        self.total_effects += 1;
+    }
+}
+
+/// State shared by the handle, the accept loop and every request.
+pub(super) struct Shared {
+    pub(super) plan: Plan,
+    pub(super) record: Mutex<Record>,
+    pub(super) connections: AtomicUsize,
+    pub(super) body_limit: usize,
+    /// Resolves `changed()` with an error once the `TestServer` is dropped.
+    pub(super) shutdown: watch::Receiver<()>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("plan", &self.plan)
+            .field("connections", &self.connections)
+            .field("body_limit", &self.body_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(super) fn record(&self) -> MutexGuard<'_, Record> {
+        self.record.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
