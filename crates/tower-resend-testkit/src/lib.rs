@@ -66,16 +66,18 @@
 //! (`HttpConnector::set_nodelay(true)`), especially for HTTP/2, whose clients
 //! write frames separately.
 
+mod arrival;
 mod body;
 pub mod proxy;
 mod reply;
 mod script;
 mod server;
 
+pub use arrival::Arrival;
 pub use proxy::{Fault, FaultProxy};
 pub use reply::Reply;
 pub use script::Script;
-pub use server::{Arrival, Builder, TestServer, DEFAULT_BODY_LIMIT};
+pub use server::{Builder, TestServer, DEFAULT_BODY_LIMIT};
 
 #[cfg(test)]
 mod lifecycle_tests;

@@ -4,7 +4,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::{Arrival, Reply};
+use crate::arrival::Arrival;
+use crate::reply::Reply;
 
 pub(crate) type ReplyFn = Arc<dyn Fn(&Arrival) -> Reply + Send + Sync + 'static>;
 

@@ -1,5 +1,5 @@
-//! The server: [`TestServer`] and its [`Builder`]; what it records is in
-//! `state` ([`Arrival`]), how it serves connections and requests in `serve`.
+//! The server: [`TestServer`] and its [`Builder`]; what it shares with its
+//! tasks is in `state`, how it serves connections and requests in `serve`.
 
 use std::fmt;
 use std::io;
@@ -13,12 +13,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
+use crate::arrival::Arrival;
 use crate::script::Script;
 
 mod serve;
 mod state;
-
-pub use state::Arrival;
 
 use serve::{accept_loop, until_shutdown, Exec};
 use state::{Record, Shared};

@@ -18,7 +18,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::state::{Arrival, Shared};
+use super::state::Shared;
+use crate::arrival::Arrival;
 use crate::body::{read_body, ReadFailure, ReplyBody};
 use crate::reply::{Action, Reply};
 use crate::script::{Decision, ReplyFn};
