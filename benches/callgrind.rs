@@ -134,20 +134,9 @@ fn main() {
             "tower_retry_ext" => run(variants::tower_retry_ext(), n).await,
             "stack" => run(variants::stack(), n).await,
             "sizes" => {
-                use tower_resend::retry::{HedgeLayer, ReadAheadLayer};
-                use tower_resend::timeout::IdleTimeoutLayer;
+                use tower_resend::hedge::HedgeLayer;
+                use tower_resend::read_ahead::ReadAheadLayer;
                 fn size<S: Service<Request<Body>>>(name: &str, s: &S) {
-                    eprintln!(
-                        "{name}: service {} future {} response {}",
-                        std::mem::size_of_val(s),
-                        std::mem::size_of::<S::Future>(),
-                        std::mem::size_of::<S::Response>()
-                    );
-                }
-                fn size_r<S: Service<Request<tower_resend::retry::ReplayBody<Body>>>>(
-                    name: &str,
-                    s: &S,
-                ) {
                     eprintln!(
                         "{name}: service {} future {} response {}",
                         std::mem::size_of_val(s),
@@ -159,17 +148,15 @@ fn main() {
                 size("stack", &variants::stack());
                 size("bare", &Instant200);
                 let ra = ReadAheadLayer::new(64 * 1024).layer(Instant200);
-                size_r("read_ahead", &ra);
-                let idle = IdleTimeoutLayer::none().layer(ra.clone());
-                size_r("+idle", &idle);
-                let at = a().layer(idle.clone());
-                size_r("+attempt", &at);
+                size("read_ahead", &ra);
+                let at = a().layer(ra.clone());
+                size("+attempt", &at);
                 let hd = tower_resend::DeadlineHeaderLayer::new().layer(at.clone());
-                size_r("+header", &hd);
+                size("+header", &hd);
                 let hg = HedgeLayer::new(Duration::ZERO)
                     .max_copies(1)
                     .layer(hd.clone());
-                size_r("+hedge", &hg);
+                size("+hedge", &hg);
                 let rt = tower_resend::RetryLayer::new().layer(hg.clone());
                 size("+retry", &rt);
                 let dl = d().layer(rt.clone());
@@ -177,12 +164,12 @@ fn main() {
             }
             "retry" => run(tower_resend::RetryLayer::new().layer(Instant200), n).await,
             "retry_ra" => {
-                let ra = tower_resend::retry::ReadAheadLayer::new(64 * 1024).layer(Instant200);
+                let ra = tower_resend::read_ahead::ReadAheadLayer::new(64 * 1024).layer(Instant200);
                 run(tower_resend::RetryLayer::new().layer(ra), n).await
             }
             "ablate" => {
-                use tower_resend::retry::{HedgeLayer, ReadAheadLayer};
-                use tower_resend::timeout::IdleTimeoutLayer;
+                use tower_resend::hedge::HedgeLayer;
+                use tower_resend::read_ahead::ReadAheadLayer;
                 async fn time<S>(svc: &S, n: usize) -> f64
                 where
                     S: Service<Request<Body>> + Clone,
@@ -195,8 +182,7 @@ fn main() {
                 let retry = tower_resend::RetryLayer::new().layer(Instant200);
                 let ra = ReadAheadLayer::new(64 * 1024).layer(Instant200);
                 let retry_ra = tower_resend::RetryLayer::new().layer(ra.clone());
-                let idle = IdleTimeoutLayer::none().layer(ra.clone());
-                let at = a().layer(idle.clone());
+                let at = a().layer(ra.clone());
                 let retry_at = tower_resend::RetryLayer::new().layer(at.clone());
                 let hd = tower_resend::DeadlineHeaderLayer::new().layer(at.clone());
                 let hg = HedgeLayer::new(Duration::ZERO)
@@ -211,7 +197,7 @@ fn main() {
                     "tower_ext",
                     "retry",
                     "retry+ra",
-                    "retry+ra+idle+at",
+                    "retry+ra+at",
                     "retry+..+hedge+header",
                     "+deadline",
                     "stack",

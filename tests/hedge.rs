@@ -14,7 +14,8 @@ use http_body_util::Full;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::{service_fn, ServiceExt};
-use tower_resend::retry::{Attempts, Hedged, ReplayBody, RetryBudget};
+use tower_resend::hedge::Hedged;
+use tower_resend::retry::{Attempts, RetryBudget};
 
 const CALLS: usize = 2000;
 const FAST: Duration = Duration::from_millis(2);
@@ -37,14 +38,14 @@ impl Seen {
 fn upstream(
     seen: Seen,
 ) -> impl tower::Service<
-    Request<ReplayBody<Full<Bytes>>>,
+    Request<Full<Bytes>>,
     Response = Response<Full<Bytes>>,
     Error = Infallible,
     Future = impl std::future::Future<Output = Result<Response<Full<Bytes>>, Infallible>> + Send,
 > + Clone
        + Send
        + 'static {
-    service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
+    service_fn(move |req: Request<Full<Bytes>>| {
         let path = req.uri().path().to_owned();
         let key = req
             .headers()

@@ -177,6 +177,10 @@ async fn nested_stacks_take_the_body_as_it_is() {
     let inner = tower_resend::stack()
         .max_attempts(3)
         .service(client_trusting(&server.cert));
+    // The inner stack's type erased: rustc proves a stack's bounds again for
+    // each layer above it that names its response body, so a stack directly
+    // over a stack type-checks slowly (see `Stack`'s docs).
+    let inner = tower::util::BoxCloneSyncService::new(inner);
     let outer = tower_resend::stack()
         .total(Duration::from_secs(10))
         .service(inner);

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_resend::classify::Class;
-use tower_resend::retry::{ReplayBody, RetryLayer, Stop};
+use tower_resend::retry::{RetryLayer, Stop};
 use tower_resend::ErrorKind;
 use tower_resend_testkit::{Arrival, Reply, Script, TestServer};
 
@@ -960,7 +960,7 @@ async fn a_stack_nested_inside_a_stack_through_an_async_adapter_sends_3_times_no
         .no_budget()
         .service(tower_resend::hyper_client(CONNECT_TIMEOUT));
     // The idiomatic adapter: call the inner stack when polled.
-    let adapter = tower::service_fn(move |req: Request<ReplayBody<Full<Bytes>>>| {
+    let adapter = tower::service_fn(move |req: Request<Full<Bytes>>| {
         let inner = inner.clone();
         async move { inner.oneshot(req).await }
     });

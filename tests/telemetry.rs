@@ -21,7 +21,7 @@ use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tower::{service_fn, Layer, ServiceExt};
-use tower_resend::retry::{ReplayBody, RetryBudget, RetryLayer};
+use tower_resend::retry::{RetryBudget, RetryLayer};
 use tower_resend::{CircuitBreakerLayer, ErrorKind};
 use tower_resend_testkit::{Reply, Script, TestServer};
 use tracing_subscriber::layer::SubscriberExt;
@@ -602,13 +602,13 @@ type Answered = std::future::Ready<Result<Response<String>, Infallible>>;
 /// A gRPC-shaped upstream that answers UNAVAILABLE twice, then OK, in its
 /// headers (trailers-only).
 fn grpc_flaky() -> impl tower::Service<
-    Request<ReplayBody<Full<Bytes>>>,
+    Request<Full<Bytes>>,
     Response = Response<String>,
     Error = Infallible,
     Future = Answered,
 > + Clone {
     let calls = Arc::new(AtomicU32::new(0));
-    service_fn(move |_req: Request<ReplayBody<Full<Bytes>>>| {
+    service_fn(move |_req: Request<Full<Bytes>>| {
         let code = match calls.fetch_add(1, Ordering::SeqCst) {
             0 | 1 => "14",
             _ => "0",
@@ -686,7 +686,7 @@ async fn breaker_state_changes_are_counted_whichever_order_the_meter_comes_in() 
     let t = Telemetry::start();
     let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = Arc::clone(&healthy);
-    let upstream = service_fn(move |_req: Request<ReplayBody<Full<Bytes>>>| {
+    let upstream = service_fn(move |_req: Request<Full<Bytes>>| {
         let status = if flag.load(Ordering::SeqCst) {
             StatusCode::OK
         } else {
@@ -804,7 +804,7 @@ async fn without_a_meter_nothing_is_recorded_but_the_spans_are_there() {
 async fn a_retry_layer_on_its_own_records_too() {
     let t = Telemetry::start();
     let calls = Arc::new(AtomicU32::new(0));
-    let upstream = service_fn(move |_req: Request<ReplayBody<Full<Bytes>>>| {
+    let upstream = service_fn(move |_req: Request<Full<Bytes>>| {
         let status = match calls.fetch_add(1, Ordering::SeqCst) {
             0 => StatusCode::BAD_GATEWAY,
             _ => StatusCode::OK,
@@ -903,7 +903,7 @@ async fn a_hedged_attempt_says_which_copy_answered() {
     assert_eq!(resp.status(), StatusCode::OK);
     let hedged = resp
         .extensions()
-        .get::<tower_resend::retry::Hedged>()
+        .get::<tower_resend::hedge::Hedged>()
         .copied();
     assert_eq!(hedged.map(|h| (h.sent, h.won)), Some((2, 2)));
     drop(resp);
@@ -948,7 +948,7 @@ async fn a_hedge_layer_on_its_own_records_too() {
     let sends = Arc::new(AtomicU32::new(0));
     let upstream = {
         let sends = Arc::clone(&sends);
-        service_fn(move |_: Request<ReplayBody<Full<Bytes>>>| {
+        service_fn(move |_: Request<Full<Bytes>>| {
             // The first copy stalls a second; the backup answers at once.
             let first = sends.fetch_add(1, Ordering::SeqCst) == 0;
             async move {
@@ -959,12 +959,12 @@ async fn a_hedge_layer_on_its_own_records_too() {
             }
         })
     };
-    let svc = tower_resend::retry::HedgeLayer::new(Duration::from_millis(10))
+    let svc = tower_resend::hedge::HedgeLayer::new(Duration::from_millis(10))
         .upstream("upstream")
         .meter(&t.meter())
         .layer(upstream);
     let req = Request::get("http://upstream/x")
-        .body(ReplayBody::new(Full::new(Bytes::new()), 1024))
+        .body(Full::new(Bytes::new()))
         .unwrap();
     let resp = svc.oneshot(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);

@@ -120,6 +120,24 @@ impl Chunks {
     }
 }
 
+/// A stream body of the caller's own: kept for replays by the stack as a
+/// `ReplayBody`, up to its cap.
+impl tower_resend::body::Replay for Chunks {
+    type Sent = tower_resend::body::ReplayBody<Self>;
+
+    fn keep(self, cap: usize) -> Self::Sent {
+        tower_resend::body::ReplayBody::new(self, cap)
+    }
+
+    fn send_once(self) -> Self::Sent {
+        tower_resend::body::ReplayBody::once(self)
+    }
+
+    fn try_copy(&self) -> Option<Self> {
+        None
+    }
+}
+
 impl Body for Chunks {
     type Data = Bytes;
     type Error = Infallible;

@@ -14,7 +14,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
-use tower_resend::retry::ReplayBody;
+
 use tower_resend::{
     AttemptTimeoutLayer, CircuitBreakerLayer, DeadlineLayer, Error, ErrorKind, RetryLayer,
 };
@@ -77,13 +77,11 @@ async fn call_failing_upstream() -> Result<String, ClientErrorResponse> {
     let payments = ServiceBuilder::new()
         .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("payments"))
         .layer(RetryLayer::new().no_budget().seed(1))
-        .service(service_fn(
-            |_: Request<tower_resend::retry::ReplayBody<String>>| async {
-                let mut r = Response::new(String::new());
-                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-                Ok::<_, Error>(r)
-            },
-        ));
+        .service(service_fn(|_: Request<String>| async {
+            let mut r = Response::new(String::new());
+            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            Ok::<_, Error>(r)
+        }));
     payments
         .oneshot(
             Request::post("http://payments/charges")
@@ -148,17 +146,15 @@ async fn client_errors_are_kept_unless_nothing_was_processed() {
         ServiceBuilder::new()
             .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("payments"))
             .layer(RetryLayer::new().no_budget().seed(1))
-            .service(service_fn(
-                move |_: Request<tower_resend::retry::ReplayBody<String>>| {
-                    let sent = sent.clone();
-                    async move {
-                        sent.fetch_add(1, Ordering::SeqCst);
-                        let mut r = Response::new(String::new());
-                        *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-                        Ok::<_, Error>(r)
-                    }
-                },
-            ))
+            .service(service_fn(move |_: Request<String>| {
+                let sent = sent.clone();
+                async move {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    let mut r = Response::new(String::new());
+                    *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    Ok::<_, Error>(r)
+                }
+            }))
     };
     // Nothing listens on port 1 of loopback: every attempt is refused.
     let refused = tower_resend::stack()
@@ -239,7 +235,7 @@ fn shipping_app(runs: Arc<AtomicUsize>) -> Router {
     let sent = Arc::new(AtomicUsize::new(0));
     let shipping = tower_resend::stack().name("shipping").service(service_fn({
         let sent = sent.clone();
-        move |_: Request<ReplayBody<String>>| {
+        move |_: Request<String>| {
             sent.fetch_add(1, Ordering::SeqCst);
             std::future::pending::<Result<Response<String>, Error>>()
         }
@@ -412,7 +408,7 @@ async fn client_errors_are_problems_one_shape_per_kind() {
     let shipping = tower_resend::stack()
         .name("shipping")
         .total(Duration::from_secs(2))
-        .service(service_fn(|_: Request<ReplayBody<String>>| {
+        .service(service_fn(|_: Request<String>| {
             std::future::pending::<Result<Response<String>, Error>>()
         }));
     let req = Request::post("http://shipping/")
@@ -433,7 +429,7 @@ async fn client_errors_are_problems_one_shape_per_kind() {
         .total(Duration::from_secs(2))
         .idempotency_keys()
         .max_attempts(1)
-        .service(service_fn(|_: Request<ReplayBody<String>>| {
+        .service(service_fn(|_: Request<String>| {
             std::future::pending::<Result<Response<String>, Error>>()
         }));
     let req = Request::post("http://shipping/")
@@ -452,13 +448,14 @@ async fn client_errors_are_problems_one_shape_per_kind() {
     assert_eq!(body["idempotency_key"], key);
 
     // OutcomeUnknown of another cause: 502, verify first.
-    let failing = tower_resend::stack().name("payments").service(service_fn(
-        |_: Request<ReplayBody<String>>| async {
-            let mut r = Response::new(String::new());
-            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-            Ok::<_, Error>(r)
-        },
-    ));
+    let failing =
+        tower_resend::stack()
+            .name("payments")
+            .service(service_fn(|_: Request<String>| async {
+                let mut r = Response::new(String::new());
+                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                Ok::<_, Error>(r)
+            }));
     let req = Request::post("http://payments/")
         .body(String::new())
         .unwrap();
@@ -521,7 +518,7 @@ async fn internal_error_text_only_when_configured() {
     let failing = tower_resend::stack()
         .name("payments")
         .max_attempts(1)
-        .service(service_fn(|_: Request<ReplayBody<String>>| async {
+        .service(service_fn(|_: Request<String>| async {
             Err::<Response<String>, _>(std::io::Error::other("tls alert from db-7.internal:5432"))
         }));
     let err = || async {
@@ -647,7 +644,7 @@ async fn a_replayed_deadline_answer_advises_verify_first() {
         .idempotency_keys()
         .max_attempts(3)
         .service(server);
-    let post = Request::post("/charges").body(Body::from("one")).unwrap();
+    let post = Request::post("/charges").body(String::from("one")).unwrap();
     let err = client.oneshot(post).await.expect_err("outcome unknown");
 
     assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");

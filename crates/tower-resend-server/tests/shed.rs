@@ -24,7 +24,7 @@ const WORK: Duration = Duration::from_millis(20);
 const CAPACITY: usize = 64;
 
 /// What the client stack sends.
-type Body = tower_resend::retry::ReplayBody<Full<Bytes>>;
+type Body = Full<Bytes>;
 type Server = BoxCloneService<Request<Body>, Response<Full<Bytes>>, Infallible>;
 
 /// A server that can do `CAPACITY` pieces of work of `WORK` at once; what

@@ -490,7 +490,7 @@ mod tests {
     #[cfg(all(feature = "hyper-client", not(feature = "https")))]
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn https_without_the_feature_fails_once_and_says_so() {
-        let stack = crate::stack::stack()
+        let stack = crate::stack()
             .max_attempts(3)
             .service(hyper_client(Duration::from_secs(2)));
         let start = tokio::time::Instant::now();

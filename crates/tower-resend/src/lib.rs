@@ -145,18 +145,20 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod body;
 pub mod breaker;
-mod builder;
 pub mod classify;
 pub mod connect;
 pub mod deadline;
 mod error;
+pub mod hedge;
 pub mod idempotency;
 mod name;
+pub mod read_ahead;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 pub mod retry;
-mod stack;
+pub mod stack;
 pub mod telemetry;
 pub mod timeout;
 #[cfg(feature = "tonic")]
@@ -164,7 +166,6 @@ pub mod tonic;
 mod vocab;
 
 pub use breaker::CircuitBreakerLayer;
-pub use builder::ServiceBuilderExt;
 #[cfg(feature = "hyper-client")]
 pub use connect::{hyper_client, HyperClient};
 pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
@@ -172,5 +173,40 @@ pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
 pub use idempotency::{IdempotencyKey, IdempotencyKeyLayer};
 pub use name::Name;
 pub use retry::{Attempts, CallOptions, RetryLayer};
-pub use stack::{stack, Stack, StackBuilder, StackFuture, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
+pub use stack::{Stack, StackBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
 pub use timeout::AttemptTimeoutLayer;
+
+/// Starts a [`StackBuilder`](stack::StackBuilder): the whole of tower-resend, composed in the right
+/// order, with the defaults (10 s per call, 5 s per attempt, 3 attempts in
+/// all, the default backoff and retry budget).
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http::Request;
+/// use http_body_util::Full;
+/// use tower_resend::IdempotencyKey;
+/// use tower::ServiceExt;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // One stack per upstream, built once, cloned into every task.
+/// let shipping = tower_resend::stack()
+///     .name("shipping")
+///     .total(Duration::from_secs(10))
+///     .attempt_timeout(Duration::from_secs(5))
+///     .max_attempts(3)
+///     .idempotency_keys()
+///     .service(tower_resend::hyper_client(Duration::from_secs(2)));
+///
+/// let mut req = Request::post("http://127.0.0.1:9/shipments").body(Full::new(Bytes::from("{}"))).unwrap();
+/// req.extensions_mut().insert(IdempotencyKey::new("shipment-request:42").unwrap());
+/// match shipping.clone().oneshot(req).await {
+///     Ok(resp) => { /* resp.extensions().get::<tower_resend::Attempts>() says what happened */ }
+///     Err(e) if e.is_outcome_unknown() => { /* may have happened: look it up first */ }
+///     Err(e) => assert!(e.is_not_sent()), // nothing listens on port 9
+/// }
+/// # }
+/// ```
+pub fn stack() -> stack::StackBuilder {
+    stack::StackBuilder::new()
+}

@@ -8,7 +8,6 @@ use super::future::{Permit, ResponseFuture};
 use super::shared::Breaker;
 use super::{CircuitBreakerLayer, CircuitState};
 use crate::classify::{Classify, HttpClassifier};
-use crate::deadline::context;
 use crate::error::BoxError;
 
 /// Middleware that fails calls at once while its upstream looks unwell; see
@@ -94,9 +93,7 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let breaker = &self.breaker;
-        // Inside a DeadlineLayer, the first attempt's start is at hand.
-        let now = context::current().and_then(|(_, now)| now);
-        match breaker.admit(now) {
+        match breaker.admit(None) {
             Ok(ticket) => {
                 let grpc = crate::classify::is_grpc(req.headers());
                 let permit = Permit::new(Arc::clone(breaker), ticket, req.method().clone(), grpc);

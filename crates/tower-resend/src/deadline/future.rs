@@ -7,7 +7,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use super::{context, Deadline, DeadlineBody, LedgerGuard};
+use super::{Deadline, DeadlineBody, LedgerGuard};
 use crate::error::{BoxError, Error, Phase};
 
 pin_project! {
@@ -28,13 +28,11 @@ pin_project! {
         Running {
             #[pin]
             inner: F,
-            // Armed only when the inner future is pending and no inner timer
-            // covers the deadline (an attempt timeout does, a backoff wait
-            // does not): most calls never arm it, so it is boxed rather than
-            // moved, 112 bytes of it, through every layer.
+            // Armed only when the inner future is pending: a call answered at
+            // once never arms it, so it is boxed rather than moved, 112 bytes
+            // of it, through every layer.
             sleep: Option<Pin<Box<Sleep>>>,
             deadline: Deadline,
-            phase: Phase,
             // The call's entry in the ambient ledger, ended when it is dropped.
             ledger: Option<LedgerGuard>,
         },
@@ -56,7 +54,6 @@ impl<F> ResponseFuture<F> {
                 inner,
                 sleep: None,
                 deadline,
-                phase: Phase::Attempt,
                 ledger,
             },
             start,
@@ -82,14 +79,13 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let (inner, sleep, deadline, last_phase) = match this.kind.as_mut().project() {
+        let (inner, sleep, deadline) = match this.kind.as_mut().project() {
             KindProj::Running {
                 inner,
                 sleep,
                 deadline,
-                phase,
                 ledger: _,
-            } => (inner, sleep, *deadline, phase),
+            } => (inner, sleep, *deadline),
             KindProj::Expired => {
                 this.kind.set(Kind::Done);
                 let mut e = Error::deadline_exceeded(Phase::Start, this.start.elapsed());
@@ -100,13 +96,10 @@ where
         };
 
         // The inner future first: a response that is ready wins a tie with
-        // the clock.
-        let entered = context::enter(deadline, None);
+        // the clock, and so does an inner layer's own error at the deadline
+        // (a retry layer's says it was waiting, not that an attempt was in
+        // flight).
         let result = inner.poll(cx);
-        let report = entered.report();
-        drop(entered);
-        *last_phase = report.phase;
-        let phase = report.phase;
         match result {
             Poll::Ready(Ok(response)) => {
                 let upstream = this.upstream.take();
@@ -130,19 +123,14 @@ where
             Poll::Pending => {}
         }
 
-        if sleep.is_none() {
-            if report.covered {
-                // An inner timer that fires no later than the deadline will
-                // wake us: one timer per call instead of two.
-                return Poll::Pending;
-            }
-            *sleep = Some(Box::pin(tokio::time::sleep_until(deadline.instant())));
-        }
-        if let Some(s) = sleep {
-            ready!(s.as_mut().poll(cx));
-        }
+        let sleep =
+            sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline.instant())));
+        ready!(sleep.as_mut().poll(cx));
+        // Inner layers that wait (a retry's backoff, a service not ready)
+        // end with their own error at the deadline, which won above: what
+        // was cut here was an attempt in flight.
         this.kind.set(Kind::Done);
-        let mut e = Error::deadline_exceeded(phase, this.start.elapsed());
+        let mut e = Error::deadline_exceeded(Phase::Attempt, this.start.elapsed());
         e.set_upstream_if_none(this.upstream.as_ref());
         Poll::Ready(Err(e.into()))
     }

@@ -166,13 +166,11 @@ where
             self.config.http_header.as_deref().cloned()
         };
         if let Some(name) = name {
-            let call = super::context::current().map(|(d, _)| d);
-            let deadline = match (
-                call.or_else(Deadline::current),
-                req.extensions().get::<Deadline>(),
-            ) {
-                (Some(d), Some(r)) => Some(d.min(*r)),
-                (d, r) => d.or(r.copied()),
+            // The request's deadline (a deadline layer's, or the caller's
+            // own), and the ambient one.
+            let deadline = match (req.extensions().get::<Deadline>(), Deadline::current()) {
+                (Some(r), Some(a)) => Some(a.min(*r)),
+                (r, a) => a.or(r.copied()),
             };
             if let Some(deadline) = deadline {
                 let budget = deadline.remaining().saturating_sub(self.config.margin);

@@ -35,7 +35,6 @@
 
 mod body;
 mod carry;
-pub(crate) mod context;
 mod future;
 mod header;
 mod layer;
@@ -47,7 +46,6 @@ mod wire;
 pub use body::DeadlineBody;
 pub use carry::{carry, Carried};
 pub use future::ResponseFuture;
-pub(crate) use header::is_grpc;
 pub use header::{DeadlineHeader, DeadlineHeaderLayer, DEFAULT_MARGIN, GRPC_TIMEOUT};
 pub use layer::DeadlineLayer;
 pub use ledger::{internal, Entry, Internal, LedgerGuard, Snapshot, Source, TimeLedger};

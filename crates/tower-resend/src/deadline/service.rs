@@ -9,7 +9,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::header::is_grpc;
 use super::wire::parse_grpc_timeout;
-use super::{ambient, clamp, context, Deadline, DeadlineBody, DeadlineLayer, Source, GRPC_TIMEOUT};
+use super::{ambient, clamp, Deadline, DeadlineBody, DeadlineLayer, Source, GRPC_TIMEOUT};
 use crate::error::BoxError;
 
 /// The `grpc-timeout` a gRPC request already carries (the caller's: tonic
@@ -111,10 +111,9 @@ where
             // The budget was spent before the call began: send nothing.
             return ResponseFuture::expired(start, upstream);
         }
+        // The layers inside read it there.
         req.extensions_mut().insert(deadline);
-        let entered = context::enter(deadline, Some(start));
         let future = self.inner.call(req);
-        drop(entered);
         // Inside a server's scope, say where the time goes.
         let guard = ledger.map(|l| {
             let name = upstream.clone().unwrap_or_else(|| Name::from("upstream"));

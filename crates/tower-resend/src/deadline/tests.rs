@@ -10,7 +10,7 @@ use tokio::time::{advance, Instant};
 use tokio_test::{assert_pending, assert_ready};
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 
-use crate::deadline::{context, scope, Deadline, DeadlineLayer};
+use crate::deadline::{scope, Deadline, DeadlineLayer};
 use crate::error::{Error, ErrorKind, Phase};
 use crate::timeout::AttemptTimeoutLayer;
 
@@ -63,21 +63,52 @@ async fn the_deadline_is_not_a_moment_early() {
     assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
 }
 
+/// An upstream that answers 503 to its first call, then is never ready
+/// again.
+#[derive(Clone)]
+struct BusyAfterOne(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl tower_service::Service<Request<http_body_util::Empty<bytes::Bytes>>> for BusyAfterOne {
+    type Response = Response<()>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<()>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    fn call(&mut self, _req: Request<http_body_util::Empty<bytes::Bytes>>) -> Self::Future {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        let resp = Response::builder().status(503).body(()).unwrap();
+        std::future::ready(Ok(resp))
+    }
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn the_deadline_reports_a_wait_an_inner_layer_announced() {
-    // Stands in for a retry layer: waits, and says so through the beacon.
-    let waiting = service_fn(|_req: Request<()>| {
-        std::future::poll_fn(|_cx| {
-            context::report(Phase::Waiting);
-            std::task::Poll::<Result<Response<()>, Infallible>>::Pending
-        })
-    });
-    let svc = DeadlineLayer::new(Duration::from_secs(1))
-        .upstream("shipping")
-        .layer(waiting);
-    let err = Error::from_box(svc.oneshot(Request::new(())).await.unwrap_err());
+async fn a_retry_still_waiting_at_the_deadline_says_it_was_waiting() {
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(3)).upstream("shipping"))
+        .layer(crate::retry::RetryLayer::new().no_budget().seed(1))
+        .service(BusyAfterOne(Default::default()));
+    let start = Instant::now();
+    let req = Request::get("http://shipping/")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let err = Error::from_box(svc.oneshot(req).await.unwrap_err());
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
     assert_eq!(err.phase(), Some(Phase::Waiting));
     assert_eq!(err.upstream(), Some("shipping"));
+    assert_eq!(err.elapsed(), Some(Duration::from_secs(3)));
+    // The retry layer's error: it knows the 503 that came before.
+    assert_eq!(err.attempts(), 1);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -1,23 +1,17 @@
 //! Outbound keys derived from the inbound operation's key.
 
 use std::borrow::Cow;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use http::HeaderValue;
 use uuid::Uuid;
 
-// The key source of the `derive_keys` future being polled on this thread:
-// moved in for the length of each poll and out again after it (a guard puts
-// it back if the poll panics), so that it belongs to the task polling the
-// future, as a tokio task-local would. A `Cell` of a small value rather
-// than a task-local's `RefCell`: a keyed handler polls through it on every
-// poll, and most never derive a key.
-thread_local! {
-    static KEYS: Cell<Option<KeySource>> = const { Cell::new(None) };
+tokio::task_local! {
+    /// The key source of the [`derive_keys`] scope the task is in: a tokio
+    /// task-local, as the scope must cross the handler's own `.await`s.
+    static KEYS: RefCell<KeySource>;
 }
 
 /// The namespace of every derived key: UUID v5 of
@@ -27,7 +21,7 @@ const RESEND_NAMESPACE: Uuid = Uuid::from_u128(0x6393_c5d8_6f18_5e6a_a7ea_edc1_8
 /// What a [`derive_keys`] scope hands down to the task: the inbound
 /// operation's scope and key, and how many keys each upstream has been given
 /// so far.
-pub struct KeySource {
+struct KeySource {
     scope: Cow<'static, str>,
     key: HeaderValue,
     // Made when the first key is derived.
@@ -51,66 +45,6 @@ impl fmt::Debug for KeySource {
             .field("calls", &calls)
             .finish_non_exhaustive()
     }
-}
-
-pin_project_lite::pin_project! {
-    /// The future returned by [`derive_keys`].
-    pub struct DeriveKeys<F> {
-        // (`None` only while it is being polled.)
-        source: Option<KeySource>,
-        #[pin]
-        future: F,
-    }
-}
-
-impl<F> fmt::Debug for DeriveKeys<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DeriveKeys")
-            .field("source", &self.source)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F: Future> Future for DeriveKeys<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        // (A thread whose thread-locals are being destroyed polls it
-        // without its scope: keys are not derived there.)
-        let Ok(outer) = KEYS.try_with(|k| k.replace(this.source.take())) else {
-            return this.future.poll(cx);
-        };
-        let _back = PutBack {
-            source: this.source,
-            outer,
-        };
-        this.future.poll(cx)
-    }
-}
-
-/// Takes a poll's key source back into its future, and puts back the one
-/// of the scope around it, when the poll ends (or panics).
-struct PutBack<'a> {
-    source: &'a mut Option<KeySource>,
-    outer: Option<KeySource>,
-}
-
-impl Drop for PutBack<'_> {
-    fn drop(&mut self) {
-        if let Ok(source) = KEYS.try_with(|k| k.replace(self.outer.take())) {
-            *self.source = source;
-        }
-    }
-}
-
-/// Runs `f` on the key source of the scope being polled, if there is one.
-fn with_source<R>(f: impl FnOnce(&mut KeySource) -> R) -> Option<R> {
-    // (Taken out while `f` runs, so that nothing else sees it meanwhile.)
-    let mut source = KEYS.try_with(Cell::take).ok().flatten()?;
-    let r = f(&mut source);
-    let _ = KEYS.try_with(|k| k.set(Some(source)));
-    Some(r)
 }
 
 /// Runs `future` as the handler of an inbound operation keyed `key` within
@@ -178,21 +112,21 @@ pub fn derive_keys<F: Future>(
     scope: impl Into<Cow<'static, str>>,
     key: HeaderValue,
     future: F,
-) -> DeriveKeys<F> {
-    DeriveKeys {
-        source: Some(KeySource {
-            scope: scope.into(),
-            key,
-            derived: None,
-        }),
-        future,
-    }
+) -> impl Future<Output = F::Output> {
+    let source = KeySource {
+        scope: scope.into(),
+        key,
+        derived: None,
+    };
+    KEYS.scope(RefCell::new(source), future)
 }
 
 /// The next key for `upstream` in the current task's [`derive_keys`] scope;
 /// `None` outside one.
 pub(super) fn derived(upstream: &str) -> Option<Uuid> {
-    with_source(|source| source.next(upstream)).flatten()
+    KEYS.try_with(|source| source.try_borrow_mut().ok()?.next(upstream))
+        .ok()
+        .flatten()
 }
 
 impl KeySource {
@@ -243,6 +177,8 @@ fn key(namespace: &Uuid, upstream: &str, ordinal: u32) -> Uuid {
 
 #[cfg(test)]
 mod tests {
+    use std::task::Poll;
+
     use super::*;
 
     #[test]
@@ -359,6 +295,11 @@ mod tests {
         assert_eq!(derived("u"), None, "no scope outside");
     }
 
+    /// Runs `f` on the key source of the scope the task is in.
+    fn with_source<R>(f: impl FnOnce(&mut KeySource) -> R) -> Option<R> {
+        KEYS.try_with(|source| f(&mut source.borrow_mut())).ok()
+    }
+
     /// Polls `fut` to its end, telling whether it panicked.
     async fn panics<F: Future + std::panic::UnwindSafe>(fut: F) -> bool {
         let mut fut = std::pin::pin!(fut);
@@ -385,7 +326,11 @@ mod tests {
         assert_eq!(fut.await, (Some(true), Some(true)));
         let debug = format!(
             "{:?}",
-            derive_keys("secret-scope", HeaderValue::from_static("k"), async {})
+            KeySource {
+                scope: "secret-scope".into(),
+                key: HeaderValue::from_static("k"),
+                derived: None,
+            }
         );
         assert!(
             debug.contains("KeySource { key: \"k\", calls: [], .. }"),

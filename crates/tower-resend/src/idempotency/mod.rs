@@ -60,16 +60,25 @@ use tower_service::Service;
 use crate::classify::{is_idempotent, KEY_HEADERS};
 use crate::name::Name;
 
-pub use derive::{derive_keys, DeriveKeys, KeySource};
+pub use derive::derive_keys;
 
 /// The default header: `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// Where a layer that makes no keys sends the caller's.
+static DEFAULT_HEADER: HeaderName = IDEMPOTENCY_KEY;
 
 /// The most characters a key may have.
 pub const MAX_KEY_LEN: usize = 255;
 
 /// A key for one logical operation, set by the caller in the request's
 /// extensions: 1 to 255 visible ASCII characters.
+///
+/// A tower-resend stack always sends it, as `Idempotency-Key` (or the
+/// header its key layer is set to), on every attempt, whether or not it was
+/// told that its upstream honours keys (`idempotency_keys()`, which makes
+/// keys for requests without one): a key the caller chose states that the
+/// operation may be sent again, so the request is replay-safe.
 ///
 /// ```
 /// use tower_resend::IdempotencyKey;
@@ -173,8 +182,8 @@ impl IdempotencyKeyLayer {
         }
     }
 
-    /// A layer that writes nothing: for a stack whose upstream does not
-    /// honour keys.
+    /// A layer that makes no keys: for a stack whose upstream is not known
+    /// to honour them. A key the caller set is still sent.
     pub(crate) const fn disabled() -> Self {
         Self {
             header: IDEMPOTENCY_KEY,
@@ -226,8 +235,9 @@ impl<S> Layer<S> for IdempotencyKeyLayer {
 #[derive(Clone, Debug)]
 pub struct SetIdempotencyKey<S> {
     inner: S,
-    /// None: disabled (a stack's default). Shared: the service is cloned
-    /// for every call, and its size is copied each time.
+    /// None: it makes no keys, and sends only the caller's (a stack's
+    /// default). Shared: the service is cloned for every call, and its
+    /// size is copied each time.
     keys: Option<Arc<Keys>>,
 }
 
@@ -312,28 +322,36 @@ pub(crate) struct GeneratedKey(pub(crate) HeaderValue);
 impl<S> SetIdempotencyKey<S> {
     /// Writes the request's key, if it needs one and has none; returns it
     /// when resend chose it (and then marks the request [`GeneratedKey`]).
+    ///
+    /// A key the caller set ([`IdempotencyKey`]) is written even by a layer
+    /// that makes none (a stack without `idempotency_keys()`): it states
+    /// the caller's intent, and makes the request replay-safe.
     pub(crate) fn write_key<B>(&self, req: &mut Request<B>) -> Option<HeaderValue> {
-        let keys = self.keys.as_deref()?;
+        let keys = self.keys.as_deref();
         let given = req.extensions().get::<IdempotencyKey>();
-        let wanted = given.is_some() || !is_idempotent(req.method());
+        let generate = keys.is_some() && !is_idempotent(req.method());
+        if given.is_none() && !generate {
+            return None;
+        }
+        let header = keys.map_or(&DEFAULT_HEADER, |k| &k.header);
         // Looked for only when a key is wanted: an idempotent request
         // without one (most GETs) does no header lookups here.
-        let has_key = || {
-            req.headers().contains_key(&keys.header)
-                || KEY_HEADERS.iter().any(|h| req.headers().contains_key(h))
-        };
-        if !wanted || has_key() || req.extensions().get::<NoIdempotencyKey>().is_some() {
+        let has_key = req.headers().contains_key(header)
+            || KEY_HEADERS.iter().any(|h| req.headers().contains_key(h));
+        if has_key || req.extensions().get::<NoIdempotencyKey>().is_some() {
             return None;
         }
-        let (value, chosen) = match given {
-            Some(k) => (k.0.clone(), false),
-            None => (Self::fresh(keys, req), true),
+        let (value, chosen) = match (given, keys) {
+            (Some(k), _) => (k.0.clone(), false),
+            (None, Some(keys)) => (Self::fresh(keys, req), true),
+            (None, None) => return None,
         };
+        let header = header.clone();
         if !chosen {
-            req.headers_mut().insert(keys.header.clone(), value);
+            req.headers_mut().insert(header, value);
             return None;
         }
-        req.headers_mut().insert(keys.header.clone(), value.clone());
+        req.headers_mut().insert(header, value.clone());
         req.extensions_mut().insert(GeneratedKey(value.clone()));
         Some(value)
     }

@@ -19,8 +19,8 @@ use http_body::Body as _;
 use tokio::sync::{mpsc, oneshot};
 use tower_service::Service;
 
+use crate::body::ReplayBody;
 use crate::error::{BoxError, Error};
-use crate::retry::ReplayBody;
 
 /// What an attempt comes back with: the response, or what went wrong.
 pub(super) type Reply = Result<Response<::reqwest::Body>, BoxError>;

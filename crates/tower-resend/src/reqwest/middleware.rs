@@ -400,7 +400,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn an_attempt_the_stack_gave_up_on_is_dropped_before_the_next() {
-        let resend = crate::stack::stack()
+        let resend = crate::stack()
             .attempt_timeout(Duration::from_secs(1))
             .max_attempts(2)
             .no_budget()
@@ -432,9 +432,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn each_attempt_has_the_stacks_head_and_the_body_in_memory() {
-        let resend = crate::stack::stack()
-            .idempotency_keys()
-            .reqwest_middleware();
+        let resend = crate::stack().idempotency_keys().reqwest_middleware();
         let req = Request::post("http://up.invalid/charges")
             .body(::reqwest::Body::from("amount=100"))
             .unwrap();

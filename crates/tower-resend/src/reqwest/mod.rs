@@ -45,7 +45,7 @@
 //! A body reqwest holds in memory (`.body(bytes)`, `.json(..)`, `.form(..)`)
 //! is sent again as it is, whatever its size: every attempt shares its bytes.
 //! A streamed body (`Body::wrap_stream`, `Body::wrap`) follows tower-resend's
-//! [`ReplayBody`](crate::retry::ReplayBody) rule: the first attempt streams
+//! [`ReplayBody`](crate::body::ReplayBody) rule: the first attempt streams
 //! it and keeps a copy up to the replay cap (64 KiB by default,
 //! [`replay_cap`](crate::RetryLayer::replay_cap)); a larger one is sent once,
 //! and a call that needed a retry ends
@@ -209,7 +209,7 @@ pub fn client_builder(connect_timeout: Duration) -> ::reqwest::ClientBuilder {
 /// [module docs](self).
 ///
 /// It takes any [`http_body::Body`] whose data is `Bytes`-like (tower-resend's
-/// [`ReplayBody`](crate::retry::ReplayBody) included) and gives a
+/// [`ReplayBody`](crate::body::ReplayBody) included) and gives a
 /// `Response<reqwest::Body>`. Clones share the client's connection pool.
 ///
 /// ```

@@ -5,14 +5,7 @@ use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
 use crate::classify::RequestFacts;
 use crate::deadline::Deadline;
-
-/// Marks a request that a retry layer is in charge of, so that a retry layer
-/// further in passes it through: retries never multiply (3 layers of 3
-/// attempts send 3 times, not 27). An extension, not a thread-local, so that
-/// it survives whatever lies between the layers (an `async` adapter, a
-/// buffer's worker task). Zero-sized: inserting it allocates nothing.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct RetryInCharge;
+use crate::vocab::RetryInCharge;
 
 /// The head of the request, for the attempts after the first.
 #[derive(Debug)]
@@ -27,27 +20,29 @@ pub(crate) struct Head {
 /// The request's extensions, for later attempts.
 #[derive(Debug)]
 enum Own {
-    /// Only tower-resend's own entries were there (the deadline, the key resend
-    /// chose): rebuilt for a retry, so the success path clones no map.
-    Rebuild(Option<Deadline>, Option<http::HeaderValue>),
+    /// Only tower-resend's own entries were there (the marker, the deadline,
+    /// the key resend chose): rebuilt for a retry, so the success path
+    /// clones no map.
+    Rebuild(RetryInCharge, Option<Deadline>, Option<http::HeaderValue>),
     /// The caller's extensions too: a clone of them all.
     Cloned(Extensions),
 }
 
 impl Head {
-    /// Keeps what later attempts need from `req` (which already carries the
-    /// [`RetryInCharge`] marker, and `deadline`, the `Deadline` among their
+    /// Keeps what later attempts need from `req` (which already carries
+    /// `marker`, and `deadline`, the `Deadline` among their
     /// extensions, if any); the first attempt takes `parts` itself.
     /// `key` is the key resend chose, if the caller's extensions hold one
     /// (looked up only when they hold more than tower-resend's deadline).
     pub(super) fn keep<B>(
         req: &Request<B>,
+        marker: RetryInCharge,
         deadline: Option<Deadline>,
         key: Option<http::HeaderValue>,
     ) -> Self {
         let ours = 1 + usize::from(deadline.is_some()) + usize::from(key.is_some());
         let extensions = if req.extensions().len() == ours {
-            Own::Rebuild(deadline, key)
+            Own::Rebuild(marker, deadline, key)
         } else {
             Own::Cloned(req.extensions().clone())
         };
@@ -73,9 +68,9 @@ impl Head {
         *req.version_mut() = self.version;
         *req.headers_mut() = self.headers.clone();
         match &self.extensions {
-            Own::Rebuild(deadline, key) => {
+            Own::Rebuild(marker, deadline, key) => {
                 let ext = req.extensions_mut();
-                ext.insert(RetryInCharge);
+                ext.insert(*marker);
                 if let Some(d) = deadline {
                     ext.insert(*d);
                 }
@@ -91,7 +86,7 @@ impl Head {
     /// The Idempotency-Key resend chose for the request, if it did.
     pub(super) fn generated_key(&self) -> Option<http::HeaderValue> {
         match &self.extensions {
-            Own::Rebuild(_, key) => key.clone(),
+            Own::Rebuild(_, _, key) => key.clone(),
             Own::Cloned(ext) => ext
                 .get::<crate::idempotency::GeneratedKey>()
                 .map(|k| k.0.clone()),
@@ -112,13 +107,18 @@ mod tests {
     #[derive(Clone, Debug, PartialEq)]
     struct Mine(u8);
 
+    const MARK: RetryInCharge = RetryInCharge {
+        attempt_timeout: None,
+        read_ahead: true,
+    };
+
     fn parts(ext: impl FnOnce(&mut Extensions)) -> Parts {
         let mut req = Request::put("http://up/x?q=1")
             .header("a", "b")
             .body(())
             .unwrap();
         ext(req.extensions_mut());
-        req.extensions_mut().insert(RetryInCharge);
+        req.extensions_mut().insert(MARK);
         req.into_parts().0
     }
 
@@ -137,13 +137,13 @@ mod tests {
         ] {
             let deadline = p.extensions.get::<Deadline>().copied();
             let p = Request::from_parts(p, ());
-            let head = Head::keep(&p, deadline, None);
+            let head = Head::keep(&p, MARK, deadline, None);
             let p = p.into_parts().0;
             let again = head.request(());
             assert_eq!(again.method(), p.method);
             assert_eq!(again.uri(), &p.uri);
             assert_eq!(again.headers(), &p.headers);
-            assert!(again.extensions().get::<RetryInCharge>().is_some());
+            assert_eq!(again.extensions().get::<RetryInCharge>(), Some(&MARK));
             assert_eq!(
                 again.extensions().get::<Deadline>(),
                 p.extensions.get::<Deadline>()

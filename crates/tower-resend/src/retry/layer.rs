@@ -301,6 +301,11 @@ impl<C> RetryLayer<C> {
         self
     }
 
+    /// How many bytes of a stream body are kept for replays.
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.policy.replay_cap
+    }
+
     /// The instruments given, if any (the stack hands them to its breaker).
     pub(crate) fn metrics(&self) -> &ClientMetrics {
         &self.metrics

@@ -47,13 +47,13 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Empty;
 //! use bytes::Bytes;
-//! use tower_resend::retry::{Attempts, ReplayBody, RetryLayer};
+//! use tower_resend::retry::{Attempts, RetryLayer};
 //! use tower::{service_fn, Layer, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 //! // An upstream that answers 503 twice, then 200.
 //! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-//! let upstream = service_fn(move |_req: Request<ReplayBody<Empty<Bytes>>>| {
+//! let upstream = service_fn(move |_req: Request<Empty<Bytes>>| {
 //!     let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
 //!     let status = if n < 2 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
 //!     async move { Ok::<_, std::convert::Infallible>(Response::builder().status(status).body(()).unwrap()) }
@@ -67,34 +67,28 @@
 //! ```
 
 mod backoff;
-mod body;
 mod budget;
+mod call;
 mod future;
 mod head;
-mod hedge;
 mod layer;
 mod policy;
-mod read_ahead;
-mod retrying;
+mod run;
 mod service;
 
 pub use crate::vocab::{Attempt, Attempts, Stop};
 pub use backoff::{Backoff, InvalidBackoff};
-pub use body::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
 pub(crate) use budget::Token;
 pub use budget::{InvalidBudget, RetryBudget};
 pub use future::ResponseFuture;
-pub use hedge::{Hedge, HedgeFuture, HedgeLayer, Hedged};
 pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS, RESEND_PREVIOUS_ATTEMPTS};
 pub use policy::{
     DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_BUDGET_WAIT, DEFAULT_MAX_SERVER_WAIT, DEFAULT_MIN_ATTEMPT,
     DEFAULT_OVERLOAD_FLOOR, DEFAULT_WAIT_SPREAD,
 };
-pub use read_ahead::{
-    ReadAheadBody, ReadAheadLayer, ReadAheadService, ResponseFuture as ReadAheadFuture,
-    DEFAULT_READ_AHEAD,
-};
 pub use service::Retry;
+
+use crate::hedge::Hedged;
 
 /// A request extension that sets, for this request alone, what the retry
 /// layer's configuration says for every call: the attempts in all, and the

@@ -42,36 +42,60 @@ impl Default for Policy {
             overload_floor: DEFAULT_OVERLOAD_FLOOR,
             max_server_wait: DEFAULT_MAX_SERVER_WAIT,
             min_attempt: DEFAULT_MIN_ATTEMPT,
-            replay_cap: super::DEFAULT_REPLAY_CAP,
+            replay_cap: crate::body::DEFAULT_REPLAY_CAP,
             wait_spread: DEFAULT_WAIT_SPREAD,
             max_budget_wait: DEFAULT_MAX_BUDGET_WAIT,
         }
     }
 }
 
+/// What the decision needs to know of one attempt and of its call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Attempted<'a> {
+    /// What the server may have done.
+    pub(crate) class: &'a Classification,
+    /// The attempt's number: 1 for the first.
+    pub(crate) made: u32,
+    /// The request may be sent again even if it was processed (an
+    /// idempotent method, or an Idempotency-Key).
+    pub(crate) replay_safe: bool,
+    /// Retries are allowed for this request (it carries no `NoRetry`).
+    pub(crate) allowed: bool,
+    /// A circuit breaker below refused the attempt.
+    pub(crate) circuit_open: bool,
+    /// Its body can be sent again.
+    pub(crate) replayable: bool,
+    /// Time left before the deadline, if the call has one.
+    pub(crate) remaining: Option<Duration>,
+    /// This request's own attempt cap (`CallOptions`), if it set one.
+    pub(crate) max_attempts: Option<u32>,
+}
+
 /// What to do after an attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Decision {
-    Retry { wait: Duration },
+    /// Send it again after `wait`; `token`: the retry spends a token of the
+    /// retry budget (a request that was not sent costs the upstream
+    /// nothing, and spends none, as gRPC's transparent retries).
+    Retry { wait: Duration, token: bool },
+    /// Stop, for this reason.
     Stop(Stop),
 }
 
 impl Policy {
-    /// The decision table (the [module docs](super)), for the attempt numbered
-    /// `made` (1 for the first) of a call with `remaining` time left, if it
-    /// has a deadline. The budget and the body's replayability are checked by
-    /// the caller afterwards, so that a token is only spent on a real retry.
-    pub(crate) fn decide(
-        &self,
-        c: &Classification,
-        replay_safe: bool,
-        made: u32,
-        rng: &mut fastrand::Rng,
-        remaining: Option<Duration>,
-    ) -> Decision {
+    /// The decision table (the [module docs](super)), every row of it: what
+    /// to do after `attempt`. Only the budget's token is left to the caller
+    /// (it is taken, or waited for, once a retry is decided, so that a
+    /// token is spent on real retries only).
+    pub(crate) fn decide(&self, attempt: Attempted<'_>, rng: &mut fastrand::Rng) -> Decision {
+        let c = attempt.class;
         // 1. Is the answer final, and may this request go out again at all?
         match c.class() {
             Class::Success | Class::Rejected => return Decision::Stop(Stop::Final),
+            // A circuit breaker below refused it: the upstream is known to
+            // be unwell, and trying again now would be refused too.
+            Class::NotSent if attempt.circuit_open => return Decision::Stop(Stop::CircuitOpen),
+            _ if !attempt.allowed => return Decision::Stop(Stop::Disabled),
             Class::NotSent | Class::NotProcessed => {}
             Class::Overloaded | Class::InProgress | Class::Unknown => {
                 // The server's stored answer of an earlier attempt under this
@@ -80,7 +104,7 @@ impl Policy {
                 if c.replayed() {
                     return Decision::Stop(Stop::Replayed);
                 }
-                if c.maybe_processed() && !replay_safe {
+                if c.maybe_processed() && !attempt.replay_safe {
                     return Decision::Stop(Stop::OutcomeUnknown);
                 }
             }
@@ -89,11 +113,12 @@ impl Policy {
             return Decision::Stop(Stop::ServerSaidNo);
         }
         // The deadline has passed: say so, whatever the attempt count.
-        if remaining == Some(Duration::ZERO) {
+        if attempt.remaining == Some(Duration::ZERO) {
             return Decision::Stop(Stop::Deadline);
         }
         // 2. Attempts left?
-        if made >= self.max_attempts {
+        let max = attempt.max_attempts.map_or(self.max_attempts, |n| n.max(1));
+        if attempt.made >= max {
             return Decision::Stop(Stop::MaxAttempts);
         }
         // 3. How long to wait: full jitter; after an overloaded answer, the
@@ -106,7 +131,7 @@ impl Policy {
         if server_wait.is_some_and(|w| w > self.max_server_wait) {
             return Decision::Stop(Stop::ServerSaidNo);
         }
-        let jitter = self.backoff.wait(made.saturating_sub(1), rng);
+        let jitter = self.backoff.wait(attempt.made.saturating_sub(1), rng);
         let asked = match c.class() {
             Class::Overloaded => server_wait.or(Some(self.overload_floor)),
             _ => server_wait,
@@ -117,7 +142,7 @@ impl Policy {
         // 4. Time left: the wait and a useful attempt must fit; a server
         // wait past the deadline means give up now, not sleep. What the
         // server asked must fit; the spread and the jitter shrink to fit.
-        if let Some(left) = remaining {
+        if let Some(left) = attempt.remaining {
             if server_wait.is_some_and(|w| w >= left) || at_least + self.min_attempt > left {
                 return Decision::Stop(Stop::Deadline);
             }
@@ -128,7 +153,14 @@ impl Policy {
                 wait = left - self.min_attempt;
             }
         }
-        Decision::Retry { wait }
+        // 5. A body to send again?
+        if !attempt.replayable {
+            return Decision::Stop(Stop::NotReplayable);
+        }
+        Decision::Retry {
+            wait,
+            token: c.class() != Class::NotSent,
+        }
     }
 }
 
@@ -145,8 +177,31 @@ mod tests {
         }
     }
 
+    /// An attempt of a call that may be retried: allowed, no breaker, a
+    /// body to send again, the policy's cap.
+    fn attempted(
+        c: &Classification,
+        safe: bool,
+        made: u32,
+        left: Option<Duration>,
+    ) -> Attempted<'_> {
+        Attempted {
+            class: c,
+            made,
+            replay_safe: safe,
+            allowed: true,
+            circuit_open: false,
+            replayable: true,
+            remaining: left,
+            max_attempts: None,
+        }
+    }
+
     fn decide(c: Classification, safe: bool, made: u32, left: Option<Duration>) -> Decision {
-        policy().decide(&c, safe, made, &mut fastrand::Rng::with_seed(1), left)
+        policy().decide(
+            attempted(&c, safe, made, left),
+            &mut fastrand::Rng::with_seed(1),
+        )
     }
 
     fn cls(class: Class) -> Classification {
@@ -222,7 +277,7 @@ mod tests {
     #[test]
     fn waits_follow_the_class() {
         let wait = |c, made| match decide(c, true, made, None) {
-            Decision::Retry { wait } => wait,
+            Decision::Retry { wait, .. } => wait,
             other => panic!("{other:?}"),
         };
         // Full jitter under the ceiling.
@@ -271,10 +326,12 @@ mod tests {
         let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(S)));
         let mut rng = fastrand::Rng::with_seed(3);
         let waits: Vec<Duration> = (0..1000)
-            .map(|_| match p.decide(&ra, true, 1, &mut rng, None) {
-                Decision::Retry { wait } => wait,
-                other => panic!("{other:?}"),
-            })
+            .map(
+                |_| match p.decide(attempted(&ra, true, 1, None), &mut rng) {
+                    Decision::Retry { wait, .. } => wait,
+                    other => panic!("{other:?}"),
+                },
+            )
             .collect();
         assert!(waits.iter().all(|w| *w >= S));
         // 50 ms windows over [1 s, 1.6 s]: the busiest holds at most twice
@@ -286,8 +343,11 @@ mod tests {
         let busiest = *windows.iter().max().unwrap();
         assert!(busiest <= 2 * 1000 / 11, "{windows:?}");
         // Under a deadline, what was asked must fit; the spread shrinks.
-        match p.decide(&ra, true, 1, &mut rng, Some(S + Duration::from_millis(100))) {
-            Decision::Retry { wait } => {
+        match p.decide(
+            attempted(&ra, true, 1, Some(S + Duration::from_millis(100))),
+            &mut rng,
+        ) {
+            Decision::Retry { wait, .. } => {
                 assert!(
                     wait >= S && wait <= S + Duration::from_millis(50),
                     "{wait:?}"
@@ -319,7 +379,10 @@ mod tests {
             ..policy()
         };
         assert_eq!(
-            p.decide(&ra, true, 1, &mut fastrand::Rng::with_seed(1), Some(10 * S)),
+            p.decide(
+                attempted(&ra, true, 1, Some(10 * S)),
+                &mut fastrand::Rng::with_seed(1)
+            ),
             Decision::Stop(Stop::Deadline)
         );
         // The wait plus a useful attempt must fit.
@@ -338,5 +401,83 @@ mod tests {
             1,
             Some(Duration::from_millis(200))
         )));
+    }
+
+    /// The rows around the class table: a breaker's refusal, `NoRetry`, the
+    /// request's own cap, a body that cannot be sent again, and which
+    /// retries spend a budget token.
+    #[test]
+    fn the_rows_around_the_class_table() {
+        let p = policy();
+        let rng = &mut fastrand::Rng::with_seed(1);
+        let unknown = cls(Class::Unknown);
+        let not_sent = cls(Class::NotSent);
+
+        let open = Attempted {
+            circuit_open: true,
+            ..attempted(&not_sent, true, 1, None)
+        };
+        assert_eq!(p.decide(open, rng), Decision::Stop(Stop::CircuitOpen));
+        // A final answer is final whatever else is true.
+        let success = cls(Class::Success);
+        let final_open = Attempted {
+            circuit_open: true,
+            allowed: false,
+            ..attempted(&success, true, 1, None)
+        };
+        assert_eq!(p.decide(final_open, rng), Decision::Stop(Stop::Final));
+
+        let off = Attempted {
+            allowed: false,
+            ..attempted(&unknown, true, 1, None)
+        };
+        assert_eq!(p.decide(off, rng), Decision::Stop(Stop::Disabled));
+
+        let own_cap = Attempted {
+            max_attempts: Some(5),
+            ..attempted(&unknown, true, 3, None)
+        };
+        assert!(retries(p.decide(own_cap, rng)));
+        let own_cap = Attempted {
+            max_attempts: Some(0), // counts as 1
+            ..attempted(&unknown, true, 1, None)
+        };
+        assert_eq!(p.decide(own_cap, rng), Decision::Stop(Stop::MaxAttempts));
+
+        let capped = Attempted {
+            replayable: false,
+            ..attempted(&unknown, true, 1, None)
+        };
+        assert_eq!(p.decide(capped, rng), Decision::Stop(Stop::NotReplayable));
+        // Every other stop comes first: the attempts...
+        let capped_last = Attempted {
+            replayable: false,
+            ..attempted(&unknown, true, 3, None)
+        };
+        assert_eq!(
+            p.decide(capped_last, rng),
+            Decision::Stop(Stop::MaxAttempts)
+        );
+
+        // A request not sent costs the upstream nothing: no token.
+        assert!(matches!(
+            p.decide(attempted(&not_sent, false, 1, None), rng),
+            Decision::Retry { token: false, .. }
+        ));
+        for class in [
+            Class::NotProcessed,
+            Class::Overloaded,
+            Class::InProgress,
+            Class::Unknown,
+        ] {
+            let c = cls(class);
+            assert!(
+                matches!(
+                    p.decide(attempted(&c, true, 1, None), rng),
+                    Decision::Retry { token: true, .. }
+                ),
+                "{class:?}"
+            );
+        }
     }
 }

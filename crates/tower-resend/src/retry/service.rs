@@ -2,18 +2,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use http_body::Body;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::call::Call;
 use super::future::ResponseFuture;
-use super::head::RetryInCharge;
 use super::layer::Shared;
-use super::retrying::Retrying;
-use super::{CallOptions, NoRetry, ReplayBody, RetryLayer};
+use super::{CallOptions, NoRetry, RetryLayer};
+use crate::body::Replay;
 use crate::classify::{Classify, HttpClassifier, RequestFacts};
-use crate::deadline::{context, Deadline};
+use crate::deadline::Deadline;
 use crate::error::BoxError;
+use crate::vocab::RetryInCharge;
 
 /// Middleware that retries safely; see [`RetryLayer`].
 pub struct Retry<S, C = HttpClassifier> {
@@ -70,14 +70,14 @@ impl<S, C> Retry<S, C> {
 
 impl<S, C, ReqB, ResB> Service<Request<ReqB>> for Retry<S, C>
 where
-    S: Service<Request<ReplayBody<ReqB>>, Response = Response<ResB>> + Clone,
+    ReqB: Replay<Sent = ReqB>,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     S::Error: Into<BoxError>,
     C: Classify<ResB>,
-    ReqB: Body,
 {
     type Response = Response<ResB>;
     type Error = BoxError;
-    type Future = ResponseFuture<S::Future, S, ReqB, C>;
+    type Future = ResponseFuture<S::Future, S, ReqB, C, ResB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -86,81 +86,83 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let ext = req.extensions();
         let own = ext.get::<Deadline>().copied();
-        // Most requests carry nothing but the deadline a DeadlineLayer wrote:
-        // then neither marker below can be there, and two lookups are saved.
+        // Most requests carry nothing but the deadline a deadline layer
+        // wrote: then neither marker below can be there, and two lookups
+        // are saved.
         let only_deadline = ext.len() == usize::from(own.is_some());
         if !only_deadline && ext.get::<RetryInCharge>().is_some() {
             // An outer retry layer is in charge of this request.
-            let req = req.map(ReplayBody::passthrough);
+            let req = req.map(Replay::send_once);
             return ResponseFuture::passthrough(self.inner.call(req));
         }
         let allowed = only_deadline || ext.get::<NoRetry>().is_none();
         // The caller's extensions beyond the deadline: overrides, and the
         // key resend chose (looked up only when there are any).
         let (options, key) = if only_deadline {
-            (None, None)
+            (CallOptions::new(), None)
         } else {
             (
-                ext.get::<CallOptions>().copied(),
+                ext.get::<CallOptions>().copied().unwrap_or_default(),
                 ext.get::<crate::idempotency::GeneratedKey>()
                     .map(|k| k.0.clone()),
             )
         };
+        let now = Instant::now();
+        // The request's deadline (a deadline layer's, which already took
+        // the ambient one into account, or the caller's own), and the
+        // ambient one.
+        let deadline = match (own, Deadline::current()) {
+            (Some(d), Some(a)) => Some(d.min(a)),
+            (d, a) => d.or(a),
+        };
         let shared = Arc::clone(&self.shared);
-        let (call_deadline, now) = match context::current() {
-            Some((d, now)) => (Some(d), now.unwrap_or_else(Instant::now)),
-            None => (Deadline::current(), Instant::now()),
-        };
-        let deadline = match (call_deadline, own) {
-            (Some(d), Some(r)) => Some(d.min(r)),
-            (d, r) => d.or(r),
-        };
-        let replay_safe = self
-            .shared
-            .classifier
-            .is_replay_safe(&RequestFacts::of(&req));
+        let replay_safe = shared.classifier.is_replay_safe(&RequestFacts::of(&req));
         if let Some(budget) = &shared.budget {
             budget.deposit();
         }
-        let mut attempt = req.map(|body| ReplayBody::new(body, shared.policy.replay_cap));
-        attempt.extensions_mut().insert(RetryInCharge);
-        // The first attempt sends a clone, and the original is kept for the
-        // next. A fresh body always clones; if it ever did not, it is sent
-        // as it is and simply not replayed.
-        let body = attempt
-            .body()
-            .try_clone()
-            .map(|first| std::mem::replace(attempt.body_mut(), first));
-        let mut retrying = Retrying::new(
+        let marker = RetryInCharge {
+            attempt_timeout: options.attempt_timeout,
+            read_ahead: replay_safe && allowed,
+        };
+        let (parts, body) = req.into_parts();
+        // The first attempt sends a copy of the body, and the body is kept
+        // for the next (none: it is sent once, and not replayed).
+        let (first, kept) = keep(body, shared.policy.replay_cap, allowed);
+        let mut attempt = Request::from_parts(parts, first);
+        attempt.extensions_mut().insert(marker);
+        let call = Call::new(
             &attempt,
+            marker,
             own,
             key,
-            body,
+            kept,
             shared,
             replay_safe,
             allowed,
             deadline,
+            options,
             now,
         );
-        let limit = options.and_then(|o| o.attempt_timeout);
-        if let Some(o) = options {
-            retrying.set_options(o);
-        }
-        // Call the service that was made ready; a later attempt uses a clone
-        // of the layer's template, made (and made ready) only then.
-        // The layers below hear of this attempt: its own limit, and whether
-        // its body may be read ahead (a break in it is retried) — through
-        // the call context, so no extension is written or read for it.
-        let _attempt = context::attempt(context::Attempt {
-            limit,
-            read_ahead: replay_safe && allowed,
-        });
         // The layers below, and the transport, call inside the attempt's span.
         let future = {
-            let _span = retrying.attempt_span().enter();
+            let _span = call.attempt.enter();
             self.inner.call(attempt)
         };
-        ResponseFuture::retrying(future, retrying)
+        ResponseFuture::first(future, call)
+    }
+}
+
+/// The body the first attempt sends, and the one kept for later attempts:
+/// none when retries are off, or when the body is known to be larger than
+/// `cap` (it is sent once, and not replayed).
+fn keep<B: Replay<Sent = B>>(body: B, cap: usize, retries: bool) -> (B, Option<B>) {
+    if !retries || body.size_hint().lower() > cap as u64 {
+        return (body.send_once(), None);
+    }
+    let kept = body.keep(cap);
+    match kept.try_copy() {
+        Some(first) => (first, Some(kept)),
+        None => (kept, None),
     }
 }
 
@@ -205,7 +207,7 @@ mod tests {
     async fn the_classifier_decides_replay_safety() {
         let calls = Arc::new(AtomicU32::new(0));
         let seen = Arc::clone(&calls);
-        let upstream = service_fn(move |_req: Request<ReplayBody<Empty<Bytes>>>| {
+        let upstream = service_fn(move |_req: Request<Empty<Bytes>>| {
             let n = seen.fetch_add(1, Ordering::SeqCst);
             let status = if n.is_multiple_of(2) {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -243,12 +245,12 @@ mod tests {
     fn flaky_recording(
         seen: Seen,
     ) -> impl Service<
-        Request<ReplayBody<Empty<Bytes>>>,
+        Request<Empty<Bytes>>,
         Response = Response<()>,
         Error = Infallible,
         Future = Ready200,
     > + Clone {
-        service_fn(move |req: Request<ReplayBody<Empty<Bytes>>>| {
+        service_fn(move |req: Request<Empty<Bytes>>| {
             let header = |name: &str| {
                 req.headers()
                     .get(name)
@@ -367,7 +369,10 @@ mod tests {
             // Marked as under an outer retry layer: this one passes the
             // request through, once, and leaves the history to the outer one.
             let mut req = with(deadline, mine);
-            req.extensions_mut().insert(RetryInCharge);
+            req.extensions_mut().insert(RetryInCharge {
+                attempt_timeout: None,
+                read_ahead: false,
+            });
             let (resp, sent) = send(req).await;
             assert_eq!(
                 (resp.status(), sent),

@@ -6,7 +6,6 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use crate::deadline::context;
 use crate::error::{BoxError, Error, Phase};
 
 pin_project! {
@@ -80,14 +79,13 @@ where
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*this.until)));
         if sleep.as_mut().poll(cx).is_pending() {
-            context::cover(*this.until);
             return Poll::Pending;
         }
         // Drop the attempt now: its connection is released, not kept waiting.
         this.inner.set(None);
         let e = if *this.by_deadline {
-            // The deadline was the tighter limit; the enclosing DeadlineLayer
-            // fills in how long the whole call took.
+            // The deadline was the tighter limit; an enclosing deadline
+            // layer fills in how long the whole call took.
             Error::deadline_exceeded(Phase::Attempt, this.start.elapsed())
         } else {
             Error::attempt_timeout(*this.per_attempt)

@@ -33,11 +33,9 @@
 //! ```
 
 mod future;
-mod idle;
 mod layer;
 mod service;
 
 pub use future::ResponseFuture;
-pub use idle::{IdleBody, IdleFuture, IdleTimeout, IdleTimeoutLayer};
 pub use layer::AttemptTimeoutLayer;
 pub use service::AttemptTimeout;

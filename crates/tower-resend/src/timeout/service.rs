@@ -7,8 +7,9 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::AttemptTimeoutLayer;
-use crate::deadline::{clamp, context, Deadline};
+use crate::deadline::{clamp, Deadline};
 use crate::error::BoxError;
+use crate::vocab::RetryInCharge;
 
 /// Middleware bounding each attempt; see [`AttemptTimeoutLayer`].
 #[derive(Clone, Debug)]
@@ -61,22 +62,21 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // Inside a DeadlineLayer, the call's deadline (and, for the first
-        // attempt, the time) come from its context; the request's own
-        // deadline can only be tighter.
-        let (deadline, start) = match context::current() {
-            Some((call, now)) => (Some(call), now.unwrap_or_else(Instant::now)),
-            None => (Deadline::current(), Instant::now()),
-        };
+        let start = Instant::now();
+        let ext = req.extensions();
         // A retry layer above may give this attempt its own limit (the
         // request's `CallOptions`). `per_attempt` is clamped at
         // construction, and so is an override: this cannot overflow.
-        let per_attempt =
-            context::take_attempt_limit().map_or(self.per_attempt, crate::deadline::clamp);
+        let per_attempt = ext
+            .get::<RetryInCharge>()
+            .and_then(|marker| marker.attempt_timeout)
+            .map_or(self.per_attempt, clamp);
         let own = start + per_attempt;
-        let deadline = match (deadline, req.extensions().get::<Deadline>()) {
-            (Some(d), Some(r)) => Some(d.min(*r)),
-            (d, r) => d.or(r.copied()),
+        // The request's deadline (a deadline layer's, or the caller's own),
+        // and the ambient one.
+        let deadline = match (ext.get::<Deadline>(), Deadline::current()) {
+            (Some(r), Some(a)) => Some(a.min(*r)),
+            (r, a) => a.or(r.copied()),
         };
         match deadline {
             Some(d) if d.instant() <= start => ResponseFuture::expired(),

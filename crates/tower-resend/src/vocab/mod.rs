@@ -5,12 +5,14 @@
 //! words from here (and re-exports them where users have always found
 //! them: `classify::Class`, `retry::Attempts`, `connect::HttpsNotEnabled`).
 
+mod attempt_marker;
 mod attempts;
 mod breaker;
 mod class;
 mod grpc;
 mod marker;
 
+pub(crate) use attempt_marker::RetryInCharge;
 pub(crate) use attempts::{write_ms, Readable};
 pub use attempts::{Attempt, Attempts, Stop};
 pub(crate) use breaker::{percent, Refusal, Why};

@@ -1,4 +1,4 @@
-//! [`ReplayBody`]: a request body that can be sent again. This file holds
+//! [`ReplayBody`]: a stream body that can be sent again. This file holds
 //! the public type and what a transport sees of it; `shared.rs` the state
 //! its clones share (the copy, the rest of the original, who may read it) and
 //! how one clone reads through it.
@@ -13,11 +13,11 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::error::BoxError;
 
-mod shared;
-#[cfg(test)]
-mod tests;
+use super::shared::{lock, Cursor, Reader, Rest, State};
 
-use shared::{lock, Cursor, Reader, Rest, State};
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;
 
 /// How many bytes of a request body [`ReplayBody`] keeps by default: 64 KiB.
 pub const DEFAULT_REPLAY_CAP: usize = 64 * 1024;
@@ -69,7 +69,7 @@ pub const DEFAULT_REPLAY_CAP: usize = 64 * 1024;
 /// ```
 /// use bytes::Bytes;
 /// use http_body_util::{BodyExt, Full};
-/// use tower_resend::retry::{ReplayBody, DEFAULT_REPLAY_CAP};
+/// use tower_resend::body::{ReplayBody, DEFAULT_REPLAY_CAP};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let body = ReplayBody::new(Full::new(Bytes::from_static(b"hello")), DEFAULT_REPLAY_CAP);
@@ -143,7 +143,7 @@ where
     }
 
     /// Wraps `body` to be sent once and never replayed: no copy is kept.
-    pub(crate) fn passthrough(body: B) -> Self {
+    pub fn once(body: B) -> Self {
         if body.is_end_stream() {
             return Self {
                 inner: Inner::Empty,

@@ -1,23 +1,26 @@
 //! Hedged calls: a backup copy of a slow attempt, only where it is safe.
 
+mod future;
+
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use tokio::time::{Instant, Sleep};
+
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{NoRetry, ReplayBody, RetryBudget};
-use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
+use crate::body::Replay;
+use crate::classify::{Classify, HttpClassifier, RequestFacts};
 use crate::error::BoxError;
 use crate::name::Name;
+use crate::retry::{NoRetry, RetryBudget};
 use crate::telemetry::{CallMetrics, ClientMetrics};
+pub use future::ResponseFuture;
+use future::Template;
 
 /// When a backup copy goes out.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,15 +49,15 @@ enum Delay {
 /// left in flight, goes up to the retry layer. The call's one deadline
 /// bounds every copy. The winning response says what happened in a
 /// [`Hedged`] extension, and so does the attempt's record in the call's
-/// [`Attempts`](super::Attempts) ([`copies`](super::Attempt::copies),
-/// [`winning_copy`](super::Attempt::winning_copy)).
+/// [`Attempts`](crate::retry::Attempts) ([`copies`](crate::retry::Attempt::copies),
+/// [`winning_copy`](crate::retry::Attempt::winning_copy)).
 ///
 /// [`StackBuilder::hedge`](crate::StackBuilder::hedge) puts it in the stack
 /// (inside the retry layer, which treats the hedged copies as one attempt).
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_resend::retry::HedgeLayer;
+/// use tower_resend::hedge::HedgeLayer;
 ///
 /// // A backup after 20 ms; or at the 95th percentile of recent calls.
 /// let fixed = HedgeLayer::new(Duration::from_millis(20));
@@ -278,26 +281,22 @@ impl<S: std::fmt::Debug, C> std::fmt::Debug for Hedge<S, C> {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, C, B, R> Service<Request<ReplayBody<B>>> for Hedge<S, C>
+impl<S, C, B, R> Service<Request<B>> for Hedge<S, C>
 where
-    S: Service<Request<ReplayBody<B>>, Response = Response<R>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError> + Send + 'static,
-    C: Classify<R> + Send + Sync + 'static,
-    B: http_body::Body + Send + 'static,
-    R: Send + 'static,
+    S: Service<Request<B>, Response = Response<R>> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<R>,
+    B: Replay,
 {
     type Response = Response<R>;
     type Error = BoxError;
-    type Future = HedgeFuture<S::Future, R>;
+    type Future = ResponseFuture<S::Future, S, B, C, R>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Request<ReplayBody<B>>) -> Self::Future {
+    fn call(&mut self, req: Request<B>) -> Self::Future {
         // What the copies are made of: the head, and a body replaying from
         // the start (none: too large to keep, so no copies).
         let copies = self
@@ -311,228 +310,12 @@ where
         let first = self.inner.call(req);
         match copies {
             // Not hedged (the usual call): no box, no timer.
-            None => HedgeFuture {
-                state: HedgeState::Direct { inner: first },
-            },
-            Some((template, shared)) => HedgeFuture {
-                state: HedgeState::Hedged {
-                    inner: Box::pin(hedged(first, self.inner.clone(), template, shared)),
-                },
-            },
+            None => ResponseFuture::direct(first),
+            Some((template, shared)) => {
+                ResponseFuture::hedged(first, self.inner.clone(), template, shared)
+            }
         }
     }
-}
-
-pin_project_lite::pin_project! {
-    /// Response future of [`Hedge`].
-    pub struct HedgeFuture<F, R> {
-        #[pin]
-        state: HedgeState<F, R>,
-    }
-}
-
-pin_project_lite::pin_project! {
-    #[project = HedgeStateProj]
-    enum HedgeState<F, R> {
-        // Not hedged: the one copy.
-        Direct { #[pin] inner: F },
-        // Hedged: the copies, polled together.
-        Hedged { inner: BoxFuture<Result<Response<R>, BoxError>> },
-    }
-}
-
-impl<F, R> std::fmt::Debug for HedgeFuture<F, R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let hedged = matches!(self.state, HedgeState::Hedged { .. });
-        f.debug_struct("HedgeFuture")
-            .field("hedged", &hedged)
-            .finish()
-    }
-}
-
-impl<F, R, E> Future for HedgeFuture<F, R>
-where
-    F: Future<Output = Result<Response<R>, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<Response<R>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            HedgeStateProj::Direct { inner } => inner.poll(cx).map_err(Into::into),
-            HedgeStateProj::Hedged { inner } => inner.as_mut().poll(cx),
-        }
-    }
-}
-
-/// A request's head and a body to copy.
-struct Template<B> {
-    method: http::Method,
-    uri: http::Uri,
-    version: http::Version,
-    headers: http::HeaderMap,
-    extensions: http::Extensions,
-    body: ReplayBody<B>,
-}
-
-impl<B: http_body::Body> Template<B> {
-    fn of(req: &Request<ReplayBody<B>>) -> Option<Self> {
-        Some(Self {
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            version: req.version(),
-            headers: req.headers().clone(),
-            extensions: req.extensions().clone(),
-            body: req.body().try_clone()?,
-        })
-    }
-
-    fn copy(&self) -> Option<Request<ReplayBody<B>>> {
-        let mut req = Request::new(self.body.try_clone()?);
-        *req.method_mut() = self.method.clone();
-        *req.uri_mut() = self.uri.clone();
-        *req.version_mut() = self.version;
-        *req.headers_mut() = self.headers.clone();
-        *req.extensions_mut() = self.extensions.clone();
-        Some(req)
-    }
-
-    fn facts(&self) -> RequestFacts<'_> {
-        RequestFacts::new(&self.method, &self.uri, &self.headers)
-    }
-}
-
-/// What woke the hedging loop.
-enum Woke<T> {
-    /// The copy at this index of the ones in flight ended.
-    Ended(usize, T),
-    /// Time for a backup.
-    Due,
-}
-
-/// The first copy (sent), and backups as the rules of [`HedgeLayer`] say.
-async fn hedged<S, C, B, R>(
-    first: S::Future,
-    mut svc: S,
-    template: Template<B>,
-    shared: Arc<Shared<C>>,
-) -> Result<Response<R>, BoxError>
-where
-    S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
-    S::Error: Into<BoxError>,
-    C: Classify<R>,
-    B: http_body::Body,
-{
-    let start = Instant::now();
-    // (copy number, its future), the copies in flight.
-    let mut copies: Vec<(u32, Pin<Box<S::Future>>)> = vec![(1, Box::pin(first))];
-    let mut sent = 1u32;
-    let mut more = true;
-    let mut due: Pin<Box<Sleep>> = Box::pin(tokio::time::sleep(shared.after()));
-    loop {
-        let woke = std::future::poll_fn(|cx| {
-            for (i, (_, copy)) in copies.iter_mut().enumerate() {
-                if let Poll::Ready(result) = copy.as_mut().poll(cx) {
-                    return Poll::Ready(Woke::Ended(i, result));
-                }
-            }
-            if more && due.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woke::Due);
-            }
-            Poll::Pending
-        })
-        .await;
-        let (n, result) = match woke {
-            Woke::Due => {
-                more = match next_copy(&template, &shared, sent) {
-                    Some(req) => send(&mut svc, req, &mut copies, &mut sent).await,
-                    None => false,
-                } && sent < shared.max_copies;
-                due.as_mut().reset(Instant::now() + shared.after());
-                continue;
-            }
-            Woke::Ended(i, result) => (copies.swap_remove(i).0, result.map_err(Into::into)),
-        };
-        let facts = template.facts();
-        let c = match &result {
-            Ok(resp) => shared.classifier.classify_response(&facts, resp),
-            Err(e) => shared.classifier.classify_error(&facts, &**e),
-        };
-        let last = if matches!(c.class(), Class::Success | Class::Rejected) {
-            // A final answer ends the call; the other copies are dropped.
-            if let Delay::Percentile { p, .. } = shared.delay {
-                shared.latency.record(start.elapsed(), p);
-            }
-            true
-        } else {
-            // An answer that may change: the next copy at once, unless the
-            // server asked for a wait (then the retry layer waits it).
-            if c.pushback().is_some() {
-                more = false;
-            }
-            if more {
-                more = match next_copy(&template, &shared, sent) {
-                    Some(req) => send(&mut svc, req, &mut copies, &mut sent).await,
-                    None => false,
-                } && sent < shared.max_copies;
-                due.as_mut().reset(Instant::now() + shared.after());
-            }
-            copies.is_empty()
-        };
-        if last {
-            shared.metrics.hedged(sent, n);
-            if sent > 1 {
-                // On the attempt's span (entered while the copies are
-                // polled): how many copies went, and which one answered.
-                let span = tracing::Span::current();
-                span.record("resend.hedge.sent", i64::from(sent));
-                span.record("resend.hedge.won", i64::from(n));
-                tracing::debug!(
-                    sent,
-                    won = n,
-                    class = c.class().as_str(),
-                    "hedged call ended"
-                );
-            }
-            return result.map(|mut resp| {
-                resp.extensions_mut().insert(Hedged { sent, won: n });
-                resp
-            });
-        }
-    }
-}
-
-/// The next copy, if the copies, the budget and the body allow one.
-fn next_copy<B: http_body::Body, C>(
-    template: &Template<B>,
-    shared: &Shared<C>,
-    sent: u32,
-) -> Option<Request<ReplayBody<B>>> {
-    if sent >= shared.max_copies {
-        return None;
-    }
-    if let Some(budget) = &shared.budget {
-        budget.withdraw()?;
-    }
-    template.copy()
-}
-
-/// Sends `req` once the service is ready; false if it cannot take it.
-async fn send<S, B, R>(
-    svc: &mut S,
-    req: Request<ReplayBody<B>>,
-    copies: &mut Vec<(u32, Pin<Box<S::Future>>)>,
-    sent: &mut u32,
-) -> bool
-where
-    S: Service<Request<ReplayBody<B>>, Response = Response<R>>,
-{
-    let ready = std::future::poll_fn(|cx| svc.poll_ready(cx)).await.is_ok();
-    if ready {
-        *sent += 1;
-        copies.push((*sent, Box::pin(svc.call(req))));
-    }
-    ready
 }
 
 #[cfg(test)]

@@ -1,70 +1,18 @@
-//! The composed stack: every layer in the right order, one error type.
-
-use crate::name::Name;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::HeaderName;
-use http::{Request, Response};
-use pin_project_lite::pin_project;
 use tower_layer::Layer;
-use tower_service::Service;
 
-use crate::breaker::{BreakerSlot, CircuitBreakerLayer, NoBreaker, Slot};
+use super::{Stack, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
+use crate::breaker::{BreakerSlot, CircuitBreakerLayer, NoBreaker};
 use crate::classify::HttpClassifier;
-use crate::deadline::{
-    DeadlineBody, DeadlineHeader, DeadlineHeaderLayer, DeadlineLayer, DeadlineService,
-};
-use crate::error::{BoxError, Error};
-use crate::idempotency::{IdempotencyKeyLayer, SetIdempotencyKey};
-use crate::retry::{
-    Backoff, Hedge, HedgeLayer, ReadAheadLayer, ReadAheadService, Retry, RetryBudget, RetryLayer,
-    DEFAULT_READ_AHEAD,
-};
-
-use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer, IdleTimeout, IdleTimeoutLayer};
-
-/// Default deadline budget of a call: 10 s.
-pub const DEFAULT_TOTAL: Duration = Duration::from_secs(10);
-/// Default limit of one attempt: 5 s.
-pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Starts a [`StackBuilder`]: the whole of tower-resend, composed in the right
-/// order, with the defaults (10 s per call, 5 s per attempt, 3 attempts in
-/// all, the default backoff and retry budget).
-///
-/// ```
-/// use std::time::Duration;
-/// use bytes::Bytes;
-/// use http::Request;
-/// use http_body_util::Full;
-/// use tower_resend::IdempotencyKey;
-/// use tower::ServiceExt;
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// // One stack per upstream, built once, cloned into every task.
-/// let shipping = tower_resend::stack()
-///     .name("shipping")
-///     .total(Duration::from_secs(10))
-///     .attempt_timeout(Duration::from_secs(5))
-///     .max_attempts(3)
-///     .idempotency_keys()
-///     .service(tower_resend::hyper_client(Duration::from_secs(2)));
-///
-/// let mut req = Request::post("http://127.0.0.1:9/shipments").body(Full::new(Bytes::from("{}"))).unwrap();
-/// req.extensions_mut().insert(IdempotencyKey::new("shipment-request:42").unwrap());
-/// match shipping.clone().oneshot(req).await {
-///     Ok(resp) => { /* resp.extensions().get::<tower_resend::Attempts>() says what happened */ }
-///     Err(e) if e.is_outcome_unknown() => { /* may have happened: look it up first */ }
-///     Err(e) => assert!(e.is_not_sent()), // nothing listens on port 9
-/// }
-/// # }
-/// ```
-pub fn stack() -> StackBuilder {
-    StackBuilder::new()
-}
+use crate::deadline::{DeadlineHeaderLayer, DeadlineLayer};
+use crate::hedge::HedgeLayer;
+use crate::idempotency::IdempotencyKeyLayer;
+use crate::name::Name;
+use crate::read_ahead::{ReadAheadLayer, DEFAULT_READ_AHEAD};
+use crate::retry::{Backoff, RetryBudget, RetryLayer};
+use crate::timeout::AttemptTimeoutLayer;
 
 /// Builds a [`Stack`]; see [`stack`]. Every setting's default is stated on
 /// its method.
@@ -81,8 +29,8 @@ pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
     keys: IdempotencyKeyLayer,
     header: DeadlineHeaderLayer,
     breaker: B,
-    read_ahead: ReadAheadLayer,
-    idle: IdleTimeoutLayer,
+    read_ahead_cap: usize,
+    idle: Option<Duration>,
     hedge: HedgeLayer<()>,
 }
 
@@ -97,8 +45,8 @@ impl StackBuilder {
             keys: IdempotencyKeyLayer::disabled(),
             header: DeadlineHeaderLayer::new(),
             breaker: NoBreaker,
-            read_ahead: ReadAheadLayer::new(DEFAULT_READ_AHEAD),
-            idle: IdleTimeoutLayer::none(),
+            read_ahead_cap: DEFAULT_READ_AHEAD,
+            idle: None,
             hedge: HedgeLayer::new(Duration::ZERO).max_copies(1).classifier(()),
         }
     }
@@ -247,7 +195,7 @@ impl<C, B> StackBuilder<C, B> {
             keys: self.keys,
             header: self.header,
             breaker: self.breaker,
-            read_ahead: self.read_ahead,
+            read_ahead_cap: self.read_ahead_cap,
             idle: self.idle,
             hedge: self.hedge,
         }
@@ -296,7 +244,7 @@ impl<C, B> StackBuilder<C, B> {
             retry: self.retry,
             keys: self.keys,
             header: self.header,
-            read_ahead: self.read_ahead,
+            read_ahead_cap: self.read_ahead_cap,
             idle: self.idle,
             hedge: self.hedge,
         }
@@ -346,12 +294,12 @@ impl<C, B> StackBuilder<C, B> {
     /// ```
     #[must_use]
     pub fn read_ahead(mut self, bytes: usize) -> Self {
-        self.read_ahead = ReadAheadLayer::new(bytes);
+        self.read_ahead_cap = bytes;
         self
     }
 
     /// Fails a response body that sends nothing for `idle` (reqwest's
-    /// `read_timeout`; see [`IdleTimeoutLayer`]): while it is read ahead,
+    /// `read_timeout`; see [`ReadAheadLayer::idle_timeout`]): while it is read ahead,
     /// that fails the attempt, which a replay-safe request retries; later,
     /// the caller's read fails. Default: none (the attempt timeout and the
     /// deadline still bound what is read ahead).
@@ -363,7 +311,7 @@ impl<C, B> StackBuilder<C, B> {
     /// ```
     #[must_use]
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
-        self.idle = IdleTimeoutLayer::new(idle);
+        self.idle = Some(idle);
         self
     }
 
@@ -425,13 +373,18 @@ impl<C, B> StackBuilder<C, B> {
         B: BreakerSlot,
         C: Clone,
     {
+        let replay_cap = self.retry.kept_bytes();
         let total = match &self.name {
             Some(n) => DeadlineLayer::new(self.total).upstream(n.clone()),
             None => DeadlineLayer::new(self.total),
         };
         // Small bodies read ahead under the attempt timeout (which then
         // covers them too) and the breaker (which counts their breaks).
-        let inner = self.read_ahead.layer(self.idle.layer(transport));
+        let mut read_ahead = ReadAheadLayer::new(self.read_ahead_cap);
+        if let Some(idle) = self.idle {
+            read_ahead = read_ahead.idle_timeout(idle);
+        }
+        let inner = read_ahead.layer(transport);
         let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
         let inner = self.header.layer(inner);
         // Hedged copies below the breaker, which sees them as one call.
@@ -446,9 +399,39 @@ impl<C, B> StackBuilder<C, B> {
         // The breaker (if any) inside the retry layer, so it sees every attempt.
         let inner = self.breaker.wrap(inner, self.name.as_ref(), self.retry);
         let inner = self.keys.layer(inner);
-        Stack {
-            inner: total.layer(inner),
-        }
+        Stack::new(total.layer(inner), replay_cap)
+    }
+}
+
+/// The builder is a [`Layer`]: the same stack, with the same options and
+/// the same [`tower_resend::Error`](crate::Error), in any `ServiceBuilder`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let upstream = service_fn(|_: http::Request<String>| async {
+///     Ok::<_, tower_resend::BoxError>(http::Response::builder().status(503).body(String::new()).unwrap())
+/// });
+/// let svc = ServiceBuilder::new()
+///     .map_request(|req: http::Request<String>| req) // any layers of yours
+///     .layer(tower_resend::stack().name("shipping").max_attempts(2).total(Duration::from_secs(5)))
+///     .service(upstream);
+/// let resp = svc.oneshot(http::Request::new(String::new())).await.unwrap();
+/// assert_eq!(resp.extensions().get::<tower_resend::Attempts>().unwrap().len(), 2);
+/// # }
+/// ```
+impl<S, C, B> Layer<S> for StackBuilder<C, B>
+where
+    S: Clone,
+    C: Clone,
+    B: BreakerSlot + Clone,
+{
+    type Service = Stack<S, C, B>;
+
+    fn layer(&self, transport: S) -> Stack<S, C, B> {
+        self.clone().service(transport)
     }
 }
 
@@ -490,160 +473,5 @@ impl<C, K> StackBuilder<C, CircuitBreakerLayer<K>> {
         self.retry = self.retry.meter(meter);
         self.breaker = self.breaker.or_metrics(self.retry.metrics());
         self
-    }
-}
-
-type Inner<S, C, B> = DeadlineService<
-    SetIdempotencyKey<
-        Retry<
-            <B as Slot>::Service<
-                Hedge<DeadlineHeader<AttemptTimeout<ReadAheadService<IdleTimeout<S>>>>, C>,
-            >,
-            C,
-        >,
-    >,
->;
-
-/// The composed stack, outside in: [`DeadlineLayer`],
-/// [`IdempotencyKeyLayer`], [`RetryLayer`], the [`CircuitBreakerLayer`] if
-/// one was added (`B`; none by default, and then no layer at all),
-/// [`DeadlineHeaderLayer`], [`AttemptTimeoutLayer`], the
-/// [`ReadAheadLayer`], then the transport. Its error is always a
-/// [`tower_resend::Error`](Error).
-pub struct Stack<S, C = HttpClassifier, B = NoBreaker>
-where
-    B: BreakerSlot,
-{
-    inner: Inner<S, C, B>,
-}
-
-impl<S, C, B> Clone for Stack<S, C, B>
-where
-    B: BreakerSlot,
-    Inner<S, C, B>: Clone,
-{
-    #[inline]
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-        }
-    }
-}
-
-impl<S, C, B> std::fmt::Debug for Stack<S, C, B>
-where
-    B: BreakerSlot,
-    Inner<S, C, B>: std::fmt::Debug,
-{
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stack").field("inner", &self.inner).finish()
-    }
-}
-
-impl<S, C, B, ReqB, ResB> Service<Request<ReqB>> for Stack<S, C, B>
-where
-    B: BreakerSlot,
-    Inner<S, C, B>:
-        Service<Request<ReqB>, Response = Response<DeadlineBody<ResB>>, Error = BoxError>,
-{
-    type Response = Response<DeadlineBody<ResB>>;
-    type Error = Error;
-    type Future = StackFuture<<Inner<S, C, B> as Service<Request<ReqB>>>::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        self.inner.poll_ready(cx).map_err(Error::from_box)
-    }
-
-    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
-        // The key, chosen here rather than by the key layer inside (which
-        // then finds it and does nothing), so that an error of the call —
-        // the deadline's too, which fires outside the key layer — can say
-        // which key a retry must carry.
-        let key = self.inner.get_ref().write_key(&mut req).map(Box::new);
-        StackFuture {
-            inner: self.inner.call(req),
-            key,
-        }
-    }
-}
-
-pin_project! {
-    /// Response future of [`Stack`].
-    #[derive(Debug)]
-    pub struct StackFuture<F> {
-        #[pin]
-        inner: F,
-        // The Idempotency-Key the stack chose, if it did. Boxed: most calls
-        // have none, and every call's future is moved by value.
-        key: Option<Box<http::HeaderValue>>,
-    }
-}
-
-impl<F, T> Future for StackFuture<F>
-where
-    F: Future<Output = Result<T, BoxError>>,
-{
-    type Output = Result<T, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        this.inner.poll(cx).map_err(|e| {
-            let e = Error::from_box(e);
-            match this.key.take() {
-                Some(key) => e.with_generated_key(*key),
-                None => e,
-            }
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::idempotency::{derive_keys, IDEMPOTENCY_KEY};
-    use crate::retry::ReplayBody;
-    use http::HeaderValue;
-    use tower::{service_fn, ServiceExt};
-
-    /// The key a POST to `uri` was sent with, inside a keyed operation.
-    async fn derived(builder: StackBuilder, uri: &'static str) -> HeaderValue {
-        let echo = service_fn(|req: Request<ReplayBody<String>>| async move {
-            let key = req.headers()[IDEMPOTENCY_KEY].to_str().unwrap().to_owned();
-            Ok::<_, std::convert::Infallible>(Response::new(key))
-        });
-        let stack = builder.service(echo);
-        let req = Request::post(uri).body(String::new()).unwrap();
-        let resp = derive_keys("s", HeaderValue::from_static("k"), stack.oneshot(req))
-            .await
-            .unwrap();
-        let body = http_body_util::BodyExt::collect(resp.into_body())
-            .await
-            .unwrap();
-        HeaderValue::from_bytes(&body.to_bytes()).unwrap()
-    }
-
-    #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn the_stacks_name_counts_its_derived_keys() {
-        let by_name = derived(
-            stack().name("shipping").idempotency_keys(),
-            "http://10.0.0.7/",
-        )
-        .await;
-        // In either order of the builder's calls.
-        let keys_first = derived(
-            stack().idempotency_keys().name("shipping"),
-            "http://10.0.0.7/",
-        )
-        .await;
-        assert_eq!(by_name, keys_first);
-        // The same key as an unnamed stack calling `shipping` by host.
-        assert_eq!(
-            by_name,
-            derived(stack().idempotency_keys(), "http://shipping/").await
-        );
-        assert_ne!(
-            by_name,
-            derived(stack().idempotency_keys(), "http://10.0.0.7/").await
-        );
     }
 }

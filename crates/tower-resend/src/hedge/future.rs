@@ -1,0 +1,287 @@
+//! The response future of [`Hedge`](super::Hedge): the first copy polled
+//! in place, and, for a hedged call, the copies in flight polled together
+//! while backups go out as the rules of [`HedgeLayer`](super::HedgeLayer)
+//! say.
+//!
+//! Written by hand, like the retry layer's, rather than as a boxed `async`
+//! block: boxing one needs `S::Future: Send` in the layer's `Service`
+//! impl, and that bound made stacks nested in stacks take rustc minutes
+//! to type-check.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use super::{Delay, Hedged, Shared};
+use crate::body::Replay;
+use crate::classify::{Class, Classify, RequestFacts};
+use crate::error::BoxError;
+
+pin_project_lite::pin_project! {
+    /// Response future of [`Hedge`](super::Hedge).
+    pub struct ResponseFuture<F, S, B, C, R> {
+        #[pin]
+        state: State<F, S, B, C, R>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = StateProj]
+    enum State<F, S, B, C, R> {
+        // Not hedged: the one copy.
+        Direct { #[pin] inner: F },
+        // Hedged: the copies, polled together.
+        Hedged { inner: Box<Hedging<F, S, B, C, R>> },
+    }
+}
+
+impl<F, S, B, C, R> ResponseFuture<F, S, B, C, R> {
+    pub(super) fn direct(inner: F) -> Self {
+        Self {
+            state: State::Direct { inner },
+        }
+    }
+
+    /// The call whose `first` copy is sent, and whose backups `svc` sends.
+    pub(super) fn hedged(first: F, svc: S, template: Template<B>, shared: Arc<Shared<C>>) -> Self {
+        let due = Box::pin(tokio::time::sleep(shared.after()));
+        let inner = Box::new(Hedging {
+            copies: vec![(1, Box::pin(first))],
+            svc,
+            template,
+            shared,
+            start: Instant::now(),
+            sent: 1,
+            more: true,
+            due,
+            waiting: None,
+            last: None,
+        });
+        Self {
+            state: State::Hedged { inner },
+        }
+    }
+}
+
+impl<F, S, B, C, R> std::fmt::Debug for ResponseFuture<F, S, B, C, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hedged = matches!(self.state, State::Hedged { .. });
+        f.debug_struct("ResponseFuture")
+            .field("hedged", &hedged)
+            .finish()
+    }
+}
+
+impl<F, S, B, C, R, E> Future for ResponseFuture<F, S, B, C, R>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+    E: Into<BoxError>,
+    S: Service<Request<B>, Response = Response<R>, Future = F, Error = E>,
+    C: Classify<R>,
+    B: Replay,
+{
+    type Output = Result<Response<R>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Direct { inner } => inner.poll(cx).map_err(Into::into),
+            StateProj::Hedged { inner } => inner.poll(cx),
+        }
+    }
+}
+
+/// A request's head and a body to copy.
+pub(super) struct Template<B> {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+    extensions: http::Extensions,
+    body: B,
+}
+
+impl<B: Replay> Template<B> {
+    pub(super) fn of(req: &Request<B>) -> Option<Self> {
+        Some(Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            headers: req.headers().clone(),
+            extensions: req.extensions().clone(),
+            body: req.body().try_copy()?,
+        })
+    }
+
+    fn copy(&self) -> Option<Request<B>> {
+        let mut req = Request::new(self.body.try_copy()?);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        *req.extensions_mut() = self.extensions.clone();
+        Some(req)
+    }
+
+    fn facts(&self) -> RequestFacts<'_> {
+        RequestFacts::new(&self.method, &self.uri, &self.headers)
+    }
+}
+
+/// A hedged call: the copies in flight, and what decides the next.
+struct Hedging<F, S, B, C, R> {
+    /// (copy number, its future), the copies in flight.
+    copies: Vec<(u32, Pin<Box<F>>)>,
+    svc: S,
+    template: Template<B>,
+    shared: Arc<Shared<C>>,
+    start: Instant,
+    /// Copies sent so far.
+    sent: u32,
+    /// More copies may go out when `due` fires.
+    more: bool,
+    due: Pin<Box<Sleep>>,
+    /// The next copy, made and waiting for the service to be ready.
+    waiting: Option<Request<B>>,
+    /// The last copy's answer while the copy after it waits for the
+    /// service: the call's, if that one cannot be sent.
+    last: Option<(u32, Result<Response<R>, BoxError>, Class)>,
+}
+
+impl<F, S, B, C, R, E> Hedging<F, S, B, C, R>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+    E: Into<BoxError>,
+    S: Service<Request<B>, Response = Response<R>, Future = F, Error = E>,
+    C: Classify<R>,
+    B: Replay,
+{
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response<R>, BoxError>> {
+        loop {
+            if let Some(req) = self.waiting.take() {
+                self.poll_send(cx, req);
+            }
+            if self.waiting.is_none() && self.copies.is_empty() {
+                // The copy after the last answer could not be sent.
+                if let Some((n, result, class)) = self.last.take() {
+                    return Poll::Ready(self.end(n, result, class));
+                }
+            }
+            let (n, result) = match self.poll_copies(cx) {
+                Poll::Pending => return Poll::Pending,
+                // Time for a backup.
+                Poll::Ready(None) => {
+                    self.next_copy();
+                    continue;
+                }
+                Poll::Ready(Some(ended)) => ended,
+            };
+            let c = {
+                let facts = self.template.facts();
+                match &result {
+                    Ok(resp) => self.shared.classifier.classify_response(&facts, resp),
+                    Err(e) => self.shared.classifier.classify_error(&facts, &**e),
+                }
+            };
+            if matches!(c.class(), Class::Success | Class::Rejected) {
+                // A final answer ends the call; the other copies are dropped.
+                if let Delay::Percentile { p, .. } = self.shared.delay {
+                    self.shared.latency.record(self.start.elapsed(), p);
+                }
+                return Poll::Ready(self.end(n, result, c.class()));
+            }
+            // An answer that may change: the next copy at once, unless the
+            // server asked for a wait (then the retry layer waits it).
+            if c.pushback().is_some() {
+                self.more = false;
+            }
+            if self.more && self.waiting.is_none() {
+                self.next_copy();
+            }
+            if self.waiting.is_some() {
+                self.last = Some((n, result, c.class()));
+            } else if self.copies.is_empty() {
+                return Poll::Ready(self.end(n, result, c.class()));
+            }
+        }
+    }
+
+    /// The copy in flight that ended, and its answer; `None` when a backup
+    /// is due.
+    #[allow(clippy::type_complexity)]
+    fn poll_copies(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<(u32, Result<Response<R>, BoxError>)>> {
+        for i in 0..self.copies.len() {
+            if let Poll::Ready(result) = self.copies[i].1.as_mut().poll(cx) {
+                let (n, _) = self.copies.swap_remove(i);
+                return Poll::Ready(Some((n, result.map_err(Into::into))));
+            }
+        }
+        if self.more && self.waiting.is_none() && self.due.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+
+    /// Makes the next copy, if the copies, the budget and the body allow
+    /// one; it goes out once the service is ready.
+    fn next_copy(&mut self) {
+        let allowed = self.sent < self.shared.max_copies
+            && self
+                .shared
+                .budget
+                .as_ref()
+                .is_none_or(|b| b.withdraw().is_some());
+        self.waiting = allowed.then(|| self.template.copy()).flatten();
+        if self.waiting.is_none() {
+            self.more = false;
+        }
+    }
+
+    /// Sends `req` if the service is ready; keeps it waiting if not yet,
+    /// and sends no more copies if the service failed.
+    fn poll_send(&mut self, cx: &mut Context<'_>, req: Request<B>) {
+        match self.svc.poll_ready(cx) {
+            Poll::Ready(Ok(())) => {
+                self.sent += 1;
+                self.copies.push((self.sent, Box::pin(self.svc.call(req))));
+                self.more = self.sent < self.shared.max_copies;
+                self.last = None;
+            }
+            Poll::Ready(Err(_)) => self.more = false,
+            Poll::Pending => self.waiting = Some(req),
+        }
+        self.due
+            .as_mut()
+            .reset(Instant::now() + self.shared.after());
+    }
+
+    /// The call's answer: copy `n`'s, with what hedging did.
+    fn end(
+        &self,
+        n: u32,
+        result: Result<Response<R>, BoxError>,
+        class: Class,
+    ) -> Result<Response<R>, BoxError> {
+        let sent = self.sent;
+        self.shared.metrics.hedged(sent, n);
+        if sent > 1 {
+            // On the attempt's span (entered while the copies are polled):
+            // how many copies went, and which one answered.
+            let span = tracing::Span::current();
+            span.record("resend.hedge.sent", i64::from(sent));
+            span.record("resend.hedge.won", i64::from(n));
+            tracing::debug!(sent, won = n, class = class.as_str(), "hedged call ended");
+        }
+        result.map(|mut resp| {
+            resp.extensions_mut().insert(Hedged { sent, won: n });
+            resp
+        })
+    }
+}

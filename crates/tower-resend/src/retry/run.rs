@@ -1,0 +1,168 @@
+//! The steps of the attempts after the first, for the response future to
+//! drive: make the service ready (within the deadline) and send, or wait
+//! for a budget token. Only calls that retry get here.
+
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Request, Response};
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use super::call::Call;
+use super::layer::GRPC_PREVIOUS_RPC_ATTEMPTS;
+use super::{RetryBudget, Token};
+use crate::error::{BoxError, Error, Phase};
+use crate::telemetry::{self, WaitReason};
+use crate::vocab::Stop;
+
+/// A wait for a budget token: the token, or none if none came in time.
+/// Boxed, and of one type whatever the service: it holds only the budget.
+pub(super) type TokenWait = Pin<Box<dyn Future<Output = Option<Token>> + Send>>;
+
+/// How a call ended: its answer, or its error.
+pub(super) type Ended<R> = Result<Response<R>, BoxError>;
+
+impl<S, B, C> Call<S, B, C> {
+    /// Makes the service ready and sends the next attempt; the call's end
+    /// if it cannot be sent: the service failed, or `deadline` (armed here
+    /// the first time the service is not ready) passed first.
+    pub(super) fn poll_send<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        deadline: &mut Option<Pin<Box<Sleep>>>,
+    ) -> Poll<Result<S::Future, Ended<R>>>
+    where
+        S: Service<Request<B>, Response = Response<R>> + Clone,
+        S::Error: Into<BoxError>,
+    {
+        // Later attempts go through a clone of the layer's template, made
+        // (and made ready) only now.
+        let shared = &self.shared;
+        let service = self
+            .service
+            .get_or_insert_with(|| Box::new(shared.service()));
+        let (mut result, stop) = match service.poll_ready(cx) {
+            Poll::Ready(Ok(())) => return Poll::Ready(self.send()),
+            // Nothing was sent: the service failed before the call.
+            Poll::Ready(Err(e)) => (Err(Error::from_box(e.into()).into()), Stop::Final),
+            Poll::Pending => {
+                let Some(at) = self.deadline else {
+                    return Poll::Pending;
+                };
+                let sleep = deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.instant())));
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                // The deadline passed while the service was not ready.
+                let e = Error::deadline_exceeded(Phase::Waiting, self.start.elapsed());
+                (Err(e.into()), Stop::Deadline)
+            }
+        };
+        self.finish(self.start.elapsed(), &mut result, stop);
+        Poll::Ready(Err(result))
+    }
+
+    /// Sends the next attempt through the service, now ready.
+    fn send<R>(&mut self) -> Result<S::Future, Ended<R>>
+    where
+        S: Service<Request<B>>,
+    {
+        let (Some(body), Some(service)) = (self.next_body.take(), self.service.as_mut()) else {
+            return Err(Err("retry without a body or a service".into()));
+        };
+        let mut req = self.head.request(body);
+        let previous = self.history.len();
+        announce(&mut req, previous, self.shared.attempt_header.as_ref());
+        self.shared.metrics.waited(self.wait_reason, self.waited);
+        self.attempt = telemetry::attempt_span(&self.span, &self.head.facts(), previous);
+        self.attempt_start = Instant::now();
+        let _span = self.attempt.enter();
+        Ok(service.call(req))
+    }
+
+    /// The wait for a budget token for the next attempt, which goes out
+    /// once its backoff `wait` is over; none when there is no time to wait
+    /// for one (within the longest budget wait and the deadline).
+    pub(super) fn token_wait(&mut self, wait: Duration) -> Option<(TokenWait, Instant)> {
+        let now = Instant::now();
+        let policy = self.shared.policy;
+        let mut stop_at = now + policy.max_budget_wait;
+        if let Some(d) = self.deadline {
+            let latest = d.instant().checked_sub(policy.min_attempt);
+            stop_at = stop_at.min(latest.unwrap_or(now));
+        }
+        let not_before = now + wait;
+        let budget = self.budget().filter(|_| stop_at > not_before)?.clone();
+        // (A wait for a token: the retry budget is empty.)
+        self.wait_reason = WaitReason::Budget;
+        let made = self.history.len();
+        let span_wait = Some(stop_at.saturating_duration_since(now));
+        telemetry::wait_event(&self.span, WaitReason::Budget, wait, span_wait, made);
+        Some((Box::pin(withdraw(budget, stop_at)), not_before))
+    }
+
+    /// The call ends out of budget with `last`, its last attempt's answer.
+    pub(super) fn out_of_budget<R>(&mut self, last: &mut Result<Response<R>, BoxError>) {
+        let elapsed = Instant::now().saturating_duration_since(self.start);
+        self.finish(elapsed, last, Stop::Budget);
+    }
+
+    /// A token came: the retry holds it, and goes out at `not_before` (at
+    /// once, usually). The tokens of an empty budget come one at a time,
+    /// evenly spaced, so the calls they release come back paced, not in
+    /// step.
+    pub(super) fn took_token(&mut self, token: Token, not_before: Instant) -> Instant {
+        self.token = Some(token);
+        let at = not_before.max(Instant::now());
+        self.waited = at.saturating_duration_since(self.decided_at);
+        at
+    }
+}
+
+/// A token from `budget`, waiting for one given back (or for the floor's
+/// next refill) until `stop_at`.
+async fn withdraw(budget: RetryBudget, stop_at: Instant) -> Option<Token> {
+    loop {
+        if let Some(token) = budget.withdraw() {
+            return Some(token);
+        }
+        let now = Instant::now();
+        if now >= stop_at {
+            return None;
+        }
+        // Woken by a token given back, or at the floor's next refill.
+        let recheck = budget
+            .next_refill()
+            .map_or(stop_at, |d| (now + d).min(stop_at));
+        let mut returned = pin!(budget.returned());
+        let mut recheck = pin!(tokio::time::sleep_until(recheck));
+        poll_fn(|cx| {
+            if returned.as_mut().poll(cx).is_ready() || recheck.as_mut().poll(cx).is_ready() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+}
+
+/// Tells the upstream how many attempts came before this one: on gRPC
+/// requests as `grpc-previous-rpc-attempts`, on others under the configured
+/// header, if any.
+fn announce<B>(req: &mut Request<B>, previous: u32, http: Option<&HeaderName>) {
+    let name = if crate::classify::is_grpc(req.headers()) {
+        &GRPC_PREVIOUS_RPC_ATTEMPTS
+    } else {
+        match http {
+            Some(name) => name,
+            None => return,
+        }
+    };
+    req.headers_mut()
+        .insert(name.clone(), HeaderValue::from(previous));
+}

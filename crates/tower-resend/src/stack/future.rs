@@ -1,0 +1,43 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use pin_project_lite::pin_project;
+
+use crate::error::{BoxError, Error};
+
+pin_project! {
+    /// Response future of [`Stack`].
+    #[derive(Debug)]
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        // The Idempotency-Key the stack chose, if it did. Boxed: most calls
+        // have none, and every call's future is moved by value.
+        key: Option<Box<http::HeaderValue>>,
+    }
+}
+
+impl<F, T> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<T, BoxError>>,
+{
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        this.inner.poll(cx).map_err(|e| {
+            let e = Error::from_box(e);
+            match this.key.take() {
+                Some(key) => e.with_generated_key(*key),
+                None => e,
+            }
+        })
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) fn new(inner: F, key: Option<Box<http::HeaderValue>>) -> Self {
+        Self { inner, key }
+    }
+}

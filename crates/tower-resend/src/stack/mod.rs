@@ -1,0 +1,24 @@
+//! The composed stack: every layer in the right order, one error type.
+//!
+//! [`stack()`](crate::stack()) starts a [`StackBuilder`]; the builder is a
+//! [`Layer`](tower_layer::Layer) that makes a [`Stack`], whose future is
+//! [`ResponseFuture`]: `.service(transport)` or
+//! `ServiceBuilder::new().layer(stack()…).service(transport)` give the same
+//! service.
+
+use std::time::Duration;
+
+mod builder;
+mod future;
+mod service;
+#[cfg(test)]
+mod tests;
+
+pub use builder::StackBuilder;
+pub use future::ResponseFuture;
+pub use service::Stack;
+
+/// Default deadline budget of a call: 10 s.
+pub const DEFAULT_TOTAL: Duration = Duration::from_secs(10);
+/// Default limit of one attempt: 5 s.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,0 +1,104 @@
+use std::task::{Context, Poll};
+
+use http::Request;
+use tower_service::Service;
+
+use super::ResponseFuture;
+use crate::body::Replay;
+use crate::breaker::{BreakerSlot, NoBreaker, Slot};
+use crate::classify::HttpClassifier;
+use crate::deadline::{DeadlineHeader, DeadlineService};
+use crate::error::{BoxError, Error};
+use crate::hedge::Hedge;
+use crate::idempotency::SetIdempotencyKey;
+use crate::read_ahead::ReadAhead;
+use crate::retry::Retry;
+use crate::timeout::AttemptTimeout;
+
+pub(super) type Inner<S, C, B> = DeadlineService<
+    SetIdempotencyKey<
+        Retry<<B as Slot>::Service<Hedge<DeadlineHeader<AttemptTimeout<ReadAhead<S>>>, C>>, C>,
+    >,
+>;
+
+/// The composed stack, outside in: [`DeadlineLayer`],
+/// [`IdempotencyKeyLayer`], [`RetryLayer`], the [`CircuitBreakerLayer`] if
+/// one was added (`B`; none by default, and then no layer at all),
+/// [`DeadlineHeaderLayer`], [`AttemptTimeoutLayer`], the
+/// [`ReadAheadLayer`], then the transport. Its error is always a
+/// [`tower_resend::Error`](Error).
+pub struct Stack<S, C = HttpClassifier, B = NoBreaker>
+where
+    B: BreakerSlot,
+{
+    inner: Inner<S, C, B>,
+    /// The retry layer's replay cap: how much of a stream body is kept.
+    replay_cap: usize,
+}
+
+impl<S, C, B> Clone for Stack<S, C, B>
+where
+    B: BreakerSlot,
+    Inner<S, C, B>: Clone,
+{
+    #[inline]
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            replay_cap: self.replay_cap,
+        }
+    }
+}
+
+impl<S, C, B> std::fmt::Debug for Stack<S, C, B>
+where
+    B: BreakerSlot,
+    Inner<S, C, B>: std::fmt::Debug,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack").field("inner", &self.inner).finish()
+    }
+}
+
+impl<S, C, B, ReqB> Service<Request<ReqB>> for Stack<S, C, B>
+where
+    B: BreakerSlot,
+    ReqB: Replay,
+    Inner<S, C, B>: Service<Request<ReqB::Sent>, Error = BoxError>,
+{
+    // (`Response<DeadlineBody<_>>`, named through the inner service: a type
+    // parameter here that only the inner service's response fixes would
+    // make every layer above a stack prove the whole stack again.)
+    type Response = <Inner<S, C, B> as Service<Request<ReqB::Sent>>>::Response;
+    type Error = Error;
+    type Future = ResponseFuture<<Inner<S, C, B> as Service<Request<ReqB::Sent>>>::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner.poll_ready(cx).map_err(Error::from_box)
+    }
+
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        // The key, chosen here rather than by the key layer inside (which
+        // then finds it and does nothing), so that an error of the call —
+        // the deadline's too, which fires outside the key layer — can say
+        // which key a retry must carry.
+        let key = self.inner.get_ref().write_key(&mut req).map(Box::new);
+        // The body as the layers below send it: in memory as it is, a
+        // stream kept (up to the cap) for replays.
+        let cap = self.replay_cap;
+        let req = req.map(|body| {
+            if body.size_hint().lower() > cap as u64 {
+                body.send_once()
+            } else {
+                body.keep(cap)
+            }
+        });
+        ResponseFuture::new(self.inner.call(req), key)
+    }
+}
+
+impl<S, C, B: BreakerSlot> Stack<S, C, B> {
+    pub(super) fn new(inner: Inner<S, C, B>, replay_cap: usize) -> Self {
+        Self { inner, replay_cap }
+    }
+}
