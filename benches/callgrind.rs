@@ -8,7 +8,7 @@
 //! Variants, each run N times on a current-thread runtime:
 //! - in process, over a service that answers at once: `bare`, `tower`
 //!   (tower's Timeout), `tower_ext` (the same after writing the `Deadline`
-//!   extension that tower-resend's DeadlineLayer writes), `deadline`, `attempt`, `both` (deadline + attempt),
+//!   extension that tower-resend's CallDeadlineLayer writes), `deadline`, `attempt`, `both` (deadline + attempt),
 //!   `tower_retry` (tower's retry with a clone-and-retry policy between two
 //!   timeouts), `tower_retry_ext` (the same after writing a `Deadline` on
 //!   the request and a small history on the response), `stack` (the full `tower_resend::stack()`);
@@ -30,7 +30,7 @@ use std::time::Duration;
 use http::Request;
 use http_body_util::BodyExt;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
-use tower_resend::{AttemptTimeoutLayer, DeadlineLayer};
+use tower_resend::{deadline::CallDeadlineLayer, timeout::AttemptTimeoutLayer};
 use tower_resend_benches::{carried, variants, Body, CloneAndRetry, Instant200};
 
 async fn run<S>(svc: S, n: usize)
@@ -121,7 +121,7 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let d = || DeadlineLayer::new(Duration::from_secs(10));
+        let d = || CallDeadlineLayer::new(Duration::from_secs(10));
         let a = || AttemptTimeoutLayer::new(Duration::from_secs(5));
         match variant.as_str() {
             "bare" => run(Instant200, n).await,
@@ -151,21 +151,21 @@ fn main() {
                 size("read_ahead", &ra);
                 let at = a().layer(ra.clone());
                 size("+attempt", &at);
-                let hd = tower_resend::DeadlineHeaderLayer::new().layer(at.clone());
+                let hd = tower_resend::deadline::DeadlineHeaderLayer::new().layer(at.clone());
                 size("+header", &hd);
                 let hg = HedgeLayer::new(Duration::ZERO)
                     .max_copies(1)
                     .layer(hd.clone());
                 size("+hedge", &hg);
-                let rt = tower_resend::RetryLayer::new().layer(hg.clone());
+                let rt = tower_resend::retry::RetryLayer::new().layer(hg.clone());
                 size("+retry", &rt);
                 let dl = d().layer(rt.clone());
                 size("+deadline", &dl);
             }
-            "retry" => run(tower_resend::RetryLayer::new().layer(Instant200), n).await,
+            "retry" => run(tower_resend::retry::RetryLayer::new().layer(Instant200), n).await,
             "retry_ra" => {
                 let ra = tower_resend::read_ahead::ReadAheadLayer::new(64 * 1024).layer(Instant200);
-                run(tower_resend::RetryLayer::new().layer(ra), n).await
+                run(tower_resend::retry::RetryLayer::new().layer(ra), n).await
             }
             "ablate" => {
                 use tower_resend::hedge::HedgeLayer;
@@ -179,16 +179,16 @@ fn main() {
                     run(svc.clone(), n).await;
                     t.elapsed().as_nanos() as f64 / n as f64
                 }
-                let retry = tower_resend::RetryLayer::new().layer(Instant200);
+                let retry = tower_resend::retry::RetryLayer::new().layer(Instant200);
                 let ra = ReadAheadLayer::new(64 * 1024).layer(Instant200);
-                let retry_ra = tower_resend::RetryLayer::new().layer(ra.clone());
+                let retry_ra = tower_resend::retry::RetryLayer::new().layer(ra.clone());
                 let at = a().layer(ra.clone());
-                let retry_at = tower_resend::RetryLayer::new().layer(at.clone());
-                let hd = tower_resend::DeadlineHeaderLayer::new().layer(at.clone());
+                let retry_at = tower_resend::retry::RetryLayer::new().layer(at.clone());
+                let hd = tower_resend::deadline::DeadlineHeaderLayer::new().layer(at.clone());
                 let hg = HedgeLayer::new(Duration::ZERO)
                     .max_copies(1)
                     .layer(hd.clone());
-                let rt = tower_resend::RetryLayer::new().layer(hg.clone());
+                let rt = tower_resend::retry::RetryLayer::new().layer(hg.clone());
                 let dl = d().layer(rt.clone());
                 let stack = variants::stack();
                 let tower = variants::tower_retry_ext();

@@ -84,7 +84,7 @@ pub mod carried {
         pub first: Option<u16>,
     }
 
-    /// Writes a 10 s `Deadline` on the request, as tower-resend's DeadlineLayer does.
+    /// Writes a 10 s `Deadline` on the request, as tower-resend's CallDeadlineLayer does.
     pub fn deadline<B>(mut req: Request<B>) -> Request<B> {
         req.extensions_mut()
             .insert(tower_resend::Deadline::after(Duration::from_secs(10)));
@@ -110,7 +110,7 @@ pub mod variants {
 
     use http::{Request, Response};
     use tower::{BoxError, Service, ServiceBuilder};
-    use tower_resend::{AttemptTimeoutLayer, DeadlineLayer};
+    use tower_resend::{deadline::CallDeadlineLayer, timeout::AttemptTimeoutLayer};
 
     use super::{carried, Body, CloneAndRetry, Instant200};
 
@@ -141,7 +141,7 @@ pub mod variants {
     }
 
     /// tower's `Timeout` after writing the `Deadline` extension that
-    /// tower-resend's DeadlineLayer writes (comparison only).
+    /// tower-resend's CallDeadlineLayer writes (comparison only).
     pub fn tower_timeout_ext() -> impl Variant {
         ServiceBuilder::new()
             .map_request(carried::deadline::<Body>)
@@ -149,10 +149,10 @@ pub mod variants {
             .service(Instant200)
     }
 
-    /// tower-resend's `DeadlineLayer` (10 s) and `AttemptTimeoutLayer` (5 s).
+    /// tower-resend's `CallDeadlineLayer` (10 s) and `AttemptTimeoutLayer` (5 s).
     pub fn resend_deadline_attempt() -> impl Variant {
         ServiceBuilder::new()
-            .layer(DeadlineLayer::new(Duration::from_secs(10)))
+            .layer(CallDeadlineLayer::new(Duration::from_secs(10)))
             .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
             .service(Instant200)
     }
@@ -269,7 +269,11 @@ pub mod keyed {
 
     impl Load {
         /// Starts the senders.
-        pub fn start(client: &tower_resend::HyperClient, url: &str, concurrency: usize) -> Self {
+        pub fn start(
+            client: &tower_resend::connect::HyperClient,
+            url: &str,
+            concurrency: usize,
+        ) -> Self {
             let count = Arc::new(AtomicU64::new(0));
             let stop = Arc::new(AtomicBool::new(false));
             let run = uuid::Uuid::new_v4().simple().to_string();

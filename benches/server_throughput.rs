@@ -41,7 +41,7 @@ const SLICE_WARMUP: Duration = Duration::from_millis(50);
 const MEASURE: Duration = Duration::from_millis(500);
 const ROUNDS: usize = 15;
 
-type Client = tower_resend::HyperClient;
+type Client = tower_resend::connect::HyperClient;
 
 async fn handler(body: Bytes) -> String {
     format!("ok {}", body.len())

@@ -53,7 +53,7 @@ const ROUNDS: usize = 9;
 const MEASURE: Duration = Duration::from_secs(1);
 const TABLE: &str = "resend_idempotency_bench_tx_ff";
 
-type Client = tower_resend::HyperClient;
+type Client = tower_resend::connect::HyperClient;
 
 /// The handler's work: one INSERT, in `conn`'s transaction.
 async fn insert_order(conn: &mut sqlx::PgConnection, body: &[u8]) -> i64 {

@@ -19,7 +19,9 @@ use http::{HeaderName, Request};
 use http_body_util::{BodyExt, Empty, Full};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_resend::{AttemptTimeoutLayer, DeadlineHeaderLayer, DeadlineLayer, Error};
+use tower_resend::{
+    deadline::CallDeadlineLayer, deadline::DeadlineHeaderLayer, timeout::AttemptTimeoutLayer, Error,
+};
 use tower_resend_server::{ClientErrorResponse, InboundDeadlineLayer};
 
 const BUDGET_HEADER: HeaderName = HeaderName::from_static("x-timeout-ms");
@@ -43,7 +45,7 @@ async fn create_order(State(upstream): State<String>) -> Result<String, ClientEr
 
     // One stack per upstream; it inherits the caller's deadline.
     let client = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
         .layer(DeadlineHeaderLayer::new().http_header(BUDGET_HEADER))
         .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
         .service(tower_resend::hyper_client(Duration::from_secs(1)));

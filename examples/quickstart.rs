@@ -19,13 +19,13 @@ use http_body_util::Full;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_resend::{Attempts, Deadline, Error, IdempotencyKey};
+use tower_resend::{retry::Attempts, Deadline, Error, IdempotencyKey};
 use tower_resend_server::{IdempotencyLayer, MemoryStore};
 use tower_resend_testkit::{Reply, Script, TestServer};
 
 type Body = Full<Bytes>;
 
-fn client() -> tower_resend::HyperClient {
+fn client() -> tower_resend::connect::HyperClient {
     tower_resend::hyper_client(Duration::from_secs(2))
 }
 

@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_resend::reqwest::{client_builder, ReqwestService};
-use tower_resend::{Attempts, Deadline, Error};
+use tower_resend::{retry::Attempts, Deadline, Error};
 use tower_resend_testkit::{Reply, Script, TestServer};
 
 fn show_attempts(a: Option<&Attempts>) -> String {

@@ -21,7 +21,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_resend::{Attempts, IdempotencyKey, RetryAdvice};
+use tower_resend::{retry::Attempts, IdempotencyKey, RetryAdvice};
 use tower_resend_testkit::{Reply, Script, TestServer};
 
 type Body = Full<Bytes>;

@@ -35,7 +35,7 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
-use tower_resend::{Attempts, IdempotencyKey};
+use tower_resend::{retry::Attempts, IdempotencyKey};
 use tower_resend_server::{IdempotencyLayer, MemoryStore};
 use tower_resend_testkit::{Reply, Script, TestServer};
 use tracing_subscriber::layer::SubscriberExt;

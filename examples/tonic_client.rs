@@ -232,7 +232,7 @@ async fn main() -> Result<(), tower_resend::BoxError> {
         balance.get_ref().cents,
         ms(t.elapsed())
     );
-    if let Some(attempts) = balance.extensions().get::<tower_resend::Attempts>() {
+    if let Some(attempts) = balance.extensions().get::<tower_resend::retry::Attempts>() {
         println!("   attempts: {attempts}\n");
     }
 

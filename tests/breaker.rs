@@ -20,7 +20,9 @@ use tokio::time::Instant;
 use tower::{service_fn, Layer, Service, ServiceExt};
 use tower_resend::breaker::{CircuitBreaker, CircuitState};
 use tower_resend::classify::Class;
-use tower_resend::{AttemptTimeoutLayer, CircuitBreakerLayer, Error, ErrorKind, RetryAdvice};
+use tower_resend::{
+    breaker::CircuitBreakerLayer, timeout::AttemptTimeoutLayer, Error, ErrorKind, RetryAdvice,
+};
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tower::ServiceExt;
 use tower_resend::connect::rustls;
-use tower_resend::{Attempts, ErrorKind, IdempotencyKey};
+use tower_resend::{retry::Attempts, ErrorKind, IdempotencyKey};
 
 /// A TLS server on 127.0.0.1 for `localhost`, speaking HTTP/1.1 and HTTP/2.
 /// `GET /` answers `hello`; `POST /orders` fails the first time with a 503
@@ -110,7 +110,7 @@ async fn answer(
 }
 
 /// The README's way to trust a private CA: its roots in a rustls config.
-fn client_trusting(cert: &CertificateDer<'static>) -> tower_resend::HyperClient {
+fn client_trusting(cert: &CertificateDer<'static>) -> tower_resend::connect::HyperClient {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.clone()).unwrap();
     tower_resend::connect::hyper_client_with_tls(

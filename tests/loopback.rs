@@ -12,7 +12,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 use tower_resend::connect::ConnectTimeout;
-use tower_resend::{AttemptTimeoutLayer, DeadlineLayer, Error, ErrorKind, Phase};
+use tower_resend::{
+    deadline::CallDeadlineLayer, timeout::AttemptTimeoutLayer, Error, ErrorKind, Phase,
+};
 use tower_resend_testkit::{Reply, Script, TestServer};
 
 type Body = Empty<Bytes>;
@@ -74,7 +76,7 @@ async fn a_silent_upstream_is_cut_by_the_attempt_timeout_then_the_deadline() {
 
     // Attempt timeout first: 400 ms under a 1 s deadline.
     let svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(1)).upstream("silent"))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(1)).upstream("silent"))
         .layer(AttemptTimeoutLayer::new(Duration::from_millis(400)))
         .service(client.clone());
     let start = Instant::now();
@@ -90,7 +92,7 @@ async fn a_silent_upstream_is_cut_by_the_attempt_timeout_then_the_deadline() {
 
     // The deadline when it is the tighter limit.
     let svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_millis(300)))
+        .layer(CallDeadlineLayer::new(Duration::from_millis(300)))
         .layer(AttemptTimeoutLayer::new(Duration::from_millis(400)))
         .service(client);
     let start = Instant::now();
@@ -123,7 +125,7 @@ async fn a_reset_mid_body_is_a_transport_error_that_may_have_been_processed() {
         let mut b = Client::builder(TokioExecutor::new());
         b.http2_only(http2);
         let client = tower_resend::connect::hyper_client_with(&b, Duration::from_secs(2));
-        let svc = DeadlineLayer::new(Duration::from_secs(5))
+        let svc = CallDeadlineLayer::new(Duration::from_secs(5))
             .upstream("broken")
             .layer(client);
         let resp = svc

@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tower_resend::reqwest::{client_builder, resend_error, RequestBuilderExt, ResendMiddleware};
 use tower_resend::retry::{NoRetry, Stop};
-use tower_resend::{Attempts, ErrorKind, RetryAdvice};
+use tower_resend::{retry::Attempts, ErrorKind, RetryAdvice};
 use tower_resend_testkit::{Reply, Script, TestServer};
 
 use common::{idle, stack, within, Chunks, CONNECT_TIMEOUT};
@@ -48,7 +48,7 @@ fn reqwest_client() -> reqwest::Client {
 }
 
 /// A `ClientWithMiddleware` with resend added in one line.
-fn client(stack: tower_resend::StackBuilder) -> ClientWithMiddleware {
+fn client(stack: tower_resend::stack::StackBuilder) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest_client())
         .with(ResendMiddleware::new(stack))
         .build()
@@ -435,7 +435,9 @@ async fn one_circuit_breaker_for_every_call_of_the_client() {
             stack()
                 .attempt_timeout(100 * MS)
                 .max_attempts(1)
-                .circuit_breaker_with(tower_resend::CircuitBreakerLayer::new().min_throughput(5)),
+                .circuit_breaker_with(
+                    tower_resend::breaker::CircuitBreakerLayer::new().min_throughput(5),
+                ),
         ))
         .build();
 

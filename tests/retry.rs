@@ -249,7 +249,7 @@ async fn a_deadline_that_cuts_the_last_allowed_attempt_is_deadline_exceeded() {
 /// Runs `calls` concurrent logical GETs through clones of `client` against
 /// an always-503 upstream and returns upstream attempts per logical call.
 async fn attempts_per_call_in_an_outage(
-    client: tower_resend::Stack<common::Transport>,
+    client: tower_resend::stack::Stack<common::Transport>,
     calls: usize,
 ) -> f64 {
     let server = server(Script::new().otherwise(Reply::status(503))).await;
@@ -838,7 +838,7 @@ async fn a_post_under_a_generated_key_with_no_retry_left_says_retry_with_the_sam
 /// limit, for that request alone.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn call_options_set_attempts_and_the_attempt_limit_per_request() {
-    use tower_resend::CallOptions;
+    use tower_resend::retry::CallOptions;
     let failing = server(Script::new().otherwise(Reply::status(503))).await;
     let client = stack().no_budget().service(transport());
     for (attempts, expected) in [(Some(5), 5), (Some(1), 1), (None, 3)] {

@@ -22,7 +22,7 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_resend::retry::{RetryBudget, RetryLayer};
-use tower_resend::{CircuitBreakerLayer, ErrorKind};
+use tower_resend::{breaker::CircuitBreakerLayer, ErrorKind};
 use tower_resend_testkit::{Reply, Script, TestServer};
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -193,7 +193,7 @@ fn transport() -> tower_resend::connect::HyperClient {
 }
 
 /// The stack under test, named `upstream`, seeded.
-fn stack() -> tower_resend::StackBuilder {
+fn stack() -> tower_resend::stack::StackBuilder {
     tower_resend::stack()
         .name("upstream")
         .total(Duration::from_secs(10))

@@ -247,7 +247,7 @@ fn classifier() -> GrpcClassifier {
     GrpcClassifier::new().idempotent(GET_BALANCE)
 }
 
-type GrpcStack = tower_resend::Stack<TonicTransport<Channel>, GrpcClassifier>;
+type GrpcStack = tower_resend::stack::Stack<TonicTransport<Channel>, GrpcClassifier>;
 
 /// The suite's stack (`common::stack`: 10 s, 5 s per attempt, 3 attempts,
 /// seeded) with the gRPC classifier, around `channel`.
@@ -681,12 +681,14 @@ async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
 // statuses that say what happened.
 
 /// The stack of a generated-style client, its errors as statuses.
-type StatusStack<C> =
-    MapErr<tower_resend::Stack<TonicTransport<Channel>, C>, fn(tower_resend::Error) -> Status>;
+type StatusStack<C> = MapErr<
+    tower_resend::stack::Stack<TonicTransport<Channel>, C>,
+    fn(tower_resend::Error) -> Status,
+>;
 
 /// A generated-style client over `stack`, its errors as statuses.
 fn grpc_client<C>(
-    stack: tower_resend::Stack<TonicTransport<Channel>, C>,
+    stack: tower_resend::stack::Stack<TonicTransport<Channel>, C>,
 ) -> tonic::client::Grpc<StatusStack<C>>
 where
     C: Clone,

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame};
 use http_body_util::Full;
-use tower_resend::Attempts;
+use tower_resend::retry::Attempts;
 
 /// The connect timeout of every test client.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -33,7 +33,7 @@ pub(crate) fn transport() -> Transport {
 
 /// The stack under test with the DESIGN defaults spelled out, named and
 /// seeded so that every run draws the same jitter.
-pub(crate) fn stack() -> tower_resend::StackBuilder {
+pub(crate) fn stack() -> tower_resend::stack::StackBuilder {
     tower_resend::stack()
         .name("upstream")
         .total(Duration::from_secs(10))

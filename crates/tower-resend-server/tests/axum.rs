@@ -16,7 +16,8 @@ use serde_json::Value;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 
 use tower_resend::{
-    AttemptTimeoutLayer, CircuitBreakerLayer, DeadlineLayer, Error, ErrorKind, RetryLayer,
+    breaker::CircuitBreakerLayer, deadline::CallDeadlineLayer, retry::RetryLayer,
+    timeout::AttemptTimeoutLayer, Error, ErrorKind,
 };
 use tower_resend_server::{
     ClientErrorResponse, IdempotencyLayer, InboundDeadlineLayer, MemoryStore,
@@ -60,7 +61,7 @@ fn assert_problem(status: StatusCode, body: &Value) {
 
 async fn call_slow_upstream() -> Result<String, ClientErrorResponse> {
     let shipping = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
         .service(service_fn(|_: Request<()>| async {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok::<_, Error>(Response::new(()))
@@ -75,7 +76,7 @@ async fn call_slow_upstream() -> Result<String, ClientErrorResponse> {
 
 async fn call_failing_upstream() -> Result<String, ClientErrorResponse> {
     let payments = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("payments"))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(10)).upstream("payments"))
         .layer(RetryLayer::new().no_budget().seed(1))
         .service(service_fn(|_: Request<String>| async {
             let mut r = Response::new(String::new());
@@ -144,7 +145,7 @@ async fn client_errors_are_kept_unless_nothing_was_processed() {
     let unknown = {
         let sent = sent.clone();
         ServiceBuilder::new()
-            .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("payments"))
+            .layer(CallDeadlineLayer::new(Duration::from_secs(10)).upstream("payments"))
             .layer(RetryLayer::new().no_budget().seed(1))
             .service(service_fn(move |_: Request<String>| {
                 let sent = sent.clone();
@@ -375,7 +376,7 @@ async fn answered(e: Error) -> (StatusCode, http::HeaderMap, Value) {
 async fn client_errors_are_problems_one_shape_per_kind() {
     // DeadlineExceeded: 504 naming the upstream.
     let silent = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(1)).upstream("shipping"))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(1)).upstream("shipping"))
         .service(service_fn(|_: Request<()>| {
             std::future::pending::<Result<Response<()>, Error>>()
         }));
@@ -390,7 +391,7 @@ async fn client_errors_are_problems_one_shape_per_kind() {
 
     // AttemptTimeout: 504 upstream_timeout.
     let slow = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
         .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)))
         .service(service_fn(|_: Request<()>| {
             std::future::pending::<Result<Response<()>, Error>>()
@@ -599,7 +600,7 @@ async fn the_idempotency_layers_answers_are_problems() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_call_stopped_before_it_was_sent_says_nothing_was_sent() {
     let shipping = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(1)).upstream("shipping"))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(1)).upstream("shipping"))
         .service(service_fn(|_: Request<()>| async {
             Ok::<_, Error>(Response::new(()))
         }));

@@ -42,7 +42,10 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_resend::retry::{Attempts, Backoff};
-use tower_resend::{AttemptTimeoutLayer, DeadlineLayer, Error, IdempotencyKeyLayer, RetryLayer};
+use tower_resend::{
+    deadline::CallDeadlineLayer, idempotency::SetIdempotencyKeyLayer, retry::RetryLayer,
+    timeout::AttemptTimeoutLayer, Error,
+};
 use tower_resend_server::store::{Begin, Claim, LeaseState, StoredResponse, Ttl};
 use tower_resend_server::{IdempotencyLayer, IdempotencyStats, Store, StoreError};
 use tower_resend_testkit::{Fault, FaultProxy};
@@ -293,8 +296,8 @@ async fn send_through_faults(
     .unwrap();
     let addr = proxy.addr();
     let client = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(25)).upstream("payments"))
-        .layer(IdempotencyKeyLayer::new())
+        .layer(CallDeadlineLayer::new(Duration::from_secs(25)).upstream("payments"))
+        .layer(SetIdempotencyKeyLayer::new())
         .layer(
             RetryLayer::new()
                 .no_budget()

@@ -195,7 +195,7 @@ async fn start_b() -> (B, SocketAddr) {
 
 // ---------------------------------------------------------------- A ----
 
-type BClient = tower_resend::Stack<tower_resend::HyperClient>;
+type BClient = tower_resend::stack::Stack<tower_resend::connect::HyperClient>;
 
 #[derive(Clone)]
 struct A {
@@ -403,7 +403,7 @@ impl Drop for AProcess {
 
 // ----------------------------------------------------------- caller ----
 
-type Caller = tower_resend::HyperClient;
+type Caller = tower_resend::connect::HyperClient;
 
 fn caller() -> Caller {
     tower_resend::hyper_client(Duration::from_secs(1))

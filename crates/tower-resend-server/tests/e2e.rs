@@ -35,7 +35,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_resend::retry::Backoff;
-use tower_resend::{AttemptTimeoutLayer, DeadlineLayer, Error, IdempotencyKeyLayer, RetryLayer};
+use tower_resend::{
+    deadline::CallDeadlineLayer, idempotency::SetIdempotencyKeyLayer, retry::RetryLayer,
+    timeout::AttemptTimeoutLayer, Error,
+};
 use tower_resend_server::{IdempotencyLayer, Store};
 
 const CALLS: usize = 1000;
@@ -135,8 +138,8 @@ async fn run<St: Store>(store: St) {
     let effects = Effects::default();
     let addr = serve(store, effects.clone()).await;
     let client = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(30)).upstream("payments"))
-        .layer(IdempotencyKeyLayer::new())
+        .layer(CallDeadlineLayer::new(Duration::from_secs(30)).upstream("payments"))
+        .layer(SetIdempotencyKeyLayer::new())
         .layer(
             RetryLayer::new()
                 .no_budget()

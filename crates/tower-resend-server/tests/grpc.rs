@@ -378,7 +378,7 @@ async fn another_payload_under_the_same_key_is_invalid_argument() {
         .expect("an answer");
     let attempts = resp
         .extensions()
-        .get::<tower_resend::Attempts>()
+        .get::<tower_resend::retry::Attempts>()
         .expect("the history")
         .len();
     assert_eq!(attempts, 1, "not retried");

@@ -166,7 +166,7 @@ async fn outbound_keys_are_derived_from_the_inbound_key() {
     let sent: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
     let upstream = {
         let sent = sent.clone();
-        tower_resend::IdempotencyKeyLayer::new()
+        tower_resend::idempotency::SetIdempotencyKeyLayer::new()
             .upstream("payments")
             .layer(tower::service_fn(move |req: Request<()>| {
                 let sent = sent.clone();

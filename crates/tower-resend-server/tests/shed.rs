@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_resend::Attempts;
+use tower_resend::retry::Attempts;
 use tower_resend_server::{InboundDeadlineLayer, MaybeBuffered, ShedLayer};
 
 const WORK: Duration = Duration::from_millis(20);

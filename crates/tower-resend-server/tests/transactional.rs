@@ -631,7 +631,7 @@ async fn a_rolled_back_run_sends_the_same_outbound_keys_again() {
     let sent: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
     let upstream = {
         let sent = sent.clone();
-        tower_resend::IdempotencyKeyLayer::new()
+        tower_resend::idempotency::SetIdempotencyKeyLayer::new()
             .upstream("payments")
             .layer(tower::service_fn(move |req: Request<()>| {
                 let sent = sent.clone();

@@ -218,7 +218,7 @@ mod hyper_impl {
     /// use std::time::Duration;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let client: tower_resend::HyperClient = tower_resend::hyper_client(Duration::from_secs(2));
+    /// let client: tower_resend::connect::HyperClient = tower_resend::hyper_client(Duration::from_secs(2));
     /// // Any request body; nothing listens on port 9 here.
     /// let req = http::Request::get("http://127.0.0.1:9/").body(String::new()).unwrap();
     /// let err = client.request(req).await.unwrap_err();
@@ -239,7 +239,7 @@ mod hyper_impl {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let client = tower_resend::hyper_client(Duration::from_secs(2));
-    /// let stack: tower_resend::Stack<tower_resend::HyperClient> = tower_resend::stack().service(client);
+    /// let stack: tower_resend::stack::Stack<tower_resend::connect::HyperClient> = tower_resend::stack().service(client);
     /// # let _ = stack;
     /// # }
     /// ```

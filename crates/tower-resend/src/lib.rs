@@ -11,7 +11,7 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use http::{Request, Response, StatusCode};
-//! use tower_resend::{Attempts, ErrorKind};
+//! use tower_resend::{retry::Attempts, ErrorKind};
 //! use tower::{service_fn, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -57,32 +57,50 @@
 //!
 //! # The layers
 //!
-//! Outside in, as [`stack()`] composes them (each also stands alone, and
-//! [`ServiceBuilderExt`] adds them to tower's `ServiceBuilder`):
+//! Outside in, as [`stack()`] composes them. The stack is itself a tower
+//! [`Layer`](tower_layer::Layer): `ServiceBuilder::new().layer(stack()..)`
+//! composes with tower-http's layers. Each layer also stands alone, at its
+//! module's path, named as tower names them (`FooLayer` makes `Foo<S>`,
+//! whose future is `foo::ResponseFuture`):
 //!
-//! - [`DeadlineLayer`]: one deadline budget for the whole call, the earliest
-//!   of the ambient one ([`deadline::scope`]), the request's own
-//!   [`Deadline`], a `grpc-timeout` the caller set, and now + total. It
-//!   shrinks as it is spent and is handed down through request extensions.
-//! - [`IdempotencyKeyLayer`] (opt-in, [`StackBuilder::idempotency_keys`]):
-//!   gives an unsafe request one `Idempotency-Key` before any retry, so every
-//!   attempt carries the same key and the upstream can deduplicate.
-//! - [`RetryLayer`]: classifies each attempt by what the server may have
-//!   done ([`classify`]), resends only what is safe (idempotent methods, or a
-//!   request with a key), waits with full-jitter backoff and `Retry-After`,
-//!   and draws on a shared [`RetryBudget`](retry::RetryBudget). A POST
-//!   without a key that may have run comes back as
+//! - [`deadline::CallDeadlineLayer`]: one deadline budget for the whole
+//!   call, the earliest of the ambient one ([`deadline::scope`]), the
+//!   request's own [`Deadline`], a `grpc-timeout` the caller set, and now +
+//!   total. It shrinks as it is spent and is handed down through request
+//!   extensions.
+//! - [`idempotency::SetIdempotencyKeyLayer`]: sends the caller's
+//!   [`IdempotencyKey`] on every attempt; with
+//!   [`StackBuilder::idempotency_keys`](stack::StackBuilder::idempotency_keys)
+//!   it also gives an unsafe request without one a key before any retry, so
+//!   every attempt carries the same key and the upstream can deduplicate.
+//! - [`retry::RetryLayer`]: classifies each attempt by what the server may
+//!   have done ([`classify`]), resends only what is safe (idempotent
+//!   methods, or a request with a key), waits with full-jitter backoff and
+//!   `Retry-After`, and draws on a shared [`RetryBudget`](retry::RetryBudget).
+//!   A POST without a key that may have run comes back as
 //!   [`ErrorKind::OutcomeUnknown`]: verify first. Only one layer retries,
 //!   however many are nested.
-//! - [`CircuitBreakerLayer`] (opt-in): while an upstream looks unwell
-//!   (too many of its attempts fail or time out), calls fail at once with
-//!   [`ErrorKind::CircuitOpen`], not sent, until probes find it well again.
-//! - [`DeadlineHeaderLayer`]: the time left goes on the wire, as
+//! - [`breaker::CircuitBreakerLayer`] (opt-in): while an upstream looks
+//!   unwell (too many of its attempts fail or time out), calls fail at once
+//!   with [`ErrorKind::CircuitOpen`], not sent, until probes find it well
+//!   again.
+//! - [`hedge::HedgeLayer`] (opt-in, [`StackBuilder::hedge`](stack::StackBuilder::hedge)):
+//!   a backup copy of a slow replay-safe attempt; the first good answer wins.
+//! - [`deadline::DeadlineHeaderLayer`]: the time left goes on the wire, as
 //!   `grpc-timeout` or an HTTP header in milliseconds.
-//! - [`AttemptTimeoutLayer`]: each attempt waits `min(per attempt, time left)`.
-//! - [`ConnectTimeoutLayer`](connect::ConnectTimeoutLayer): a connect timeout
-//!   apart from the attempt timeout; [`hyper_client`] builds a hyper-util
-//!   client with it (and `https://` with the `https` feature).
+//! - [`timeout::AttemptTimeoutLayer`]: each attempt waits `min(per attempt,
+//!   time left)`.
+//! - [`read_ahead::ReadAheadLayer`]: reads a small response body before
+//!   the response is returned, so a connection that breaks inside it is a
+//!   failed attempt (retried if safe), not an error in the caller's hands;
+//!   and limits how long a body may send nothing.
+//! - [`connect::ConnectTimeoutLayer`]: a connect timeout apart from the
+//!   attempt timeout; [`hyper_client`] builds a hyper-util client with it
+//!   (and `https://` with the `https` feature).
+//!
+//! Request bodies are sent as they are when they are in memory (`Full`,
+//! `String`, `Empty`), and kept up to a cap for replays when they stream
+//! (see [`body::Replay`]).
 //!
 //! Every failure is a [`tower_resend::Error`](Error) that says what fired
 //! ([`ErrorKind`]), where ([`Error::upstream`], [`Error::phase`]), after how
@@ -94,7 +112,7 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response};
-//! use tower_resend::{AttemptTimeoutLayer, DeadlineHeaderLayer, DeadlineLayer, Error, ErrorKind};
+//! use tower_resend::{timeout::AttemptTimeoutLayer, deadline::DeadlineHeaderLayer, deadline::CallDeadlineLayer, Error, ErrorKind};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
@@ -105,7 +123,7 @@
 //! });
 //!
 //! let client = ServiceBuilder::new()
-//!     .layer(DeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
+//!     .layer(CallDeadlineLayer::new(Duration::from_secs(10)).upstream("shipping"))
 //!     .layer(DeadlineHeaderLayer::new())
 //!     .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)))
 //!     .service(slow);
@@ -165,16 +183,12 @@ pub mod timeout;
 pub mod tonic;
 mod vocab;
 
-pub use breaker::CircuitBreakerLayer;
 #[cfg(feature = "hyper-client")]
-pub use connect::{hyper_client, HyperClient};
-pub use deadline::{Deadline, DeadlineHeaderLayer, DeadlineLayer};
+pub use connect::hyper_client;
+pub use deadline::value::Deadline;
 pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
-pub use idempotency::{IdempotencyKey, IdempotencyKeyLayer};
+pub use idempotency::key::IdempotencyKey;
 pub use name::Name;
-pub use retry::{Attempts, CallOptions, RetryLayer};
-pub use stack::{Stack, StackBuilder, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
-pub use timeout::AttemptTimeoutLayer;
 
 /// Starts a [`StackBuilder`](stack::StackBuilder): the whole of tower-resend, composed in the right
 /// order, with the defaults (10 s per call, 5 s per attempt, 3 attempts in
@@ -201,7 +215,7 @@ pub use timeout::AttemptTimeoutLayer;
 /// let mut req = Request::post("http://127.0.0.1:9/shipments").body(Full::new(Bytes::from("{}"))).unwrap();
 /// req.extensions_mut().insert(IdempotencyKey::new("shipment-request:42").unwrap());
 /// match shipping.clone().oneshot(req).await {
-///     Ok(resp) => { /* resp.extensions().get::<tower_resend::Attempts>() says what happened */ }
+///     Ok(resp) => { /* resp.extensions().get::<tower_resend::retry::Attempts>() says what happened */ }
 ///     Err(e) if e.is_outcome_unknown() => { /* may have happened: look it up first */ }
 ///     Err(e) => assert!(e.is_not_sent()), // nothing listens on port 9
 /// }

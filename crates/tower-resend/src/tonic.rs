@@ -23,16 +23,16 @@
 //!
 //! A timeout the caller set with tonic (`tonic::Request::set_timeout`, which
 //! tonic sends as `grpc-timeout`) is the call's deadline when it is sooner
-//! than the stack's budget ([`DeadlineLayer`](crate::DeadlineLayer)): the
+//! than the stack's budget ([`CallDeadlineLayer`](crate::deadline::CallDeadlineLayer)): the
 //! call ends by then, and every attempt carries `grpc-timeout` with what is
 //! left of it, less a small margin
-//! ([`DeadlineHeaderLayer`](crate::DeadlineHeaderLayer)), never the
+//! ([`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer)), never the
 //! caller's first value again.
 //!
 //! # Transport
 //!
 //! [`TonicTransport`] wraps a `tonic::transport::Channel` (or any service of
-//! `http::Request<tonic::body::Body>`) so that [`tower_resend::stack()`](crate::stack)
+//! `http::Request<tonic::body::Body>`) so that [`tower_resend::stack()`](crate::stack())
 //! can wrap it: it takes tower-resend's replayable body, and it reports a failure to
 //! connect (tonic's [`ConnectError`](::tonic::ConnectError)) as
 //! [not sent](crate::Error::is_not_sent). The stack is itself a service that
@@ -80,7 +80,7 @@
 //!     .unwrap();
 //! let resp = ledger.oneshot(req).await.unwrap();
 //! assert_eq!(tower_resend::tonic::grpc_status(resp.headers()), Some(tonic::Code::Ok));
-//! let attempts = resp.extensions().get::<tower_resend::Attempts>().unwrap();
+//! let attempts = resp.extensions().get::<tower_resend::retry::Attempts>().unwrap();
 //! assert!(attempts.to_string().starts_with("#1 grpc UNAVAILABLE (overloaded)"));
 //! assert_eq!(attempts.len(), 2);
 //! # }

@@ -52,7 +52,7 @@ impl InboundDeadlineLayer {
 
     /// Also reads the budget, in milliseconds, from `name` on requests
     /// without `grpc-timeout` (as tower-resend's
-    /// [`DeadlineHeaderLayer::http_header`](tower_resend::DeadlineHeaderLayer::http_header)
+    /// [`DeadlineHeaderLayer::http_header`](tower_resend::deadline::DeadlineHeaderLayer::http_header)
     /// writes it). Default: none.
     #[must_use]
     pub fn http_header(mut self, name: HeaderName) -> Self {

@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_resend::deadline::{current_ledger, internal, Source};
-use tower_resend::{Deadline, DeadlineLayer, Error};
+use tower_resend::{deadline::CallDeadlineLayer, Deadline, Error};
 
 use super::InboundDeadlineLayer;
 use crate::MaybeBuffered;
@@ -263,7 +263,7 @@ async fn time_out_in_an_outbound_call_names_the_upstream() {
 async fn outbound_resend_stacks_inherit_the_deadline_and_record_their_time() {
     // A tower-resend stack inside the handler: its deadline is the caller's 1 s,
     // not its own 10 s, and its time is in the ledger.
-    let upstream = DeadlineLayer::new(Duration::from_secs(10))
+    let upstream = CallDeadlineLayer::new(Duration::from_secs(10))
         .upstream("shipping")
         .layer(service_fn(|_: Request<()>| async {
             tokio::time::sleep(Duration::from_secs(60)).await;

@@ -45,7 +45,7 @@
 //!   background, with the lease kept, until it lands
 //!   ([`IdempotencyStats`] counts what could not be);
 //! - outbound calls made by the handler through a tower-resend stack with
-//!   [`idempotency_keys`](tower_resend::StackBuilder::idempotency_keys) derive
+//!   [`idempotency_keys`](tower_resend::stack::StackBuilder::idempotency_keys) derive
 //!   their keys from the inbound one ([`tower_resend::idempotency::derive_keys`]),
 //!   so a re-run after a crash sends the same keys downstream;
 //! - records expire (24 h by default); every store call is bounded by a

@@ -24,7 +24,7 @@
 //! - `error`: the code, stable: match on it (`deadline_exceeded`,
 //!   `outcome_unknown`, `idempotency_key_reused`, …);
 //! - `upstream`: the name of the upstream concerned (a tower-resend stack's
-//!   [`name`](tower_resend::StackBuilder::name));
+//!   [`name`](tower_resend::stack::StackBuilder::name));
 //! - `attempts`: how many attempts of the upstream call were made;
 //! - on `deadline_exceeded`: `error_source` (`upstream`, `internal` or
 //!   `deadline`: where the time ran out), `upstream` or `internal` (the

@@ -47,7 +47,7 @@ const MIN_BREAK: Duration = Duration::from_millis(1);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_resend::CircuitBreakerLayer;
+/// use tower_resend::breaker::CircuitBreakerLayer;
 ///
 /// let layer = CircuitBreakerLayer::new()
 ///     .failure_ratio(0.25)
@@ -183,7 +183,7 @@ impl<K> CircuitBreakerLayer<K> {
     ///
     /// ```
     /// use tower_resend::classify::Class;
-    /// use tower_resend::CircuitBreakerLayer;
+    /// use tower_resend::breaker::CircuitBreakerLayer;
     ///
     /// // Throttling (429, 503) is the upstream's business: only 5xx,
     /// // timeouts and resets count.
@@ -211,7 +211,7 @@ impl<K> CircuitBreakerLayer<K> {
     /// counted (each change is still a tracing event).
     ///
     /// ```
-    /// use tower_resend::CircuitBreakerLayer;
+    /// use tower_resend::breaker::CircuitBreakerLayer;
     ///
     /// let meter = opentelemetry::global::meter("tower-resend");
     /// let layer = CircuitBreakerLayer::new().upstream("shipping").meter(&meter);

@@ -33,7 +33,7 @@
 //!
 //! Place it inside the retry layer, so that it sees every attempt, and
 //! outside the attempt timeout, so that it sees the attempts that time out
-//! ([`stack`](crate::stack())'s [`circuit_breaker`](crate::StackBuilder::circuit_breaker)
+//! ([`stack`](crate::stack())'s [`circuit_breaker`](crate::stack::StackBuilder::circuit_breaker)
 //! does both). It needs a timeout inside it: a probe that never ends holds
 //! its place. It counts an attempt by its response head; a body that fails
 //! later is not seen.
@@ -44,7 +44,7 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response, StatusCode};
-//! use tower_resend::{AttemptTimeoutLayer, CircuitBreakerLayer, Error, ErrorKind, RetryAdvice};
+//! use tower_resend::{timeout::AttemptTimeoutLayer, breaker::CircuitBreakerLayer, Error, ErrorKind, RetryAdvice};
 //! use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
@@ -76,7 +76,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_resend::classify::Class;
-//! use tower_resend::CircuitBreakerLayer;
+//! use tower_resend::breaker::CircuitBreakerLayer;
 //!
 //! let breaker = CircuitBreakerLayer::new()
 //!     .failure_ratio(0.5)

@@ -5,9 +5,9 @@ use super::{CircuitBreaker, CircuitBreakerLayer};
 use crate::name::Name;
 use crate::retry::{Retry, RetryLayer};
 
-/// What the circuit breaker's place in a [`Stack`](crate::Stack) holds:
+/// What the circuit breaker's place in a [`Stack`](crate::stack::Stack) holds:
 /// [`NoBreaker`] (the default) or a [`CircuitBreakerLayer`], put there by
-/// [`StackBuilder::circuit_breaker`](crate::StackBuilder::circuit_breaker).
+/// [`StackBuilder::circuit_breaker`](crate::stack::StackBuilder::circuit_breaker).
 ///
 /// Sealed: nothing else can be put there.
 pub trait BreakerSlot: sealed::Slot {}

@@ -13,7 +13,7 @@ use crate::error::{BoxError, Error, Phase};
 pin_project! {
     /// A response body that is read under the call's deadline.
     ///
-    /// Returned by [`DeadlineService`](super::DeadlineService). Reading it
+    /// Returned by [`CallDeadline`](super::CallDeadline). Reading it
     /// after the deadline has passed fails with
     /// [`ErrorKind::DeadlineExceeded`](crate::ErrorKind) (phase
     /// [`Body`](crate::Phase::Body)); an error of the inner body (a connection

@@ -91,7 +91,7 @@ mod tests {
 
     use super::*;
     use crate::deadline::{
-        current_ledger, internal, scope, scope_with_ledger, sync_scope, Deadline, Source,
+        current_ledger, internal, scope, scope_with_ledger, value::sync_scope, Deadline, Source,
         TimeLedger,
     };
 

@@ -11,7 +11,7 @@ use super::{Deadline, DeadlineBody, LedgerGuard};
 use crate::error::{BoxError, Error, Phase};
 
 pin_project! {
-    /// Response future of [`DeadlineService`](super::DeadlineService).
+    /// Response future of [`CallDeadline`](super::CallDeadline).
     #[derive(Debug)]
     pub struct ResponseFuture<F> {
         #[pin]
@@ -92,7 +92,7 @@ where
                 e.set_upstream_if_none(this.upstream.as_ref());
                 return Poll::Ready(Err(e.into()));
             }
-            KindProj::Done => panic!("DeadlineService future polled after completion"),
+            KindProj::Done => panic!("CallDeadline future polled after completion"),
         };
 
         // The inner future first: a response that is ready wins a tie with

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::DeadlineService;
+use super::CallDeadline;
 
 /// Gives every call one deadline budget and enforces it over the whole call.
 ///
@@ -25,9 +25,9 @@ use super::DeadlineService;
 /// ```
 /// use std::time::Duration;
 /// use tower::{service_fn, Layer, ServiceExt};
-/// use tower_resend::{Deadline, DeadlineLayer};
+/// use tower_resend::{Deadline, deadline::CallDeadlineLayer};
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-/// let svc = DeadlineLayer::new(Duration::from_secs(10)).layer(service_fn(|req: http::Request<()>| async move {
+/// let svc = CallDeadlineLayer::new(Duration::from_secs(10)).layer(service_fn(|req: http::Request<()>| async move {
 ///     // The budget travels in the request's extensions.
 ///     let left = req.extensions().get::<Deadline>().unwrap().remaining();
 ///     assert_eq!(left, Duration::from_secs(10));
@@ -39,12 +39,12 @@ use super::DeadlineService;
 ///
 /// See the [module docs](super) for more.
 #[derive(Clone, Debug)]
-pub struct DeadlineLayer {
+pub struct CallDeadlineLayer {
     total: Duration,
     upstream: Option<Name>,
 }
 
-impl DeadlineLayer {
+impl CallDeadlineLayer {
     /// A layer giving each call at most `total`.
     pub const fn new(total: Duration) -> Self {
         Self {
@@ -62,10 +62,10 @@ impl DeadlineLayer {
     }
 }
 
-impl<S> Layer<S> for DeadlineLayer {
-    type Service = DeadlineService<S>;
+impl<S> Layer<S> for CallDeadlineLayer {
+    type Service = CallDeadline<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DeadlineService::new(inner, self.total).with_upstream(self.upstream.clone())
+        CallDeadline::new(inner, self.total).with_upstream(self.upstream.clone())
     }
 }

@@ -1,11 +1,11 @@
 //! One deadline budget for the whole call, handed down.
 //!
-//! A [`Deadline`] is an absolute instant. [`DeadlineLayer`] fixes it for each
+//! A [`Deadline`] is an absolute instant. [`CallDeadlineLayer`] fixes it for each
 //! call (the earliest of the ambient deadline, the request's own and now +
 //! total), writes it into the request's extensions and enforces it over
 //! everything inside: attempts, waits between them, and the response body.
 //! Inner layers read it from the extensions: the
-//! [`AttemptTimeoutLayer`](crate::AttemptTimeoutLayer) gives each attempt no
+//! [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer) gives each attempt no
 //! more than what is left, and [`DeadlineHeaderLayer`] writes what is left on
 //! the wire (`grpc-timeout`, or a header in milliseconds) with the parsers for
 //! both beside the writers.
@@ -17,13 +17,13 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response};
-//! use tower_resend::{Deadline, DeadlineLayer, Error, ErrorKind, Phase};
+//! use tower_resend::{Deadline, deadline::CallDeadlineLayer, Error, ErrorKind, Phase};
 //! use tower::{service_fn, Layer, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 //! // An upstream that never answers.
 //! let silent = service_fn(|_req: Request<()>| std::future::pending::<Result<Response<String>, Error>>());
-//! let svc = DeadlineLayer::new(Duration::from_secs(1)).upstream("shipping").layer(silent);
+//! let svc = CallDeadlineLayer::new(Duration::from_secs(1)).upstream("shipping").layer(silent);
 //!
 //! let err = Error::from_box(svc.oneshot(Request::new(())).await.unwrap_err());
 //! assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
@@ -40,18 +40,19 @@ mod header;
 mod layer;
 mod ledger;
 mod service;
-mod value;
+pub(crate) mod value;
 mod wire;
 
 pub use body::DeadlineBody;
 pub use carry::{carry, Carried};
 pub use future::ResponseFuture;
 pub use header::{DeadlineHeader, DeadlineHeaderLayer, DEFAULT_MARGIN, GRPC_TIMEOUT};
-pub use layer::DeadlineLayer;
+pub use layer::CallDeadlineLayer;
 pub use ledger::{internal, Entry, Internal, LedgerGuard, Snapshot, Source, TimeLedger};
-pub use service::DeadlineService;
+pub use service::CallDeadline;
+pub(crate) use value::Deadline;
 pub(crate) use value::{ambient, clamp};
-pub use value::{current_ledger, scope, scope_with_ledger, sync_scope, Ambient, Deadline};
+pub use value::{current_ledger, scope, scope_with_ledger, Ambient};
 pub(crate) use wire::parse_digits;
 pub use wire::{
     encode_grpc_timeout, encode_millis, parse_grpc_timeout, parse_millis, InvalidTimeout,

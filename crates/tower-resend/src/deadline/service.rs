@@ -9,7 +9,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::header::is_grpc;
 use super::wire::parse_grpc_timeout;
-use super::{ambient, clamp, Deadline, DeadlineBody, DeadlineLayer, Source, GRPC_TIMEOUT};
+use super::{ambient, clamp, CallDeadlineLayer, Deadline, DeadlineBody, Source, GRPC_TIMEOUT};
 use crate::error::BoxError;
 
 /// The `grpc-timeout` a gRPC request already carries (the caller's: tonic
@@ -32,15 +32,15 @@ fn caller_grpc_timeout<B>(req: &Request<B>) -> Option<Duration> {
 
 /// Middleware that fixes and enforces a call's deadline.
 ///
-/// See [`DeadlineLayer`] for what it does.
+/// See [`CallDeadlineLayer`] for what it does.
 #[derive(Clone, Debug)]
-pub struct DeadlineService<S> {
+pub struct CallDeadline<S> {
     inner: S,
     total: Duration,
     upstream: Option<Name>,
 }
 
-impl<S> DeadlineService<S> {
+impl<S> CallDeadline<S> {
     /// Wraps `inner`, giving each call at most `total`.
     pub const fn new(inner: S, total: Duration) -> Self {
         Self {
@@ -55,9 +55,9 @@ impl<S> DeadlineService<S> {
         self
     }
 
-    /// A [`DeadlineLayer`] giving each call at most `total`.
-    pub const fn layer(total: Duration) -> DeadlineLayer {
-        DeadlineLayer::new(total)
+    /// A [`CallDeadlineLayer`] giving each call at most `total`.
+    pub const fn layer(total: Duration) -> CallDeadlineLayer {
+        CallDeadlineLayer::new(total)
     }
 
     /// The inner service.
@@ -76,7 +76,7 @@ impl<S> DeadlineService<S> {
     }
 }
 
-impl<S, ReqB, ResB> Service<Request<ReqB>> for DeadlineService<S>
+impl<S, ReqB, ResB> Service<Request<ReqB>> for CallDeadline<S>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     S::Error: Into<BoxError>,

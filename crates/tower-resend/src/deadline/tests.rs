@@ -10,7 +10,7 @@ use tokio::time::{advance, Instant};
 use tokio_test::{assert_pending, assert_ready};
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 
-use crate::deadline::{scope, Deadline, DeadlineLayer};
+use crate::deadline::{scope, CallDeadlineLayer, Deadline};
 use crate::error::{Error, ErrorKind, Phase};
 use crate::timeout::AttemptTimeoutLayer;
 
@@ -41,7 +41,7 @@ fn answering_after(
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_silent_service_fails_at_the_deadline() {
-    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(silent());
+    let svc = CallDeadlineLayer::new(Duration::from_secs(1)).layer(silent());
     let start = Instant::now();
     let err = Error::from_box(svc.oneshot(Request::new(())).await.unwrap_err());
     assert_eq!(start.elapsed(), Duration::from_secs(1));
@@ -53,7 +53,7 @@ async fn a_silent_service_fails_at_the_deadline() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_deadline_is_not_a_moment_early() {
-    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(silent());
+    let svc = CallDeadlineLayer::new(Duration::from_secs(1)).layer(silent());
     let mut fut = tokio_test::task::spawn(svc.oneshot(Request::new(())));
     assert_pending!(fut.poll());
     advance(999 * MS).await;
@@ -94,7 +94,7 @@ impl tower_service::Service<Request<http_body_util::Empty<bytes::Bytes>>> for Bu
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_retry_still_waiting_at_the_deadline_says_it_was_waiting() {
     let svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(3)).upstream("shipping"))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(3)).upstream("shipping"))
         .layer(crate::retry::RetryLayer::new().no_budget().seed(1))
         .service(BusyAfterOne(Default::default()));
     let start = Instant::now();
@@ -114,7 +114,7 @@ async fn a_retry_still_waiting_at_the_deadline_says_it_was_waiting() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn attempt_timeout_fires_first_as_attempt_timeout() {
     let svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(1)))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(1)))
         .layer(AttemptTimeoutLayer::new(400 * MS))
         .service(silent());
     let start = Instant::now();
@@ -128,7 +128,7 @@ async fn attempt_timeout_fires_first_as_attempt_timeout() {
 async fn with_300ms_left_the_attempt_gets_300ms_and_the_deadline_is_blamed() {
     let own_deadline = Deadline::after(Duration::from_millis(300));
     let svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(1)))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(1)))
         .layer(AttemptTimeoutLayer::new(400 * MS))
         .service(silent());
     let mut req = Request::new(());
@@ -156,7 +156,8 @@ async fn attempt_layer_alone_respects_the_time_left() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn an_ambient_deadline_shorter_than_total_wins() {
-    let svc = DeadlineLayer::new(Duration::from_secs(10)).layer(answering_after(Duration::ZERO));
+    let svc =
+        CallDeadlineLayer::new(Duration::from_secs(10)).layer(answering_after(Duration::ZERO));
     let ambient = Deadline::after(Duration::from_secs(2));
     let seen = scope(ambient, svc.clone().oneshot(Request::new(())))
         .await
@@ -166,7 +167,7 @@ async fn an_ambient_deadline_shorter_than_total_wins() {
     assert_eq!(seen, Some(ambient));
 
     // And it is enforced, not just written down.
-    let slow = DeadlineLayer::new(Duration::from_secs(10)).layer(silent());
+    let slow = CallDeadlineLayer::new(Duration::from_secs(10)).layer(silent());
     let start = Instant::now();
     let err = scope(ambient, slow.oneshot(Request::new(())))
         .await
@@ -177,7 +178,7 @@ async fn an_ambient_deadline_shorter_than_total_wins() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_longer_ambient_deadline_does_not_extend_total() {
-    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(answering_after(Duration::ZERO));
+    let svc = CallDeadlineLayer::new(Duration::from_secs(1)).layer(answering_after(Duration::ZERO));
     let start = Instant::now();
     let seen = scope(
         Deadline::after(Duration::from_secs(60)),
@@ -192,7 +193,8 @@ async fn a_longer_ambient_deadline_does_not_extend_total() {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_request_deadline_is_never_extended() {
-    let svc = DeadlineLayer::new(Duration::from_secs(10)).layer(answering_after(Duration::ZERO));
+    let svc =
+        CallDeadlineLayer::new(Duration::from_secs(10)).layer(answering_after(Duration::ZERO));
     let own = Deadline::after(Duration::from_millis(500));
     let mut req = Request::new(());
     req.extensions_mut().insert(own);
@@ -200,7 +202,8 @@ async fn a_request_deadline_is_never_extended() {
     assert_eq!(seen, Some(own));
 
     // A shorter total shrinks the request's own deadline.
-    let svc = DeadlineLayer::new(Duration::from_millis(100)).layer(answering_after(Duration::ZERO));
+    let svc =
+        CallDeadlineLayer::new(Duration::from_millis(100)).layer(answering_after(Duration::ZERO));
     let mut req = Request::new(());
     req.extensions_mut().insert(own);
     let start = Instant::now();
@@ -222,7 +225,7 @@ async fn a_spent_budget_sends_nothing() {
     advance(20 * MS).await;
     let mut req = Request::new(());
     req.extensions_mut().insert(spent);
-    let err = DeadlineLayer::new(Duration::from_secs(1))
+    let err = CallDeadlineLayer::new(Duration::from_secs(1))
         .layer(counted.clone())
         .oneshot(req)
         .await
@@ -246,7 +249,7 @@ async fn a_spent_budget_sends_nothing() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_ready_response_wins_a_tie_with_the_clock() {
     let svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(1)))
+        .layer(CallDeadlineLayer::new(Duration::from_secs(1)))
         .layer(AttemptTimeoutLayer::new(Duration::from_secs(1)))
         .service(answering_after(Duration::from_secs(1)));
     assert!(svc.oneshot(Request::new(())).await.is_ok());
@@ -257,7 +260,7 @@ async fn the_body_is_read_under_the_deadline() {
     // Headers at once, then a body that never ends.
     let trickle =
         service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(Never)) });
-    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(trickle);
+    let svc = CallDeadlineLayer::new(Duration::from_secs(1)).layer(trickle);
     let start = Instant::now();
     let resp = svc.oneshot(Request::new(())).await.unwrap();
     let err = resp.into_body().collect().await.unwrap_err();
@@ -272,7 +275,7 @@ async fn a_body_error_becomes_a_transport_error_that_may_have_been_processed() {
     let broken = service_fn(|_req: Request<()>| async {
         Ok::<_, Infallible>(Response::new(OneThenError { sent: false }))
     });
-    let resp = DeadlineLayer::new(Duration::from_secs(1))
+    let resp = CallDeadlineLayer::new(Duration::from_secs(1))
         .upstream("up")
         .layer(broken)
         .oneshot(Request::new(()))
@@ -323,7 +326,7 @@ impl http_body::Body for OneThenError {
 async fn outbound_calls_are_recorded_in_the_ambient_ledger() {
     use crate::deadline::{scope_with_ledger, Source, TimeLedger};
     let ledger = TimeLedger::new();
-    let svc = DeadlineLayer::new(Duration::from_secs(10))
+    let svc = CallDeadlineLayer::new(Duration::from_secs(10))
         .upstream("shipping")
         .layer(answering_after(Duration::from_millis(250)));
     let call = scope_with_ledger(
@@ -374,7 +377,7 @@ async fn a_grpc_callers_own_timeout_is_the_calls_deadline_when_it_is_sooner() {
         // The largest value there is does not overflow.
         (Some("99999999H"), 3000 * MS, 3000 * MS),
     ] {
-        let svc = DeadlineLayer::new(total).layer(answering_after(Duration::ZERO));
+        let svc = CallDeadlineLayer::new(total).layer(answering_after(Duration::ZERO));
         let resp = svc.oneshot(grpc_request(header)).await.unwrap();
         let seen = resp.into_body().into_inner().expect("a deadline");
         assert_eq!(seen, Deadline::at(start + want), "{header:?}");
@@ -387,7 +390,7 @@ async fn a_grpc_timeout_on_a_request_that_is_not_grpc_is_not_read() {
     let mut req = Request::new(());
     req.headers_mut()
         .insert(crate::deadline::GRPC_TIMEOUT, "100m".parse().unwrap());
-    let svc = DeadlineLayer::new(Duration::from_secs(1)).layer(answering_after(Duration::ZERO));
+    let svc = CallDeadlineLayer::new(Duration::from_secs(1)).layer(answering_after(Duration::ZERO));
     let seen = svc.oneshot(req).await.unwrap().into_body().into_inner();
     assert_eq!(seen, Some(Deadline::at(start + Duration::from_secs(1))));
 }
@@ -421,7 +424,7 @@ async fn a_grpc_callers_timeout_ends_the_call_and_each_attempt_carries_what_is_l
             upstream.oneshot(Request::from_parts(parts, ())).await
         }
     });
-    let svc = DeadlineLayer::new(Duration::from_secs(3)).layer(retrying);
+    let svc = CallDeadlineLayer::new(Duration::from_secs(3)).layer(retrying);
 
     let start = Instant::now();
     let err = Error::from_box(

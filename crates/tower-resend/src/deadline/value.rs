@@ -145,8 +145,8 @@ fn after(now: Instant, budget: Duration) -> Instant {
 
 /// Runs `future` with `deadline` as the ambient deadline of the task.
 ///
-/// Every tower-resend stack called inside (a [`DeadlineLayer`](super::DeadlineLayer),
-/// an [`AttemptTimeoutLayer`](crate::AttemptTimeoutLayer), a
+/// Every tower-resend stack called inside (a [`CallDeadlineLayer`](super::CallDeadlineLayer),
+/// an [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer), a
 /// [`DeadlineHeaderLayer`](super::DeadlineHeaderLayer)) inherits it, with no
 /// plumbing. A server opens one scope per inbound request; a job runner one per
 /// job. Scopes nest and only shrink: inside a scope, a new scope with a later
@@ -183,7 +183,7 @@ pub fn scope<F: Future>(deadline: Deadline, future: F) -> TaskLocalFuture<Ambien
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_resend::deadline::{self, Deadline, Source, TimeLedger};
+/// use tower_resend::deadline::{self, Source, TimeLedger}, Deadline;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let ledger = TimeLedger::new();
@@ -208,9 +208,10 @@ pub fn current_ledger() -> Option<TimeLedger> {
     AMBIENT.try_with(|a| a.ledger.clone()).ok().flatten()
 }
 
-/// Runs `f` with `deadline` as the ambient deadline, for synchronous code
-/// that builds or polls futures itself. The same rules as [`scope`] apply.
-pub fn sync_scope<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
+/// Runs `f` with `deadline` as the ambient deadline (for tests of code that
+/// builds futures).
+#[cfg(test)]
+pub(crate) fn sync_scope<R>(deadline: Deadline, f: impl FnOnce() -> R) -> R {
     AMBIENT.sync_scope(Ambient::nested(deadline, None), f)
 }
 

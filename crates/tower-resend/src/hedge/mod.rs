@@ -52,7 +52,7 @@ enum Delay {
 /// [`Attempts`](crate::retry::Attempts) ([`copies`](crate::retry::Attempt::copies),
 /// [`winning_copy`](crate::retry::Attempt::winning_copy)).
 ///
-/// [`StackBuilder::hedge`](crate::StackBuilder::hedge) puts it in the stack
+/// [`StackBuilder::hedge`](crate::stack::StackBuilder::hedge) puts it in the stack
 /// (inside the retry layer, which treats the hedged copies as one attempt).
 ///
 /// ```

@@ -49,7 +49,7 @@ impl fmt::Debug for KeySource {
 
 /// Runs `future` as the handler of an inbound operation keyed `key` within
 /// `scope`: unsafe requests sent inside it by an
-/// [`IdempotencyKeyLayer`](super::IdempotencyKeyLayer) that would get a fresh
+/// [`SetIdempotencyKeyLayer`](super::SetIdempotencyKeyLayer) that would get a fresh
 /// key get one derived from (`scope`, `key`, upstream, ordinal) instead.
 ///
 /// `scope` is the caller's identity (what the server keyed the operation
@@ -69,7 +69,7 @@ impl fmt::Debug for KeySource {
 /// A key is `Uuid::new_v5(ns, upstream ++ [0] ++ ordinal as u32 big-endian)`,
 /// written hyphenated in lower case, where
 /// `ns = Uuid::new_v5(6393c5d8-6f18-5e6a-a7ea-edc185382ad0, scope ++ [0] ++ key)`.
-/// The upstream is the layer's [`upstream`](super::IdempotencyKeyLayer::upstream)
+/// The upstream is the layer's [`upstream`](super::SetIdempotencyKeyLayer::upstream)
 /// name, or else the request URI's authority (`host:port` as written).
 ///
 /// The scope belongs to the task that awaits the returned future, like a
@@ -77,11 +77,11 @@ impl fmt::Debug for KeySource {
 ///
 /// ```
 /// use http::{HeaderValue, Request};
-/// use tower_resend::idempotency::{derive_keys, IdempotencyKeyLayer};
+/// use tower_resend::idempotency::{derive_keys, SetIdempotencyKeyLayer};
 /// use tower::{service_fn, Layer, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let shipping = IdempotencyKeyLayer::new().upstream("shipping").layer(service_fn(
+/// let shipping = SetIdempotencyKeyLayer::new().upstream("shipping").layer(service_fn(
 ///     |req: Request<()>| async move {
 ///         Ok::<_, std::convert::Infallible>(req.headers()["idempotency-key"].clone())
 ///     },

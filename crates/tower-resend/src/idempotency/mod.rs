@@ -1,11 +1,11 @@
 //! One Idempotency-Key per logical operation, reused on every attempt.
 //!
-//! [`IdempotencyKeyLayer`] gives each request whose method is not idempotent
+//! [`SetIdempotencyKeyLayer`] gives each request whose method is not idempotent
 //! (POST, PATCH, …) and that has no key yet an `Idempotency-Key` header: the
 //! [`IdempotencyKey`] the caller put in the request's extensions (derived from
 //! the operation, e.g. `shipment-request:42`, so that a job that runs again
 //! sends the same key), or else a fresh UUID v4. Placed outside the
-//! [`RetryLayer`](crate::RetryLayer), it runs once per call, so every attempt
+//! [`RetryLayer`](crate::retry::RetryLayer), it runs once per call, so every attempt
 //! of the call carries the same key, and the retry layer treats the request
 //! as replay-safe.
 //!
@@ -19,7 +19,7 @@
 //! Idempotency-Key) runs its handler inside [`derive_keys`]. There, a request
 //! that would get a fresh UUID v4 gets a key derived from the inbound
 //! operation instead: from the caller's scope, the inbound key, the
-//! upstream's name ([`IdempotencyKeyLayer::upstream`], else the URI's
+//! upstream's name ([`SetIdempotencyKeyLayer::upstream`], else the URI's
 //! authority) and how many keys that upstream has had in the scope so far.
 //! When the operation runs again (its first run crashed, or its outcome was
 //! lost), the same calls in the same order send the same keys, and each
@@ -28,11 +28,11 @@
 //!
 //! ```
 //! use http::Request;
-//! use tower_resend::idempotency::{IdempotencyKey, IdempotencyKeyLayer};
+//! use tower_resend::idempotency::SetIdempotencyKeyLayer, IdempotencyKey;
 //! use tower::{service_fn, Layer, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let svc = IdempotencyKeyLayer::new().layer(service_fn(|req: Request<()>| async move {
+//! let svc = SetIdempotencyKeyLayer::new().layer(service_fn(|req: Request<()>| async move {
 //!     Ok::<_, std::convert::Infallible>(req.headers()["idempotency-key"].clone())
 //! }));
 //!
@@ -48,7 +48,6 @@
 
 mod derive;
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -60,7 +59,11 @@ use tower_service::Service;
 use crate::classify::{is_idempotent, KEY_HEADERS};
 use crate::name::Name;
 
+pub(crate) mod key;
+
 pub use derive::derive_keys;
+pub(crate) use key::IdempotencyKey;
+pub use key::{validate_key, InvalidIdempotencyKey};
 
 /// The default header: `Idempotency-Key`.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -71,82 +74,6 @@ static DEFAULT_HEADER: HeaderName = IDEMPOTENCY_KEY;
 /// The most characters a key may have.
 pub const MAX_KEY_LEN: usize = 255;
 
-/// A key for one logical operation, set by the caller in the request's
-/// extensions: 1 to 255 visible ASCII characters.
-///
-/// A tower-resend stack always sends it, as `Idempotency-Key` (or the
-/// header its key layer is set to), on every attempt, whether or not it was
-/// told that its upstream honours keys (`idempotency_keys()`, which makes
-/// keys for requests without one): a key the caller chose states that the
-/// operation may be sent again, so the request is replay-safe.
-///
-/// ```
-/// use tower_resend::IdempotencyKey;
-///
-/// let mut req = http::Request::post("/shipments").body(()).unwrap();
-/// let key = IdempotencyKey::new("shipment-request:42").unwrap();
-/// req.extensions_mut().insert(key);
-/// assert!(IdempotencyKey::new("has space").is_err());
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct IdempotencyKey(HeaderValue);
-
-/// Why a string is not a valid idempotency key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidIdempotencyKey {
-    reason: &'static str,
-}
-
-impl fmt::Display for InvalidIdempotencyKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid idempotency key: {}", self.reason)
-    }
-}
-
-impl std::error::Error for InvalidIdempotencyKey {}
-
-/// Checks the key syntax: 1 to 255 visible ASCII characters (`!` to `~`).
-pub fn validate_key(key: &[u8]) -> Result<(), InvalidIdempotencyKey> {
-    let bad = |reason| Err(InvalidIdempotencyKey { reason });
-    if key.is_empty() {
-        return bad("it is empty");
-    }
-    if key.len() > MAX_KEY_LEN {
-        return bad("it is longer than 255 characters");
-    }
-    if !key.iter().all(|b| b.is_ascii_graphic()) {
-        return bad("it must be visible ASCII characters only (no spaces or control characters)");
-    }
-    Ok(())
-}
-
-impl IdempotencyKey {
-    /// A key from `key`, checked: 1 to 255 visible ASCII characters.
-    ///
-    /// ```
-    /// use tower_resend::idempotency::IdempotencyKey;
-    ///
-    /// assert!(IdempotencyKey::new("shipment-request:42").is_ok());
-    /// assert!(IdempotencyKey::new("").is_err());
-    /// assert!(IdempotencyKey::new("has space").is_err());
-    /// ```
-    pub fn new(key: impl AsRef<str>) -> Result<Self, InvalidIdempotencyKey> {
-        let key = key.as_ref().as_bytes();
-        validate_key(key)?;
-        HeaderValue::from_bytes(key)
-            .map(Self)
-            .map_err(|_| InvalidIdempotencyKey {
-                reason: "it is not a valid header value",
-            })
-    }
-
-    /// The key.
-    pub fn as_str(&self) -> &str {
-        // Validated as visible ASCII at construction.
-        self.0.to_str().unwrap_or_default()
-    }
-}
-
 /// A request extension: send this request without an Idempotency-Key even
 /// though its method is not idempotent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -156,9 +83,9 @@ pub struct NoIdempotencyKey;
 ///
 /// ```
 /// use tower::{service_fn, Layer, ServiceExt};
-/// use tower_resend::IdempotencyKeyLayer;
+/// use tower_resend::idempotency::SetIdempotencyKeyLayer;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let svc = IdempotencyKeyLayer::new().layer(service_fn(|req: http::Request<()>| async move {
+/// let svc = SetIdempotencyKeyLayer::new().layer(service_fn(|req: http::Request<()>| async move {
 ///     Ok::<_, std::convert::Infallible>(req.headers().contains_key("idempotency-key"))
 /// }));
 /// assert!(svc.clone().oneshot(http::Request::post("/orders").body(()).unwrap()).await.unwrap());
@@ -166,13 +93,13 @@ pub struct NoIdempotencyKey;
 /// # }
 /// ```
 #[derive(Clone, Debug)]
-pub struct IdempotencyKeyLayer {
+pub struct SetIdempotencyKeyLayer {
     header: HeaderName,
     enabled: bool,
     upstream: Option<Name>,
 }
 
-impl IdempotencyKeyLayer {
+impl SetIdempotencyKeyLayer {
     /// Writes `Idempotency-Key`.
     pub const fn new() -> Self {
         Self {
@@ -210,13 +137,13 @@ impl IdempotencyKeyLayer {
     }
 }
 
-impl Default for IdempotencyKeyLayer {
+impl Default for SetIdempotencyKeyLayer {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<S> Layer<S> for IdempotencyKeyLayer {
+impl<S> Layer<S> for SetIdempotencyKeyLayer {
     type Service = SetIdempotencyKey<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
@@ -231,7 +158,7 @@ impl<S> Layer<S> for IdempotencyKeyLayer {
 }
 
 /// Middleware that gives unsafe requests an Idempotency-Key; see
-/// [`IdempotencyKeyLayer`].
+/// [`SetIdempotencyKeyLayer`].
 #[derive(Clone, Debug)]
 pub struct SetIdempotencyKey<S> {
     inner: S,
@@ -249,9 +176,9 @@ struct Keys {
 }
 
 impl<S> SetIdempotencyKey<S> {
-    /// An [`IdempotencyKeyLayer`] with the defaults.
-    pub const fn layer() -> IdempotencyKeyLayer {
-        IdempotencyKeyLayer::new()
+    /// An [`SetIdempotencyKeyLayer`] with the defaults.
+    pub const fn layer() -> SetIdempotencyKeyLayer {
+        SetIdempotencyKeyLayer::new()
     }
 
     /// The inner service.
@@ -362,7 +289,7 @@ mod tests {
     use super::*;
     use tower::{service_fn, ServiceExt};
 
-    async fn sent(layer: &IdempotencyKeyLayer, req: Request<()>) -> http::HeaderMap {
+    async fn sent(layer: &SetIdempotencyKeyLayer, req: Request<()>) -> http::HeaderMap {
         layer
             .layer(service_fn(|req: Request<()>| async move {
                 Ok::<_, std::convert::Infallible>(req.headers().clone())
@@ -374,7 +301,7 @@ mod tests {
 
     #[tokio::test]
     async fn unsafe_methods_get_a_key_idempotent_ones_do_not() {
-        let l = IdempotencyKeyLayer::new();
+        let l = SetIdempotencyKeyLayer::new();
         for m in ["POST", "PATCH", "CONNECT"] {
             let h = sent(&l, Request::builder().method(m).uri("/").body(()).unwrap()).await;
             let key = h[IDEMPOTENCY_KEY].to_str().unwrap().to_owned();
@@ -388,7 +315,7 @@ mod tests {
 
     #[tokio::test]
     async fn two_calls_two_keys_and_existing_keys_are_kept() {
-        let l = IdempotencyKeyLayer::new();
+        let l = SetIdempotencyKeyLayer::new();
         let a = sent(&l, Request::post("/").body(()).unwrap()).await;
         let b = sent(&l, Request::post("/").body(()).unwrap()).await;
         assert_ne!(a[IDEMPOTENCY_KEY], b[IDEMPOTENCY_KEY]);
@@ -408,7 +335,7 @@ mod tests {
         req.extensions_mut().insert(NoIdempotencyKey);
         assert!(sent(&l, req).await.is_empty());
 
-        let l = IdempotencyKeyLayer::new().header(HeaderName::from_static("x-request-key"));
+        let l = SetIdempotencyKeyLayer::new().header(HeaderName::from_static("x-request-key"));
         let h = sent(&l, Request::post("/").body(()).unwrap()).await;
         assert_eq!(h["x-request-key"].len(), 36);
     }
@@ -418,7 +345,10 @@ mod tests {
     }
 
     /// The key each request was sent with, through `layer`.
-    async fn keys(layer: &IdempotencyKeyLayer, reqs: Vec<Request<()>>) -> Vec<Option<HeaderValue>> {
+    async fn keys(
+        layer: &SetIdempotencyKeyLayer,
+        reqs: Vec<Request<()>>,
+    ) -> Vec<Option<HeaderValue>> {
         let mut out = Vec::new();
         for req in reqs {
             out.push(sent(layer, req).await.get(IDEMPOTENCY_KEY).cloned());
@@ -430,7 +360,7 @@ mod tests {
     async fn keyed(
         scope: &'static str,
         key: &'static str,
-        layer: &IdempotencyKeyLayer,
+        layer: &SetIdempotencyKeyLayer,
         reqs: Vec<Request<()>>,
     ) -> Vec<Option<HeaderValue>> {
         derive_keys(scope, HeaderValue::from_static(key), keys(layer, reqs)).await
@@ -444,7 +374,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_keyed_operation_sends_the_same_keys_each_run() {
-        let l = IdempotencyKeyLayer::new();
+        let l = SetIdempotencyKeyLayer::new();
         let calls = || {
             vec![
                 post("http://shipping/a"),
@@ -486,7 +416,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn ordinals_count_per_upstream() {
-        let l = IdempotencyKeyLayer::new();
+        let l = SetIdempotencyKeyLayer::new();
         // Shipping's calls get the same keys whether or not billing is
         // called in between.
         let interleaved = keyed(
@@ -533,7 +463,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn caller_keys_win_and_use_up_no_ordinal() {
-        let l = IdempotencyKeyLayer::new();
+        let l = SetIdempotencyKeyLayer::new();
         let plain = keyed("s", "k", &l, vec![post("http://up/"), post("http://up/")]).await;
 
         let mut given = post("http://up/");
@@ -582,7 +512,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn outside_a_keyed_operation_keys_are_uuid_v4() {
-        let l = IdempotencyKeyLayer::new();
+        let l = SetIdempotencyKeyLayer::new();
         let a = keys(&l, vec![post("http://up/"), post("http://up/")]).await;
         assert_ne!(a[0], a[1]);
         for key in a.iter().map(|k| k.as_ref().unwrap()) {
@@ -593,7 +523,7 @@ mod tests {
         let off = keyed(
             "s",
             "k",
-            &IdempotencyKeyLayer::disabled(),
+            &SetIdempotencyKeyLayer::disabled(),
             vec![post("http://up/")],
         )
         .await;
@@ -602,9 +532,9 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn the_upstream_is_the_layers_name_or_the_uri_authority() {
-        let unnamed = IdempotencyKeyLayer::new();
-        let named = |n: &'static str| IdempotencyKeyLayer::new().upstream(n);
-        let one = |layer: IdempotencyKeyLayer, uri: &'static str| async move {
+        let unnamed = SetIdempotencyKeyLayer::new();
+        let named = |n: &'static str| SetIdempotencyKeyLayer::new().upstream(n);
+        let one = |layer: SetIdempotencyKeyLayer, uri: &'static str| async move {
             keyed("s", "k", &layer, vec![post(uri)]).await.remove(0)
         };
         // Unnamed: host:port as written, without user info.

@@ -13,7 +13,7 @@ use crate::error::{BoxError, Error, Phase};
 
 pin_project! {
     /// A response body that fails after `idle` without a frame; see
-    /// [`ReadAheadLayer::idle_timeout`](super::ReadAheadLayer::idle_timeout).
+    /// [`ReadAheadLayer::idle_timeout`](crate::read_ahead::ReadAheadLayer::idle_timeout).
     #[derive(Debug)]
     pub(super) struct Idle<B> {
         #[pin]

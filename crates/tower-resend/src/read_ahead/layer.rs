@@ -21,7 +21,7 @@ use super::{ReadAhead, DEFAULT_READ_AHEAD};
 /// to end soon (gRPC, `text/event-stream`), nor requests the retry layer
 /// did not mark. Place it below the retry layer and the attempt timeout
 /// (so that the timeout covers the body too);
-/// [`tower_resend::stack()`](crate::stack) does.
+/// [`tower_resend::stack()`](crate::stack()) does.
 ///
 /// It also bounds how long a body may send nothing, when given an
 /// [`idle_timeout`](Self::idle_timeout) (reqwest's `read_timeout`): while the

@@ -2,7 +2,7 @@
 //!
 //! - [`ReqwestService`]: a `tower::Service` over a [`reqwest::Client`] that
 //!   takes an [`http::Request`] and gives an [`http::Response`], so that
-//!   [`tower_resend::stack()`](crate::stack) wraps it like any other transport.
+//!   [`tower_resend::stack()`](crate::stack()) wraps it like any other transport.
 //! - [`ResendMiddleware`] as a `reqwest_middleware::Middleware` (feature
 //!   `reqwest-middleware`): users of `ClientWithMiddleware` add resend in
 //!   one line and keep `.send()`, `.json()`, `.text()`.
@@ -13,9 +13,9 @@
 //! # As reqwest middleware
 //!
 //! [`ResendMiddleware`] is built once per upstream from a
-//! [`tower_resend::stack()`](crate::stack) builder and runs the whole stack around
+//! [`tower_resend::stack()`](crate::stack()) builder and runs the whole stack around
 //! the rest of the chain: the deadline, the Idempotency-Key (with
-//! [`idempotency_keys`](crate::StackBuilder::idempotency_keys)), the retries
+//! [`idempotency_keys`](crate::stack::StackBuilder::idempotency_keys)), the retries
 //! with the same classification, decision table, retry budget, backoff and
 //! `Retry-After`, the circuit breaker if one was added, and the attempt
 //! timeout. Each attempt is one `next.run(..)`: the middlewares after it and
@@ -47,7 +47,7 @@
 //! A streamed body (`Body::wrap_stream`, `Body::wrap`) follows tower-resend's
 //! [`ReplayBody`](crate::body::ReplayBody) rule: the first attempt streams
 //! it and keeps a copy up to the replay cap (64 KiB by default,
-//! [`replay_cap`](crate::RetryLayer::replay_cap)); a larger one is sent once,
+//! [`replay_cap`](crate::retry::RetryLayer::replay_cap)); a larger one is sent once,
 //! and a call that needed a retry ends
 //! [`BodyNotReplayable`](crate::error::ErrorKind::BodyNotReplayable), never a
 //! resend of half a body.
@@ -57,10 +57,10 @@
 //! The extensions of the call (`reqwest_middleware::RequestBuilder::with_extension`)
 //! reach the stack, so tower-resend's per-request settings work there:
 //! [`Deadline`](crate::Deadline), [`IdempotencyKey`](crate::IdempotencyKey),
-//! [`NoRetry`](crate::retry::NoRetry), [`CallOptions`](crate::CallOptions).
+//! [`NoRetry`](crate::retry::NoRetry), [`CallOptions`](crate::retry::CallOptions).
 //! Each attempt hands the rest of the chain a copy of them, and what the
 //! last attempt left there comes back to the middlewares before this one.
-//! The final `reqwest::Response` carries [`Attempts`](crate::Attempts) in
+//! The final `reqwest::Response` carries [`Attempts`](crate::retry::Attempts) in
 //! its `extensions()` and keeps its `url()`.
 //!
 //! Put `ResendMiddleware` first in the chain, or at least before the
@@ -88,7 +88,7 @@
 //!
 //! - **reqwest's retries off** (`.retry(reqwest::retry::never())`): reqwest
 //!   0.13 retries some protocol refusals by itself; under tower-resend's
-//!   [`RetryLayer`](crate::RetryLayer) that would be a second layer retrying,
+//!   [`RetryLayer`](crate::retry::RetryLayer) that would be a second layer retrying,
 //!   with its own count and budget. Exactly one layer retries: tower-resend's.
 //!   ([`ReqwestService`] hands reqwest a streaming body, which reqwest 0.13
 //!   cannot clone, so even its default policy could not resend a request
@@ -98,8 +98,8 @@
 //!   connect timeout (2 s is a sound choice), and a connection that times out is
 //!   reported as not sent.
 //! - **`timeout` and `read_timeout` left unset**: tower-resend's
-//!   [attempt timeout](crate::AttemptTimeoutLayer) and
-//!   [deadline](crate::DeadlineLayer) bound each attempt and the call, and
+//!   [attempt timeout](crate::timeout::AttemptTimeoutLayer) and
+//!   [deadline](crate::deadline::CallDeadlineLayer) bound each attempt and the call, and
 //!   they say which one fired. If you must set reqwest's `timeout` (the client
 //!   is also used without resend), make it longer than the stack's attempt
 //!   timeout, so that tower-resend's fires first; a reqwest timeout that fires first

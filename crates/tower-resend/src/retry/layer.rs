@@ -43,7 +43,7 @@ pub const RESEND_PREVIOUS_ATTEMPTS: HeaderName =
 /// budget](RetryBudget::default) with up to 5 s of waiting for a token.
 ///
 /// Attempts of replay-safe requests are marked so that a
-/// [`ReadAheadLayer`](super::ReadAheadLayer) below reads their small
+/// [`ReadAheadLayer`](crate::read_ahead::ReadAheadLayer) below reads their small
 /// response bodies before returning them: a break inside one is then a
 /// failed attempt, retried.
 ///
@@ -285,7 +285,7 @@ impl<C> RetryLayer<C> {
     /// no cost.
     ///
     /// ```
-    /// use tower_resend::RetryLayer;
+    /// use tower_resend::retry::RetryLayer;
     ///
     /// // The application's meter provider (here the global one, a no-op
     /// // until one is set).

@@ -30,7 +30,7 @@
 //! Every retry also needs an attempt left (3 in all by default), time left (the
 //! wait plus a useful attempt must fit before the deadline; a Retry-After past
 //! it ends the call at once), a token from the shared [`RetryBudget`], and a
-//! body that can be replayed ([`ReplayBody`], 64 KiB kept by default).
+//! body that can be replayed ([`ReplayBody`](crate::body::ReplayBody), 64 KiB kept by default).
 //!
 //! Backoff is exponential with full jitter ([`Backoff`]): random in
 //! `[0, min(cap, base * 2^n)]`. After an overloaded answer the jittered
@@ -92,7 +92,7 @@ use crate::hedge::Hedged;
 
 /// A request extension that sets, for this request alone, what the retry
 /// layer's configuration says for every call: the attempts in all, and the
-/// limit of each attempt (applied by the [`AttemptTimeoutLayer`](crate::AttemptTimeoutLayer)
+/// limit of each attempt (applied by the [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer)
 /// below the retry layer, the stack's included; still never more than the
 /// time left). Fields left `None` keep the layer's setting.
 ///

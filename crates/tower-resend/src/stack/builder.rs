@@ -6,19 +6,19 @@ use tower_layer::Layer;
 use super::{Stack, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
 use crate::breaker::{BreakerSlot, CircuitBreakerLayer, NoBreaker};
 use crate::classify::HttpClassifier;
-use crate::deadline::{DeadlineHeaderLayer, DeadlineLayer};
+use crate::deadline::{CallDeadlineLayer, DeadlineHeaderLayer};
 use crate::hedge::HedgeLayer;
-use crate::idempotency::IdempotencyKeyLayer;
+use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::name::Name;
 use crate::read_ahead::{ReadAheadLayer, DEFAULT_READ_AHEAD};
 use crate::retry::{Backoff, RetryBudget, RetryLayer};
 use crate::timeout::AttemptTimeoutLayer;
 
-/// Builds a [`Stack`]; see [`stack`]. Every setting's default is stated on
+/// Builds a [`Stack`](crate::stack::Stack); see [`stack()`](crate::stack()). Every setting's default is stated on
 /// its method.
 ///
 /// `C` classifies attempts for the retry layer; `B` is the circuit
-/// breaker's place: [`NoBreaker`], or a [`CircuitBreakerLayer`] once
+/// breaker's place: [`NoBreaker`], or a [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) once
 /// [`circuit_breaker`](Self::circuit_breaker) put one there.
 #[derive(Clone, Debug)]
 pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
@@ -26,7 +26,7 @@ pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
     total: Duration,
     attempt_timeout: Duration,
     retry: RetryLayer<C>,
-    keys: IdempotencyKeyLayer,
+    keys: SetIdempotencyKeyLayer,
     header: DeadlineHeaderLayer,
     breaker: B,
     read_ahead_cap: usize,
@@ -35,14 +35,14 @@ pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
 }
 
 impl StackBuilder {
-    /// The defaults; see [`stack`].
+    /// The defaults; see [`stack()`](crate::stack()).
     pub fn new() -> Self {
         Self {
             name: None,
             total: DEFAULT_TOTAL,
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             retry: RetryLayer::new(),
-            keys: IdempotencyKeyLayer::disabled(),
+            keys: SetIdempotencyKeyLayer::disabled(),
             header: DeadlineHeaderLayer::new(),
             breaker: NoBreaker,
             read_ahead_cap: DEFAULT_READ_AHEAD,
@@ -140,7 +140,7 @@ impl<C, B> StackBuilder<C, B> {
     /// });
     /// let stack = tower_resend::stack().max_attempts(2).no_budget().service(unavailable);
     /// let resp = stack.oneshot(http::Request::new(String::new())).await.unwrap();
-    /// assert_eq!(resp.extensions().get::<tower_resend::Attempts>().unwrap().len(), 2);
+    /// assert_eq!(resp.extensions().get::<tower_resend::retry::Attempts>().unwrap().len(), 2);
     /// # }
     /// ```
     #[must_use]
@@ -201,7 +201,7 @@ impl<C, B> StackBuilder<C, B> {
         }
     }
 
-    /// Adds a circuit breaker with the defaults (see [`CircuitBreakerLayer`]:
+    /// Adds a circuit breaker with the defaults (see [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer):
     /// open when 10 % of at least 100 attempts in 30 s say the upstream is
     /// unwell, for 5 s, then 3 probes). It sits inside the retry layer and
     /// outside the attempt timeout, so it counts every attempt, timeouts
@@ -272,8 +272,8 @@ impl<C, B> StackBuilder<C, B> {
     #[must_use]
     pub fn idempotency_keys(mut self) -> Self {
         self.keys = match &self.name {
-            Some(name) => IdempotencyKeyLayer::new().upstream(name.clone()),
-            None => IdempotencyKeyLayer::new(),
+            Some(name) => SetIdempotencyKeyLayer::new().upstream(name.clone()),
+            None => SetIdempotencyKeyLayer::new(),
         };
         self
     }
@@ -283,7 +283,7 @@ impl<C, B> StackBuilder<C, B> {
     /// connection that breaks inside one is a failed attempt, retried; the
     /// rest of a longer body, gRPC and event streams reach the caller as
     /// they come, and a break in them is the caller's error (see
-    /// [`ReadAheadLayer`]). Default [`DEFAULT_READ_AHEAD`] (64 KiB); 0 turns
+    /// [`ReadAheadLayer`](crate::read_ahead::ReadAheadLayer)). Default [`DEFAULT_READ_AHEAD`] (64 KiB); 0 turns
     /// it off.
     ///
     /// ```
@@ -364,7 +364,7 @@ impl<C, B> StackBuilder<C, B> {
     /// use std::time::Duration;
     ///
     /// let client = tower_resend::hyper_client(Duration::from_secs(2));
-    /// let inventory: tower_resend::Stack<tower_resend::HyperClient> =
+    /// let inventory: tower_resend::stack::Stack<tower_resend::connect::HyperClient> =
     ///     tower_resend::stack().name("inventory").service(client);
     /// # let _ = inventory;
     /// ```
@@ -375,8 +375,8 @@ impl<C, B> StackBuilder<C, B> {
     {
         let replay_cap = self.retry.kept_bytes();
         let total = match &self.name {
-            Some(n) => DeadlineLayer::new(self.total).upstream(n.clone()),
-            None => DeadlineLayer::new(self.total),
+            Some(n) => CallDeadlineLayer::new(self.total).upstream(n.clone()),
+            None => CallDeadlineLayer::new(self.total),
         };
         // Small bodies read ahead under the attempt timeout (which then
         // covers them too) and the breaker (which counts their breaks).
@@ -419,7 +419,7 @@ impl<C, B> StackBuilder<C, B> {
 ///     .layer(tower_resend::stack().name("shipping").max_attempts(2).total(Duration::from_secs(5)))
 ///     .service(upstream);
 /// let resp = svc.oneshot(http::Request::new(String::new())).await.unwrap();
-/// assert_eq!(resp.extensions().get::<tower_resend::Attempts>().unwrap().len(), 2);
+/// assert_eq!(resp.extensions().get::<tower_resend::retry::Attempts>().unwrap().len(), 2);
 /// # }
 /// ```
 impl<S, C, B> Layer<S> for StackBuilder<C, B>

@@ -7,7 +7,7 @@ use super::ResponseFuture;
 use crate::body::Replay;
 use crate::breaker::{BreakerSlot, NoBreaker, Slot};
 use crate::classify::HttpClassifier;
-use crate::deadline::{DeadlineHeader, DeadlineService};
+use crate::deadline::{CallDeadline, DeadlineHeader};
 use crate::error::{BoxError, Error};
 use crate::hedge::Hedge;
 use crate::idempotency::SetIdempotencyKey;
@@ -15,17 +15,17 @@ use crate::read_ahead::ReadAhead;
 use crate::retry::Retry;
 use crate::timeout::AttemptTimeout;
 
-pub(super) type Inner<S, C, B> = DeadlineService<
+pub(super) type Inner<S, C, B> = CallDeadline<
     SetIdempotencyKey<
         Retry<<B as Slot>::Service<Hedge<DeadlineHeader<AttemptTimeout<ReadAhead<S>>>, C>>, C>,
     >,
 >;
 
-/// The composed stack, outside in: [`DeadlineLayer`],
-/// [`IdempotencyKeyLayer`], [`RetryLayer`], the [`CircuitBreakerLayer`] if
+/// The composed stack, outside in: [`CallDeadlineLayer`](crate::deadline::CallDeadlineLayer),
+/// [`SetIdempotencyKeyLayer`](crate::idempotency::SetIdempotencyKeyLayer), [`RetryLayer`](crate::retry::RetryLayer), the [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) if
 /// one was added (`B`; none by default, and then no layer at all),
-/// [`DeadlineHeaderLayer`], [`AttemptTimeoutLayer`], the
-/// [`ReadAheadLayer`], then the transport. Its error is always a
+/// [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer), the
+/// [`ReadAheadLayer`](crate::read_ahead::ReadAheadLayer), then the transport. Its error is always a
 /// [`tower_resend::Error`](Error).
 pub struct Stack<S, C = HttpClassifier, B = NoBreaker>
 where

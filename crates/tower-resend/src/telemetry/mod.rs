@@ -87,7 +87,7 @@
 //! | `grpc.client.call.transparent_retries` | histogram, `{retry}` | gRFC A96: as `resend.client.call.transparent_retries` | `grpc.method`, `grpc.target` |
 //! | `grpc.client.call.retry_delay` | histogram, `s` | gRFC A96: at the end of a gRPC call that retried, the total time it spent without an attempt in flight | `grpc.method`, `grpc.target` |
 //! | `resend.client.retry.delay` | histogram, `s` | every wait before a retry (HTTP and gRPC), as long as it lasted | `resend.upstream`, `resend.wait.reason` |
-//! | `resend.client.hedge.copies` | histogram, `{copy}` | at the end of every hedged attempt (a replay-safe request of a stack with [`hedge`](crate::StackBuilder::hedge)): the copies it sent, the first included (1: no backup was needed) | `resend.upstream`, `resend.hedge.winner` (`first` or `backup`: the copy whose answer, or error, was returned) |
+//! | `resend.client.hedge.copies` | histogram, `{copy}` | at the end of every hedged attempt (a replay-safe request of a stack with [`hedge`](crate::stack::StackBuilder::hedge)): the copies it sent, the first included (1: no backup was needed) | `resend.upstream`, `resend.hedge.winner` (`first` or `backup`: the copy whose answer, or error, was returned) |
 //! | `resend.client.retry_budget.exhausted` | counter, `{call}` | a call that ended because no retry budget token came in time | `resend.upstream` |
 //! | `resend.client.outcome_unknown` | counter, `{call}` | a call that ended outcome-unknown (it may have been processed, and is not safe to resend) | `resend.upstream`, `http.request.method` |
 //! | `resend.client.breaker.state_changes` | counter, `{change}` | every change of a circuit breaker's state | `resend.upstream`, `resend.breaker.state` (`open`, `half_open`, `closed`: the new state) |
@@ -124,7 +124,7 @@ use crate::error::ErrorKind;
 use crate::vocab::Stop;
 
 /// The meter of the global meter provider, scoped `tower-resend` with this
-/// crate's version: for [`StackBuilder::meter`](crate::StackBuilder::meter)
+/// crate's version: for [`StackBuilder::meter`](crate::stack::StackBuilder::meter)
 /// and the layers' `meter`, when the application set a global provider
 /// (`opentelemetry::global::set_meter_provider`) rather than hand its own.
 ///

@@ -9,7 +9,7 @@ use super::AttemptTimeout;
 /// ```
 /// use std::time::Duration;
 /// use tower::{service_fn, Layer, ServiceExt};
-/// use tower_resend::{AttemptTimeoutLayer, Error, ErrorKind};
+/// use tower_resend::{timeout::AttemptTimeoutLayer, Error, ErrorKind};
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let slow = service_fn(|_: http::Request<()>| async {
 ///     tokio::time::sleep(Duration::from_secs(60)).await;

@@ -15,13 +15,13 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response};
-//! use tower_resend::{AttemptTimeoutLayer, DeadlineLayer, Error, ErrorKind};
+//! use tower_resend::{timeout::AttemptTimeoutLayer, deadline::CallDeadlineLayer, Error, ErrorKind};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 //! let silent = service_fn(|_req: Request<()>| std::future::pending::<Result<Response<String>, Error>>());
 //! let svc = ServiceBuilder::new()
-//!     .layer(DeadlineLayer::new(Duration::from_secs(1)))
+//!     .layer(CallDeadlineLayer::new(Duration::from_secs(1)))
 //!     .layer(AttemptTimeoutLayer::new(Duration::from_millis(400)))
 //!     .service(silent);
 //!

@@ -66,7 +66,7 @@ impl Attempt {
     }
 
     /// Copies of the attempt sent, the first included: more than one when
-    /// it was [hedged](crate::StackBuilder::hedge) and a backup went out.
+    /// it was [hedged](crate::stack::StackBuilder::hedge) and a backup went out.
     pub const fn copies(&self) -> u32 {
         self.copies as u32
     }
@@ -102,7 +102,7 @@ impl Attempt {
     ///
     /// ```
     /// use tower_resend::classify::GrpcCode;
-    /// use tower_resend::Attempts;
+    /// use tower_resend::retry::Attempts;
     ///
     /// fn unavailable_attempts(a: &Attempts) -> usize {
     ///     a.iter().filter(|a| a.grpc_code() == Some(GrpcCode::Unavailable)).count()

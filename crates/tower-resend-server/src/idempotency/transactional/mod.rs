@@ -44,7 +44,7 @@ mod tx;
 /// transaction** (`&mut *tx` is a [`PgConnection`](sqlx::postgres::PgConnection)). Work done elsewhere
 /// (another pool, an outbound call) is not rolled back with it; outbound
 /// calls through a tower-resend stack with
-/// [`idempotency_keys`](tower_resend::StackBuilder::idempotency_keys) carry keys
+/// [`idempotency_keys`](tower_resend::stack::StackBuilder::idempotency_keys) carry keys
 /// derived from the inbound one, so a re-run is deduplicated downstream.
 ///
 /// For an unsafe request (POST, PATCH, …):
