@@ -16,6 +16,9 @@
 //!   `Idempotency-Key` gets the first result, with the records in a [`Store`]:
 //!   [`MemoryStore`], `RedisStore` (feature `redis`) or `PostgresStore`
 //!   (feature `postgres`).
+//! - [`ShedLayer`]: at capacity, refuses retries before first attempts
+//!   (503 with `Retry-After`, or UNAVAILABLE with pushback), so goodput
+//!   holds when callers retry.
 //! - [`ClientErrorResponse`] (feature `axum`): a tower-resend client error as an axum
 //!   response (504 with attribution, 502 "verify before resending", …).
 //!
@@ -26,8 +29,9 @@
 //!
 //! # Layer order
 //!
-//! Outside in: [`InboundDeadlineLayer`], then [`IdempotencyLayer`], then the
-//! handler. A keyed handler cut by the deadline ends with the deadline's
+//! Outside in: [`InboundDeadlineLayer`], then [`ShedLayer`] if you shed
+//! load (it reads the deadline, and a shed request claims no key), then
+//! [`IdempotencyLayer`], then the handler. A keyed handler cut by the deadline ends with the deadline's
 //! 504, which is kept as its operation's end (the work may have run in
 //! part); a keyed handler whose caller went away runs on to its end.
 //!
@@ -37,7 +41,7 @@
 //! ```
 //! use std::time::Duration;
 //! use axum::{routing::post, Router};
-//! use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore};
+//! use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore, ShedLayer};
 //!
 //! async fn create_order(body: String) -> String {
 //!     // Every tower-resend stack called here inherits the caller's deadline,
@@ -49,6 +53,7 @@
 //! let app: Router = Router::new()
 //!     .route("/orders", post(create_order))
 //!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .layer(ShedLayer::new(64))
 //!     .layer(InboundDeadlineLayer::new(Duration::from_secs(10)));
 //! # let _ = app;
 //! ```

@@ -39,7 +39,7 @@
 //!     }));
 //! # let _ = server;
 //! assert_eq!(shed.stats().shed(), 0);
-//! //! ```
+//! ```
 
 use std::collections::VecDeque;
 use std::fmt;
