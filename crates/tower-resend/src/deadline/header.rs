@@ -29,7 +29,7 @@ pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 /// ```
 /// use std::time::Duration;
 /// use http::{Request, Response};
-/// use tower_resend::deadline::DeadlineHeaderLayer, Deadline;
+/// use tower_resend::{deadline::DeadlineHeaderLayer, Deadline};
 /// use tower::{service_fn, Layer, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {

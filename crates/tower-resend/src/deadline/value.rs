@@ -183,7 +183,7 @@ pub fn scope<F: Future>(deadline: Deadline, future: F) -> TaskLocalFuture<Ambien
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_resend::deadline::{self, Source, TimeLedger}, Deadline;
+/// use tower_resend::{deadline::{self, Source, TimeLedger}, Deadline};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let ledger = TimeLedger::new();

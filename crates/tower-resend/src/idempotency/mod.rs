@@ -28,7 +28,7 @@
 //!
 //! ```
 //! use http::Request;
-//! use tower_resend::idempotency::SetIdempotencyKeyLayer, IdempotencyKey;
+//! use tower_resend::{idempotency::SetIdempotencyKeyLayer, IdempotencyKey};
 //! use tower::{service_fn, Layer, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
