@@ -103,15 +103,26 @@ mod tx;
 /// stored responses must not reach the log.
 ///
 /// ```no_run
-/// use axum::{routing::post, Router};
+/// use axum::{http::StatusCode, routing::post, Router};
 /// use tower_resend_server::{IdempotencyLayer, IdempotentTx, PostgresStore};
 ///
-/// async fn create_order(mut tx: IdempotentTx, body: String) -> Result<String, String> {
+/// // A failed statement is answered with an error status (never a 200
+/// // carrying the database's text): a 4xx or 5xx, which the layer rolls
+/// // back, the key's claim with it.
+/// async fn create_order(
+///     mut tx: IdempotentTx,
+///     body: String,
+/// ) -> Result<String, (StatusCode, &'static str)> {
 ///     sqlx::query("INSERT INTO orders (body) VALUES ($1)")
 ///         .bind(&body)
 ///         .execute(&mut *tx)
 ///         .await
-///         .map_err(|e| e.to_string())?;
+///         .map_err(|e| match e.as_database_error() {
+///             Some(db) if db.is_unique_violation() => {
+///                 (StatusCode::UNPROCESSABLE_ENTITY, "this order exists already")
+///             }
+///             _ => (StatusCode::INTERNAL_SERVER_ERROR, "the order could not be written"),
+///         })?;
 ///     Ok("created".to_owned())
 /// }
 ///
