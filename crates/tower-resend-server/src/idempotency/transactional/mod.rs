@@ -12,10 +12,10 @@ use sqlx::{Postgres, Transaction};
 use self::claim::{claim, wait_for, KeyRow};
 use self::commit::commit;
 use self::tx::{begin, Slot};
-pub use self::tx::{HandlerTransaction, IdempotentTx, NoTransaction};
+pub use self::tx::{HandlerTransaction, IdempotentTx, NoTransaction, TxConnection};
 use super::backend::{sealed::Sealed, Backend, Claimed, KeyClaim};
 use super::config::Shared;
-use super::rules::{Kept, Mode};
+use super::rules::{Kept, Mode, Sqlstate};
 use super::store_call::with_timeout;
 use super::telemetry::Op;
 use crate::store::postgres::sql::{migrate, migration_sql, pg_error, record_function_sql, Sql};
@@ -295,6 +295,9 @@ pub struct Held {
     slot: Slot,
     /// The key's record, for a keyed request.
     record: Option<Record>,
+    /// What the SQLSTATE of the handler's last failed statement says, once
+    /// the transaction is taken back.
+    failed: Option<Sqlstate>,
 }
 
 /// The key's row: what the record's write finds it by.
@@ -312,6 +315,7 @@ impl Held {
             tx: Some(tx),
             slot: Slot::default(),
             record,
+            failed: None,
         }
     }
 }
@@ -363,7 +367,7 @@ impl Sealed for PostgresTransactional {
     fn start(hold: &mut Held, extensions: &mut Extensions) {
         // (A fresh slot's lock is free: `try_lock` cannot fail here.)
         if let Ok(mut lent) = hold.slot.try_lock() {
-            *lent = hold.tx.take();
+            *lent = hold.tx.take().map(TxConnection::new);
         }
         extensions.insert(HandlerTransaction(Arc::clone(&hold.slot)));
     }
@@ -385,8 +389,10 @@ impl Sealed for PostgresTransactional {
         })
         .await;
         match taken {
-            Ok(Some(tx)) => {
+            Ok(Some(lent)) => {
+                let (tx, failed) = lent.into_parts();
                 hold.tx = Some(tx);
+                hold.failed = failed;
                 true
             }
             _ => false,
@@ -406,7 +412,7 @@ impl Sealed for PostgresTransactional {
         // request.
         let metrics = shared.config.stats.metrics();
         let start = (hold.record.is_some() && metrics.is_on()).then(tokio::time::Instant::now);
-        let committed = commit(&shared.store, tx, hold.record.as_ref(), record).await;
+        let committed = commit(&shared.store, tx, hold.record.as_ref(), record, hold.failed).await;
         if let Some(start) = start {
             let reached = committed != super::rules::Commit::Unknown;
             metrics.store_call(Op::Complete, start.elapsed(), reached);
