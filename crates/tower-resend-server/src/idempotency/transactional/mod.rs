@@ -78,9 +78,21 @@ mod tx;
 ///   handler's error, a 500 of the layer's own, or the deadline's answer).
 ///   A statement of the handler's that failed (a unique violation, say)
 ///   aborts the transaction, which can then only roll back: the handler's
-///   own answer to it (a 409, a 4xx or 5xx of its choosing) is the answer,
-///   unkept, and a success answered over an aborted transaction is a 500
-///   saying nothing was committed. Only a COMMIT whose outcome is unknown
+///   own answer to it (a 4xx or 5xx of its choosing) is the answer,
+///   unkept. A success answered over an aborted transaction (or a COMMIT
+///   the database refused) is answered by the failed statement's SQLSTATE,
+///   which the transaction's executor ([`TxConnection`], `&mut *tx`) notes:
+///   a violated constraint (class 23) by a final 422
+///   ([`constraint_violation`](crate::problems#constraint_violation): the
+///   same request fails the same way every time); a serialization failure
+///   or a deadlock (40001, 40P01) by a 503 with `Retry-After: 1`
+///   ([`transaction_conflict`](crate::problems#transaction_conflict): the
+///   next try may pass); any other by a 500
+///   ([`transaction_aborted`](crate::problems#transaction_aborted)). gRPC
+///   alike: FAILED_PRECONDITION, UNAVAILABLE with a pushback, INTERNAL. The
+///   key is free in every case. Without a key the same: the COMMIT is
+///   checked, in its own round trip, since PostgreSQL answers the COMMIT of
+///   an aborted transaction with a ROLLBACK and no error. Only a COMMIT whose outcome is unknown
 ///   (the connection lost during it) answers 503: retrying with the same
 ///   key is safe either way;
 /// - a caller that goes away does not cancel the handler: it runs to its
