@@ -189,7 +189,7 @@ fn post_to(addr: SocketAddr, key: Option<&str>, op: &str, then: &str) -> Request
         .unwrap();
     if let Some(key) = key {
         req.extensions_mut()
-            .insert(IdempotencyKey::new(key.to_owned()).unwrap());
+            .insert(IdempotencyKey::new(key).unwrap());
     }
     req
 }
