@@ -29,8 +29,25 @@ pub(super) const IN_FAILED_TRANSACTION: &str = "25P02";
 /// (`&mut *tx`) that notes the SQLSTATE of a statement that fails, so that
 /// a failure the handler does not answer is answered by what it means
 /// (see [`PostgresTransactional`](super::PostgresTransactional)).
-/// Statements run on the connection itself (`&mut **tx`) work all the
-/// same, unnoted.
+/// Statements run on the connection itself (`&mut **tx`, or a function
+/// that takes a `&mut PgConnection`) work all the same, unnoted: their
+/// failure, unanswered, is a 500.
+///
+/// ```no_run
+/// use sqlx::PgConnection;
+/// use tower_resend_server::IdempotentTx;
+///
+/// async fn insert(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO orders DEFAULT VALUES").execute(conn).await.map(drop)
+/// }
+///
+/// async fn handler(mut tx: IdempotentTx) -> Result<(), sqlx::Error> {
+///     // Noted: a unique violation left unanswered is a final 422.
+///     sqlx::query("INSERT INTO orders DEFAULT VALUES").execute(&mut *tx).await?;
+///     // The connection itself: unnoted.
+///     insert(&mut tx).await
+/// }
+/// ```
 pub struct TxConnection {
     tx: Transaction<'static, Postgres>,
     /// What the SQLSTATE of the last statement that failed says (not the
