@@ -152,7 +152,7 @@ pub use body::MaybeBuffered;
 pub use deadline::{InboundDeadline, InboundDeadlineLayer};
 pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyStats, KeepResponse, NothingDone};
 #[cfg(feature = "postgres")]
-pub use idempotency::{IdempotentTx, PostgresTransactional};
+pub use idempotency::{IdempotentTx, PostgresTransactional, TxConnection};
 pub use shed::{Shed, ShedLayer, ShedStats};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;

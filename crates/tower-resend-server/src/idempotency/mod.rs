@@ -134,7 +134,9 @@ pub use response::{IDEMPOTENT_KEEP, IDEMPOTENT_NOTHING_DONE};
 pub use service::Idempotency;
 pub use stats::IdempotencyStats;
 #[cfg(feature = "postgres")]
-pub use transactional::{HandlerTransaction, IdempotentTx, NoTransaction, PostgresTransactional};
+pub use transactional::{
+    HandlerTransaction, IdempotentTx, NoTransaction, PostgresTransactional, TxConnection,
+};
 
 /// A response extension by which a handler says that it did nothing: the
 /// layer then drops the lease (or rolls the transaction back) instead of

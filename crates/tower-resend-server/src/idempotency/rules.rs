@@ -104,14 +104,43 @@ pub(crate) enum Commit {
     /// Committed, with the key's record.
     Done,
     /// Not committed: a statement of the handler's had failed, so the
-    /// transaction could only roll back.
-    Aborted,
+    /// transaction could only roll back (or the database refused the
+    /// COMMIT); what its SQLSTATE says of another try.
+    Aborted(Sqlstate),
     /// Not committed: the claimed row was gone (changed or deleted through
     /// the handler's own transaction), or the database refused the record.
     Refused,
     /// The commit may or may not have happened (the connection was lost
     /// during it).
     Unknown,
+}
+
+/// What the SQLSTATE of the statement that aborted a transaction says of
+/// another try with the same request.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sqlstate {
+    /// Class 23, integrity constraint violation (23505 unique, 23503
+    /// foreign key, 23514 check, …): the same on every try.
+    Integrity,
+    /// 40001 serialization failure, 40P01 deadlock detected: the next try
+    /// may pass.
+    Transient,
+    /// Any other, or none seen (the statement went around the layer's
+    /// executor).
+    Other,
+}
+
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+impl Sqlstate {
+    /// What `code` (a five-character SQLSTATE) says.
+    pub(crate) fn of(code: &str) -> Self {
+        match code {
+            "40001" | "40P01" => Self::Transient,
+            _ if code.starts_with("23") => Self::Integrity,
+            _ => Self::Other,
+        }
+    }
 }
 
 /// What the layer knows at one step of a request.
@@ -283,13 +312,23 @@ pub(crate) fn decide(step: Step) -> Action {
             Kept::Committed(Commit::Done, _) => Action::Answered,
             // The handler's statement failed, and it said so: its answer
             // is the answer (and the key is free, as nothing committed).
-            Kept::Committed(Commit::Aborted, status)
+            Kept::Committed(Commit::Aborted(_), status)
                 if status.is_client_error() || status.is_server_error() =>
             {
                 Action::RollBack(Reply::Handler)
             }
-            // It answered as if it had succeeded: nothing of it committed.
-            Kept::Committed(Commit::Aborted, _) => {
+            // It answered as if it had succeeded: nothing of it committed,
+            // and the SQLSTATE says whether another try can pass. (Rolled
+            // back, the key is free either way.) A constraint fails the same
+            // on every try: final, not resent.
+            Kept::Committed(Commit::Aborted(Sqlstate::Integrity), _) => {
+                Action::RollBack(Reply::Answer(Answer::ConstraintViolation))
+            }
+            // A serialization failure or a deadlock passes on another try.
+            Kept::Committed(Commit::Aborted(Sqlstate::Transient), _) => {
+                Action::RollBack(Reply::Answer(Answer::TransactionConflict))
+            }
+            Kept::Committed(Commit::Aborted(Sqlstate::Other), _) => {
                 Action::RollBack(Reply::Answer(Answer::TransactionAborted))
             }
             Kept::Committed(Commit::Refused, _) => {

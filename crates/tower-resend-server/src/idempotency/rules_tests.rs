@@ -391,19 +391,31 @@ fn keeping_an_end() {
         )))
     };
     assert_eq!(committed(Commit::Done, 201), Action::Answered);
-    // A statement of the handler's failed (a unique violation, say), and it
-    // answered with an error: its answer stands, nothing is kept.
+    // A statement of the handler's failed, and it answered with an error:
+    // its answer stands, nothing is kept, whatever the SQLSTATE.
+    for failed in [Sqlstate::Integrity, Sqlstate::Transient, Sqlstate::Other] {
+        for status in [409, 422, 500, 503] {
+            assert_eq!(
+                committed(Commit::Aborted(failed), status),
+                Action::RollBack(Reply::Handler),
+                "{failed:?} {status}"
+            );
+        }
+    }
+    // ... and answered as if it had succeeded: it did not, and the SQLSTATE
+    // says whether another try can pass. A constraint: never (a final 422);
+    // a serialization failure or a deadlock: next time (503, Retry-After);
+    // anything else: a 500, as the layer cannot say.
     assert_eq!(
-        committed(Commit::Aborted, 409),
-        Action::RollBack(Reply::Handler)
+        committed(Commit::Aborted(Sqlstate::Integrity), 201),
+        Action::RollBack(Reply::Answer(Answer::ConstraintViolation))
     );
     assert_eq!(
-        committed(Commit::Aborted, 500),
-        Action::RollBack(Reply::Handler)
+        committed(Commit::Aborted(Sqlstate::Transient), 200),
+        Action::RollBack(Reply::Answer(Answer::TransactionConflict))
     );
-    // ... and answered as if it had succeeded: it did not.
     assert_eq!(
-        committed(Commit::Aborted, 201),
+        committed(Commit::Aborted(Sqlstate::Other), 201),
         Action::RollBack(Reply::Answer(Answer::TransactionAborted))
     );
     assert_eq!(
@@ -418,4 +430,20 @@ fn keeping_an_end() {
         committed(Commit::Unknown, 201),
         Action::Answer(Answer::CommitOutcomeUnknown)
     );
+}
+
+/// What a SQLSTATE says of another try.
+#[test]
+fn sqlstates_by_what_they_mean() {
+    for code in ["23505", "23503", "23514", "23502", "23P01", "23000"] {
+        assert_eq!(Sqlstate::of(code), Sqlstate::Integrity, "{code}");
+    }
+    for code in ["40001", "40P01"] {
+        assert_eq!(Sqlstate::of(code), Sqlstate::Transient, "{code}");
+    }
+    for code in [
+        "40000", "40002", "42P01", "25P02", "57014", "P0001", "XX000", "",
+    ] {
+        assert_eq!(Sqlstate::of(code), Sqlstate::Other, "{code}");
+    }
 }

@@ -41,6 +41,12 @@ pub(crate) enum Answer {
     /// 500: the handler's transaction was aborted, and its success answer
     /// not kept.
     TransactionAborted,
+    /// 422: a statement of the handler's transaction violated an integrity
+    /// constraint (SQLSTATE class 23), and its success answer was not kept.
+    ConstraintViolation,
+    /// 503: the handler's transaction failed to serialize or deadlocked
+    /// (SQLSTATE 40001, 40P01), and its success answer was not kept.
+    TransactionConflict,
 }
 
 /// How an operation failed, for [`Answer::Failed`].
@@ -78,6 +84,8 @@ impl Answer {
             },
             Self::TransactionInUse => ProblemType::TransactionInUse,
             Self::TransactionAborted => ProblemType::TransactionAborted,
+            Self::ConstraintViolation => ProblemType::ConstraintViolation,
+            Self::TransactionConflict => ProblemType::TransactionConflict,
         }
     }
 
@@ -116,6 +124,8 @@ impl Answer {
             }
             Self::TransactionInUse => "the operation kept its transaction after it ended; it was rolled back, so it may be sent again (with the same key)",
             Self::TransactionAborted => "a statement of the operation's transaction failed, so nothing of it was committed; it may be sent again (with the same key)",
+            Self::ConstraintViolation => "a statement of the operation's transaction violated an integrity constraint, so nothing of it was committed; sent again as it is, it fails the same way",
+            Self::TransactionConflict => "the operation's transaction conflicted with another (a serialization failure or a deadlock), so nothing of it was committed; send it again (with the same key)",
         })
     }
 
@@ -123,9 +133,10 @@ impl Answer {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::InProgress { retry_after } => Some(*retry_after),
-            Self::StoreUnavailable | Self::StoreNotSetUp | Self::CommitOutcomeUnknown => {
-                Some(RETRY_SOON)
-            }
+            Self::StoreUnavailable
+            | Self::StoreNotSetUp
+            | Self::CommitOutcomeUnknown
+            | Self::TransactionConflict => Some(RETRY_SOON),
             _ => None,
         }
     }
@@ -174,6 +185,19 @@ mod tests {
                 Some("2000"),
             ),
             (Answer::KeyReused, 422, GrpcCode::InvalidArgument, None),
+            (
+                Answer::ConstraintViolation,
+                422,
+                GrpcCode::FailedPrecondition,
+                None,
+            ),
+            (
+                Answer::TransactionConflict,
+                503,
+                GrpcCode::Unavailable,
+                Some("1000"),
+            ),
+            (Answer::TransactionAborted, 500, GrpcCode::Internal, None),
             (
                 Answer::KeyInvalid("bad key"),
                 400,

@@ -85,6 +85,8 @@
 //! | 500 | INTERNAL | [`response_lost`](#response_lost) | `IdempotencyLayer` |
 //! | 500 | INTERNAL | [`transaction_in_use`](#transaction_in_use) | `IdempotencyLayer` over `PostgresTransactional` |
 //! | 500 | INTERNAL | [`transaction_aborted`](#transaction_aborted) | `IdempotencyLayer` over `PostgresTransactional` |
+//! | 422 | FAILED_PRECONDITION | [`constraint_violation`](#constraint_violation) | `IdempotencyLayer` over `PostgresTransactional` |
+//! | 503 | UNAVAILABLE, pushback | [`transaction_conflict`](#transaction_conflict) | `IdempotencyLayer` over `PostgresTransactional` |
 //!
 //! The 409 and the 503s carry `Retry-After` (whole seconds, at least 1).
 //! Each code is a [`ProblemType`].
@@ -210,7 +212,29 @@
 //!
 //! 500: a statement in the handler's transaction failed, so nothing of it
 //! could be committed, yet the handler answered as if it had succeeded; its
-//! answer was not kept, and the operation may be sent again.
+//! answer was not kept, and the operation may be sent again. (A failed
+//! statement whose SQLSTATE says more is answered by it instead:
+//! [`constraint_violation`](#constraint_violation),
+//! [`transaction_conflict`](#transaction_conflict).)
+//!
+//! ### constraint_violation
+//!
+//! 422: a statement in the handler's transaction violated an integrity
+//! constraint (SQLSTATE class 23: a unique, foreign key, check or not-null
+//! violation), or the COMMIT did (a deferred one), yet the handler answered
+//! as if it had succeeded. Nothing was committed, and the key is free; but
+//! the same request fails the same way on every try, so this answer is
+//! final: a client does not send it again as it is. (Not 409: to a client
+//! that sends an `Idempotency-Key`, a 409 means "a request with this key is
+//! in progress, try again", and tower-resend's own client resends it.)
+//!
+//! ### transaction_conflict
+//!
+//! 503: the handler's transaction failed to serialize with another
+//! (SQLSTATE 40001) or was chosen to end a deadlock (40P01), in a
+//! statement or at the COMMIT, and the handler did not answer it. Nothing
+//! was committed, and the key is free: send it again after `Retry-After`,
+//! with the same key; the next try may pass.
 //!
 //! [RFC 9457]: https://www.rfc-editor.org/rfc/rfc9457
 
@@ -294,11 +318,15 @@ pub enum ProblemType {
     TransactionInUse,
     /// [`transaction_aborted`](self#transaction_aborted).
     TransactionAborted,
+    /// [`constraint_violation`](self#constraint_violation).
+    ConstraintViolation,
+    /// [`transaction_conflict`](self#transaction_conflict).
+    TransactionConflict,
 }
 
 impl ProblemType {
     /// Every type, in the order of the table above.
-    pub const ALL: [Self; 22] = [
+    pub const ALL: [Self; 24] = [
         Self::DeadlineExceeded,
         Self::OutcomeUnknown,
         Self::UpstreamOverloaded,
@@ -321,6 +349,8 @@ impl ProblemType {
         Self::ResponseLost,
         Self::TransactionInUse,
         Self::TransactionAborted,
+        Self::ConstraintViolation,
+        Self::TransactionConflict,
     ];
 
     /// The `error` code, and the anchor of its section above.
@@ -484,6 +514,18 @@ impl ProblemType {
                 S::INTERNAL_SERVER_ERROR,
                 "Transaction aborted",
                 G::Internal,
+            ),
+            Self::ConstraintViolation => (
+                "constraint_violation",
+                S::UNPROCESSABLE_ENTITY,
+                "Integrity constraint violated",
+                G::FailedPrecondition,
+            ),
+            Self::TransactionConflict => (
+                "transaction_conflict",
+                S::SERVICE_UNAVAILABLE,
+                "Transaction conflict",
+                G::Unavailable,
             ),
         }
     }

@@ -5,8 +5,9 @@
 
 use sqlx::{Postgres, Transaction};
 
+use super::tx::IN_FAILED_TRANSACTION;
 use super::{PostgresTransactional, Record};
-use crate::idempotency::rules::Commit;
+use crate::idempotency::rules::{Commit, Sqlstate};
 use crate::store::postgres::sql::{ROW_GONE, ROW_GONE_CODE};
 use crate::store::StoredResponse;
 
@@ -15,20 +16,27 @@ use crate::store::StoredResponse;
 /// one is bound as a parameter, in a round trip of its own.
 const ONE_ROUND_TRIP_RECORD: usize = 64 * 1024;
 
-/// SQLSTATE 25P02, `in_failed_sql_transaction`: a statement of the
-/// transaction failed before, and it can only roll back.
-const IN_FAILED_TRANSACTION: &str = "25P02";
+/// The COMMIT of a request without a record, checked first: PostgreSQL
+/// answers the COMMIT of an aborted transaction with a ROLLBACK, and no
+/// error, so a handler's statement that failed unanswered would pass for
+/// committed work. The `SELECT 1` fails in an aborted transaction (25P02),
+/// and the rest of the query is skipped; in the same round trip as the
+/// COMMIT. The `BEGIN` is [`record_then_commit`]'s: the transaction `tx`
+/// still counts as open.
+const CHECKED_COMMIT: &str = "SELECT 1; COMMIT; BEGIN";
 
 /// Writes the key's record (if any) in `tx`, and commits: the work and its
-/// record together.
+/// record together. `failed`: what the SQLSTATE of the handler's last
+/// failed statement says, if one failed.
 pub(super) async fn commit(
     backend: &PostgresTransactional,
     mut tx: Transaction<'static, Postgres>,
     record: Option<&Record>,
     stored: &StoredResponse,
+    failed: Option<Sqlstate>,
 ) -> Commit {
     let Some(record) = record else {
-        return committed(tx).await;
+        return checked_commit(tx, failed).await;
     };
     let done = stored.encode();
     if done.len() <= ONE_ROUND_TRIP_RECORD && backend.record_fn_there(&mut tx).await {
@@ -36,7 +44,7 @@ pub(super) async fn commit(
             .sql
             .record_then_commit(&record.scope, &record.key, &record.token, &done);
         if let Some(sql) = sql {
-            return record_then_commit(backend, tx, &record.key, &sql).await;
+            return record_then_commit(backend, tx, &record.key, &sql, failed).await;
         }
     }
     tracing::trace!(
@@ -64,19 +72,32 @@ pub(super) async fn commit(
         }
         Err(e) => {
             let _ = tx.rollback().await;
-            refused(&e)
+            refused(&e, failed)
         }
     }
 }
 
-/// What a statement before the COMMIT failing means: nothing committed;
-/// the handler's own statement had failed (the transaction was aborted),
-/// or the record could not be written.
-fn refused(e: &sqlx::Error) -> Commit {
-    match e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some(IN_FAILED_TRANSACTION) => {
-            tracing::debug!("a statement of the handler's failed: its transaction rolls back");
-            Commit::Aborted
+/// What a statement before the COMMIT (or the COMMIT) failing means:
+/// nothing committed; the handler's own statement had failed (the
+/// transaction was aborted: `failed` says what its SQLSTATE means), the
+/// COMMIT was refused by a constraint or a conflict, or the record could
+/// not be written.
+fn refused(e: &sqlx::Error, failed: Option<Sqlstate>) -> Commit {
+    let code = match e {
+        sqlx::Error::Database(db) => db.code(),
+        _ => None,
+    };
+    match code.as_deref() {
+        Some(IN_FAILED_TRANSACTION) => {
+            tracing::debug!(
+                ?failed,
+                "a statement of the handler's failed: its transaction rolls back"
+            );
+            Commit::Aborted(failed.unwrap_or(Sqlstate::Other))
+        }
+        Some(code) if Sqlstate::of(code) != Sqlstate::Other => {
+            tracing::debug!(error = %e, "the database refused the COMMIT: rolled back");
+            Commit::Aborted(Sqlstate::of(code))
         }
         _ => {
             tracing::error!(error = %e, "the response of a keyed request could not be recorded: its transaction is rolled back");
@@ -87,13 +108,14 @@ fn refused(e: &sqlx::Error) -> Commit {
 
 /// `tx` committed. A COMMIT the database refuses (a deferred constraint,
 /// a serialization failure) rolled back; one whose answer was lost may or
-/// may not have happened.
+/// may not have happened. (After a record written in `tx`: an aborted
+/// transaction refused the record already.)
 async fn committed(tx: Transaction<'static, Postgres>) -> Commit {
     match tx.commit().await {
         Ok(()) => Commit::Done,
         Err(sqlx::Error::Database(e)) => {
             tracing::debug!(error = %e, "the database refused the COMMIT: rolled back");
-            Commit::Aborted
+            Commit::Aborted(e.code().map_or(Sqlstate::Other, |c| Sqlstate::of(&c)))
         }
         Err(e) => {
             tracing::error!(error = %e, "a keyed request's COMMIT may or may not have happened");
@@ -112,6 +134,7 @@ async fn record_then_commit(
     mut tx: Transaction<'static, Postgres>,
     key: &str,
     sql: &str,
+    failed: Option<Sqlstate>,
 ) -> Commit {
     // (Through `Executor` itself, whose boxed future is plainly `Send`.)
     match sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(sql)).await {
@@ -142,11 +165,35 @@ async fn record_then_commit(
         }
         Err(e @ sqlx::Error::Database(_)) => {
             let _ = tx.rollback().await;
-            refused(&e)
+            refused(&e, failed)
         }
         // Lost on the way: the COMMIT may have run.
         Err(e) => {
             tracing::error!(error = %e, "a keyed request's record and COMMIT may or may not have happened");
+            Commit::Unknown
+        }
+    }
+}
+
+/// A request without a record: its COMMIT, after a check that its
+/// transaction was not aborted ([`CHECKED_COMMIT`]), in one round trip.
+async fn checked_commit(
+    mut tx: Transaction<'static, Postgres>,
+    failed: Option<Sqlstate>,
+) -> Commit {
+    match sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(CHECKED_COMMIT)).await {
+        Ok(_) => {
+            // Committed; the empty transaction begun after it is rolled
+            // back when `tx` goes (see `record_then_commit`).
+            drop(tx);
+            Commit::Done
+        }
+        Err(e @ sqlx::Error::Database(_)) => {
+            let _ = tx.rollback().await;
+            refused(&e, failed)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "a transaction's COMMIT may or may not have happened");
             Commit::Unknown
         }
     }

@@ -12,10 +12,10 @@ use sqlx::{Postgres, Transaction};
 use self::claim::{claim, wait_for, KeyRow};
 use self::commit::commit;
 use self::tx::{begin, Slot};
-pub use self::tx::{HandlerTransaction, IdempotentTx, NoTransaction};
+pub use self::tx::{HandlerTransaction, IdempotentTx, NoTransaction, TxConnection};
 use super::backend::{sealed::Sealed, Backend, Claimed, KeyClaim};
 use super::config::Shared;
-use super::rules::{Kept, Mode};
+use super::rules::{Kept, Mode, Sqlstate};
 use super::store_call::with_timeout;
 use super::telemetry::Op;
 use crate::store::postgres::sql::{migrate, migration_sql, pg_error, record_function_sql, Sql};
@@ -78,9 +78,21 @@ mod tx;
 ///   handler's error, a 500 of the layer's own, or the deadline's answer).
 ///   A statement of the handler's that failed (a unique violation, say)
 ///   aborts the transaction, which can then only roll back: the handler's
-///   own answer to it (a 409, a 4xx or 5xx of its choosing) is the answer,
-///   unkept, and a success answered over an aborted transaction is a 500
-///   saying nothing was committed. Only a COMMIT whose outcome is unknown
+///   own answer to it (a 4xx or 5xx of its choosing) is the answer,
+///   unkept. A success answered over an aborted transaction (or a COMMIT
+///   the database refused) is answered by the failed statement's SQLSTATE,
+///   which the transaction's executor ([`TxConnection`], `&mut *tx`) notes:
+///   a violated constraint (class 23) by a final 422
+///   ([`constraint_violation`](crate::problems#constraint_violation): the
+///   same request fails the same way every time); a serialization failure
+///   or a deadlock (40001, 40P01) by a 503 with `Retry-After: 1`
+///   ([`transaction_conflict`](crate::problems#transaction_conflict): the
+///   next try may pass); any other by a 500
+///   ([`transaction_aborted`](crate::problems#transaction_aborted)). gRPC
+///   alike: FAILED_PRECONDITION, UNAVAILABLE with a pushback, INTERNAL. The
+///   key is free in every case. Without a key the same: the COMMIT is
+///   checked, in its own round trip, since PostgreSQL answers the COMMIT of
+///   an aborted transaction with a ROLLBACK and no error. Only a COMMIT whose outcome is unknown
 ///   (the connection lost during it) answers 503: retrying with the same
 ///   key is safe either way;
 /// - a caller that goes away does not cancel the handler: it runs to its
@@ -103,15 +115,26 @@ mod tx;
 /// stored responses must not reach the log.
 ///
 /// ```no_run
-/// use axum::{routing::post, Router};
+/// use axum::{http::StatusCode, routing::post, Router};
 /// use tower_resend_server::{IdempotencyLayer, IdempotentTx, PostgresStore};
 ///
-/// async fn create_order(mut tx: IdempotentTx, body: String) -> Result<String, String> {
+/// // A failed statement is answered with an error status (never a 200
+/// // carrying the database's text): a 4xx or 5xx, which the layer rolls
+/// // back, the key's claim with it.
+/// async fn create_order(
+///     mut tx: IdempotentTx,
+///     body: String,
+/// ) -> Result<String, (StatusCode, &'static str)> {
 ///     sqlx::query("INSERT INTO orders (body) VALUES ($1)")
 ///         .bind(&body)
 ///         .execute(&mut *tx)
 ///         .await
-///         .map_err(|e| e.to_string())?;
+///         .map_err(|e| match e.as_database_error() {
+///             Some(db) if db.is_unique_violation() => {
+///                 (StatusCode::UNPROCESSABLE_ENTITY, "this order exists already")
+///             }
+///             _ => (StatusCode::INTERNAL_SERVER_ERROR, "the order could not be written"),
+///         })?;
 ///     Ok("created".to_owned())
 /// }
 ///
@@ -284,6 +307,9 @@ pub struct Held {
     slot: Slot,
     /// The key's record, for a keyed request.
     record: Option<Record>,
+    /// What the SQLSTATE of the handler's last failed statement says, once
+    /// the transaction is taken back.
+    failed: Option<Sqlstate>,
 }
 
 /// The key's row: what the record's write finds it by.
@@ -301,6 +327,7 @@ impl Held {
             tx: Some(tx),
             slot: Slot::default(),
             record,
+            failed: None,
         }
     }
 }
@@ -352,7 +379,7 @@ impl Sealed for PostgresTransactional {
     fn start(hold: &mut Held, extensions: &mut Extensions) {
         // (A fresh slot's lock is free: `try_lock` cannot fail here.)
         if let Ok(mut lent) = hold.slot.try_lock() {
-            *lent = hold.tx.take();
+            *lent = hold.tx.take().map(TxConnection::new);
         }
         extensions.insert(HandlerTransaction(Arc::clone(&hold.slot)));
     }
@@ -374,8 +401,10 @@ impl Sealed for PostgresTransactional {
         })
         .await;
         match taken {
-            Ok(Some(tx)) => {
+            Ok(Some(lent)) => {
+                let (tx, failed) = lent.into_parts();
                 hold.tx = Some(tx);
+                hold.failed = failed;
                 true
             }
             _ => false,
@@ -395,7 +424,7 @@ impl Sealed for PostgresTransactional {
         // request.
         let metrics = shared.config.stats.metrics();
         let start = (hold.record.is_some() && metrics.is_on()).then(tokio::time::Instant::now);
-        let committed = commit(&shared.store, tx, hold.record.as_ref(), record).await;
+        let committed = commit(&shared.store, tx, hold.record.as_ref(), record, hold.failed).await;
         if let Some(start) = start {
             let reached = committed != super::rules::Commit::Unknown;
             metrics.store_call(Op::Complete, start.elapsed(), reached);

@@ -5,15 +5,175 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+use futures_util::{FutureExt, StreamExt, TryStreamExt};
 #[cfg(feature = "axum")]
 use http::StatusCode;
-use sqlx::postgres::{PgConnection, PgPool};
-use sqlx::{Postgres, Transaction};
+use sqlx::postgres::{PgConnection, PgPool, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::{Describe, Either, Execute, Executor, Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+
+use crate::idempotency::rules::Sqlstate;
 
 /// The transaction of one request, lent to its handler and taken back when
 /// the handler ends.
-pub(crate) type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
+pub(crate) type Slot = Arc<Mutex<Option<TxConnection>>>;
+
+/// SQLSTATE 25P02, `in_failed_sql_transaction`: a statement of the
+/// transaction failed before, and it can only roll back.
+pub(super) const IN_FAILED_TRANSACTION: &str = "25P02";
+
+/// The handler's transaction, as [`IdempotentTx`] lends it: a
+/// [`PgConnection`] (through `Deref`), and an [`Executor`] of its own
+/// (`&mut *tx`) that notes the SQLSTATE of a statement that fails, so that
+/// a failure the handler does not answer is answered by what it means
+/// (see [`PostgresTransactional`](super::PostgresTransactional)).
+/// Statements run on the connection itself (`&mut **tx`, or a function
+/// that takes a `&mut PgConnection`) work all the same, unnoted: their
+/// failure, unanswered, is a 500.
+///
+/// ```no_run
+/// use sqlx::PgConnection;
+/// use tower_resend_server::IdempotentTx;
+///
+/// async fn insert(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO orders DEFAULT VALUES").execute(conn).await.map(drop)
+/// }
+///
+/// async fn handler(mut tx: IdempotentTx) -> Result<(), sqlx::Error> {
+///     // Noted: a unique violation left unanswered is a final 422.
+///     sqlx::query("INSERT INTO orders DEFAULT VALUES").execute(&mut *tx).await?;
+///     // The connection itself: unnoted.
+///     insert(&mut tx).await
+/// }
+/// ```
+pub struct TxConnection {
+    tx: Transaction<'static, Postgres>,
+    /// What the SQLSTATE of the last statement that failed says (not the
+    /// 25P02s that follow it).
+    failed: Option<Sqlstate>,
+}
+
+impl std::fmt::Debug for TxConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxConnection")
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TxConnection {
+    pub(super) fn new(tx: Transaction<'static, Postgres>) -> Self {
+        Self { tx, failed: None }
+    }
+
+    /// The transaction, and what its last failed statement's SQLSTATE
+    /// says.
+    pub(super) fn into_parts(self) -> (Transaction<'static, Postgres>, Option<Sqlstate>) {
+        (self.tx, self.failed)
+    }
+}
+
+/// Notes what a failed statement's SQLSTATE says.
+fn note(failed: &mut Option<Sqlstate>, e: &sqlx::Error) {
+    if let sqlx::Error::Database(db) = e {
+        match db.code().as_deref() {
+            Some(IN_FAILED_TRANSACTION) => {}
+            Some(code) => *failed = Some(Sqlstate::of(code)),
+            None => *failed = Some(Sqlstate::Other),
+        }
+    }
+}
+
+impl Deref for TxConnection {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for TxConnection {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
+    }
+}
+
+impl<'c> Executor<'c> for &'c mut TxConnection {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let TxConnection { tx, failed } = self;
+        (&mut **tx)
+            .fetch_many(query)
+            .inspect_err(move |e| note(failed, e))
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let TxConnection { tx, failed } = self;
+        (&mut **tx)
+            .fetch_optional(query)
+            .inspect(move |r| {
+                if let Err(e) = r {
+                    note(failed, e);
+                }
+            })
+            .boxed()
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        let TxConnection { tx, failed } = self;
+        (&mut **tx)
+            .prepare_with(sql, parameters)
+            .inspect(move |r| {
+                if let Err(e) = r {
+                    note(failed, e);
+                }
+            })
+            .boxed()
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        let TxConnection { tx, failed } = self;
+        (&mut **tx)
+            .describe(sql)
+            .inspect(move |r| {
+                if let Err(e) = r {
+                    note(failed, e);
+                }
+            })
+            .boxed()
+    }
+}
 
 /// The transaction a handler does its work in, under
 /// [`PostgresTransactional`](super::PostgresTransactional): a request extension that the layer puts on
@@ -28,17 +188,16 @@ impl std::fmt::Debug for HandlerTransaction {
     }
 }
 
-/// The handler's transaction, as a [`PgConnection`] to run statements on:
-/// `sqlx::query(..).execute(&mut *tx)`. The layer commits it (with the
+/// The handler's transaction, as a [`TxConnection`] to run statements on:
+/// `sqlx::query(..).execute(&mut *tx)` (a [`PgConnection`] through
+/// `Deref`, wherever one is asked for). The layer commits it (with the
 /// key's record) or rolls it back when the handler ends; the handler never
 /// does.
 ///
 /// An axum extractor (feature `axum`): a handler's `mut tx: IdempotentTx`
 /// argument. Held across the handler's awaits, it is the handler's alone;
 /// drop it before the handler returns (as a handler argument is).
-pub struct IdempotentTx(
-    OwnedMappedMutexGuard<Option<Transaction<'static, Postgres>>, PgConnection>,
-);
+pub struct IdempotentTx(OwnedMappedMutexGuard<Option<TxConnection>, TxConnection>);
 
 impl std::fmt::Debug for IdempotentTx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,22 +233,22 @@ impl HandlerTransaction {
     /// The transaction's connection, for as long as the guard lives.
     pub async fn lock(&self) -> Result<IdempotentTx, NoTransaction> {
         let guard = Arc::clone(&self.0).lock_owned().await;
-        OwnedMutexGuard::try_map(guard, |tx| tx.as_mut().map(|tx| &mut **tx))
+        OwnedMutexGuard::try_map(guard, Option::as_mut)
             .map(IdempotentTx)
             .map_err(|_| NoTransaction)
     }
 }
 
 impl Deref for IdempotentTx {
-    type Target = PgConnection;
+    type Target = TxConnection;
 
-    fn deref(&self) -> &PgConnection {
+    fn deref(&self) -> &TxConnection {
         &self.0
     }
 }
 
 impl DerefMut for IdempotentTx {
-    fn deref_mut(&mut self) -> &mut PgConnection {
+    fn deref_mut(&mut self) -> &mut TxConnection {
         &mut self.0
     }
 }
