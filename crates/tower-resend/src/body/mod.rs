@@ -30,6 +30,7 @@
 //! # }
 //! ```
 
+mod error;
 mod replay;
 mod shared;
 
@@ -38,7 +39,8 @@ use http_body::Body;
 
 use crate::error::BoxError;
 
-pub use replay::{ReplayBody, ReplayError, DEFAULT_REPLAY_CAP};
+pub use error::ReplayError;
+pub use replay::{ReplayBody, DEFAULT_REPLAY_CAP};
 
 /// A request body the stack can send more than once.
 ///

@@ -13,6 +13,8 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::error::BoxError;
 
+#[cfg(test)]
+use super::error::{Reason, ReplayError};
 use super::shared::{lock, Cursor, Reader, Rest, State};
 
 #[cfg(test)]
@@ -40,7 +42,7 @@ pub const DEFAULT_REPLAY_CAP: usize = 64 * 1024;
 /// and [`try_clone`](Self::try_clone) returns `None`. A clone never sends
 /// part of a body as if it were the whole: a clone that can no longer finish
 /// (its data was dropped at the cap, the original failed, or a newer clone
-/// took the original over) fails with a [`ReplayError`] instead of ending.
+/// took the original over) fails with a [`ReplayError`](super::ReplayError) instead of ending.
 /// Trailers count toward the cap loosely, as the bytes of their names and
 /// values.
 ///
@@ -58,7 +60,7 @@ pub const DEFAULT_REPLAY_CAP: usize = 64 * 1024;
 /// makes them, and the newest one that needs the rest of the original body
 /// takes it over. Any clone replays what was copied so far; an *older* clone that then
 /// needs the original after a newer clone has read from it fails with a
-/// [`ReplayError`] (its attempt has been superseded), and if it was waiting on
+/// [`ReplayError`](super::ReplayError) (its attempt has been superseded), and if it was waiting on
 /// the original it is woken so that it fails promptly rather than hang. So a
 /// transport that drops an earlier attempt's body late neither blocks nor
 /// corrupts the next attempt, and a clone made early (before the previous
@@ -267,38 +269,3 @@ impl<B> fmt::Debug for ReplayBody<B> {
             .finish()
     }
 }
-
-/// Why a [`ReplayBody`] clone could not send the whole body.
-///
-/// A clone that cannot finish fails with this error (boxed, so look for it
-/// with `downcast_ref`) rather than end early: a receiver must never take a
-/// part of the body for the whole. Errors of the original body itself are
-/// passed on as they are, boxed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReplayError {
-    pub(super) reason: Reason,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Reason {
-    /// The copy this clone needed was dropped at the cap.
-    Capped,
-    /// The original body failed while another clone was reading it.
-    Failed,
-    /// A newer clone has taken the rest of the original over.
-    Superseded,
-}
-
-impl fmt::Display for ReplayError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.reason {
-            Reason::Capped => "request body cannot be sent again: it grew past the replay cap",
-            Reason::Failed => "request body cannot be sent again: the original body failed",
-            Reason::Superseded => {
-                "request body cannot be sent again: a newer attempt is sending it"
-            }
-        })
-    }
-}
-
-impl std::error::Error for ReplayError {}

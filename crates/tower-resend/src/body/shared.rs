@@ -10,7 +10,7 @@ use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-use super::replay::{Reason, ReplayError};
+use super::error::{Reason, ReplayError};
 use crate::error::BoxError;
 
 /// One handle on the shared state, with its own position in the body.

@@ -191,7 +191,7 @@ fn parse_digits(digits: &[u8]) -> Option<u64> {
     if significant.len() > MAX_DIGITS {
         return None;
     }
-    crate::deadline::parse_digits(significant)
+    crate::vocab::parse_digits(significant)
 }
 
 #[cfg(test)]

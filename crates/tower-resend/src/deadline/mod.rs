@@ -53,7 +53,6 @@ pub use service::CallDeadline;
 pub(crate) use value::Deadline;
 pub(crate) use value::{ambient, clamp};
 pub use value::{current_ledger, scope, scope_with_ledger, Ambient};
-pub(crate) use wire::parse_digits;
 pub use wire::{
     encode_grpc_timeout, encode_millis, parse_grpc_timeout, parse_millis, InvalidTimeout,
     GRPC_TIMEOUT_MAX_DIGITS, MILLIS_MAX_DIGITS,

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
+use crate::vocab::parse_digits;
+
 /// The most digits a `grpc-timeout` value may have.
 pub const GRPC_TIMEOUT_MAX_DIGITS: usize = 8;
 const GRPC_MAX_VALUE: u64 = 99_999_999;
@@ -144,17 +146,6 @@ pub fn parse_millis(value: &[u8]) -> Result<Duration, InvalidTimeout> {
         .ok_or(InvalidTimeout::new(
             "timeout must be whole milliseconds in ASCII digits",
         ))
-}
-
-/// Parses ASCII digits (callers bound the length, at most 19 digits, so the
-/// value cannot overflow); `None` on anything else or on no digits at all.
-pub(crate) fn parse_digits(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 19 {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, &b| {
-        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
-    })
 }
 
 fn header_value(args: fmt::Arguments<'_>) -> HeaderValue {

@@ -19,6 +19,7 @@ use crate::error::BoxError;
 use crate::name::Name;
 use crate::retry::{NoRetry, RetryBudget};
 use crate::telemetry::{CallMetrics, ClientMetrics};
+pub use crate::vocab::Hedged;
 pub use future::ResponseFuture;
 use future::Template;
 
@@ -182,17 +183,6 @@ impl<S, C: Clone> Layer<S> for HedgeLayer<C> {
         });
         Hedge { inner, shared }
     }
-}
-
-/// What hedging did for a call: the copies sent, and which one answered
-/// (1 for the first). In the extensions of the response it returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Hedged {
-    /// Copies sent, the first included.
-    pub sent: u32,
-    /// The copy whose answer was returned, counted from 1.
-    pub won: u32,
 }
 
 struct Shared<C> {

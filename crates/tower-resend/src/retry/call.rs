@@ -14,14 +14,13 @@ use tokio::time::Instant;
 use super::head::Head;
 use super::layer::Shared;
 use super::policy::{Attempted, Decision};
-use super::Hedged;
 use super::{CallOptions, RetryBudget, Token};
 use crate::body::Replay;
 use crate::classify::{is_replayed, Class, Classification, Classify, RequestFacts};
 use crate::deadline::Deadline;
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::telemetry::{self, Outcome, WaitReason};
-use crate::vocab::{Attempt, Attempts, RetryInCharge, Stop};
+use crate::vocab::{Attempt, Attempts, Hedged, RetryInCharge, Stop};
 
 /// What comes after an attempt.
 pub(crate) enum Next<R> {

@@ -88,8 +88,6 @@ pub use policy::{
 };
 pub use service::Retry;
 
-use crate::hedge::Hedged;
-
 /// A request extension that sets, for this request alone, what the retry
 /// layer's configuration says for every call: the attempts in all, and the
 /// limit of each attempt (applied by the [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer)
