@@ -224,7 +224,7 @@ fn cause_is_deadline(e: &Error) -> bool {
 /// The 504 of a call the deadline ended: the upstream it was calling, and
 /// where the request's time went (the ambient ledger).
 fn deadline_exceeded(e: &Error) -> Problem {
-    let snapshot = tower_resend::deadline::current_ledger()
+    let snapshot = tower_resend::deadline::server::current_ledger()
         .map(|l| l.snapshot())
         .unwrap_or_default();
     let attributed: Duration = snapshot.totals().iter().map(|e| e.spent).sum();

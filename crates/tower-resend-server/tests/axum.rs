@@ -335,9 +335,12 @@ async fn a_handler_cut_in_an_upstream_call_names_it_with_and_without_a_key() {
                     tokio::time::sleep(Duration::from_millis(250)),
                 )
                 .await;
-                let _call = tower_resend::deadline::current_ledger()
+                let _call = tower_resend::deadline::server::current_ledger()
                     .unwrap()
-                    .start(tower_resend::deadline::Source::Upstream, "shipping".into());
+                    .start(
+                        tower_resend::deadline::server::Source::Upstream,
+                        "shipping".into(),
+                    );
                 tokio::time::sleep(Duration::from_secs(60)).await;
                 "shipped"
             }),

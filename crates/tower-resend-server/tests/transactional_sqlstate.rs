@@ -37,7 +37,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio::sync::OnceCell;
 use tower::ServiceExt;
-use tower_resend::{Attempts, IdempotencyKey};
+use tower_resend::{retry::Attempts, IdempotencyKey};
 use tower_resend_server::{IdempotencyLayer, IdempotentTx, InboundDeadlineLayer, PostgresStore};
 
 const TABLE: &str = "resend_idempotency_sqlstate_test";
@@ -195,7 +195,7 @@ fn post_to(addr: SocketAddr, key: Option<&str>, op: &str, then: &str) -> Request
 }
 
 /// A client stack of up to 3 attempts, with idempotency keys.
-fn client() -> tower_resend::Stack<tower_resend::HyperClient> {
+fn client() -> tower_resend::stack::Stack<tower_resend::connect::HyperClient> {
     tower_resend::stack()
         .name("charges")
         .max_attempts(3)

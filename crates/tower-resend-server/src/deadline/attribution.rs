@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use http::Response;
 use serde_json::{Map, Value};
-use tower_resend::deadline::{Snapshot, Source};
+use tower_resend::deadline::{server::Snapshot, server::Source};
 
 use crate::body::MaybeBuffered;
 use crate::problems::{ms, Problem, ProblemType, Protocol};
@@ -147,7 +147,7 @@ impl Attribution {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tower_resend::deadline::{Entry, Snapshot};
+    use tower_resend::deadline::{server::Entry, server::Snapshot};
 
     #[test]
     fn body_names_the_running_upstream_and_sums_the_parts() {

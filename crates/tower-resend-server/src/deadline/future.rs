@@ -7,7 +7,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::{Instant, Sleep};
-use tower_resend::deadline::{Ambient, TimeLedger};
+use tower_resend::deadline::{server::Ambient, server::TimeLedger};
 use tower_resend::Deadline;
 use tower_service::Service;
 
@@ -100,7 +100,11 @@ where
         };
         Self {
             state: State::Running {
-                inner: tower_resend::deadline::scope_with_ledger(deadline, ledger.clone(), lazy),
+                inner: tower_resend::deadline::server::scope_with_ledger(
+                    deadline,
+                    ledger.clone(),
+                    lazy,
+                ),
                 sleep: tokio::time::sleep_until(deadline.instant()),
                 ledger,
                 start,

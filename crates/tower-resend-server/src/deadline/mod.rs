@@ -5,7 +5,7 @@
 //! (or a configured header in milliseconds), bounds it by the server's own
 //! maximum, puts the [`Deadline`](tower_resend::Deadline) in the request's
 //! extensions and runs the handler inside tower-resend's task-local deadline scope
-//! with a fresh [`TimeLedger`](tower_resend::deadline::TimeLedger): every tower-resend
+//! with a fresh [`TimeLedger`](tower_resend::deadline::server::TimeLedger): every tower-resend
 //! client stack the handler calls inherits the deadline, with no plumbing,
 //! and records its time. A malformed header is ignored (the server default
 //! applies) with a `warn` event; it never fails the request.

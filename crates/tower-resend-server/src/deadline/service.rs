@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Request, Response};
 use tokio::time::Instant;
-use tower_resend::deadline::{parse_grpc_timeout, parse_millis, TimeLedger, GRPC_TIMEOUT};
+use tower_resend::deadline::{parse_grpc_timeout, parse_millis, server::TimeLedger, GRPC_TIMEOUT};
 use tower_resend::Deadline;
 use tower_service::Service;
 

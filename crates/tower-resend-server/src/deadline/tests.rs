@@ -8,7 +8,7 @@ use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_resend::deadline::{current_ledger, internal, Source};
+use tower_resend::deadline::{internal, server::current_ledger, server::Source};
 use tower_resend::{deadline::CallDeadlineLayer, Deadline, Error};
 
 use super::InboundDeadlineLayer;

@@ -14,7 +14,7 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tokio::time::Instant;
 use tower_resend::classify::{GrpcCode, GRPC_RETRY_PUSHBACK_MS};
-use tower_resend::deadline::{Snapshot, TimeLedger};
+use tower_resend::deadline::{server::Snapshot, server::TimeLedger};
 use tower_resend::{BoxError, Deadline};
 use tower_service::Service;
 use tracing::Instrument;
@@ -209,7 +209,7 @@ where
         shared: Arc::clone(&shared),
         protocol,
         deadline: keyed.deadline,
-        ledger: tower_resend::deadline::current_ledger(),
+        ledger: tower_resend::deadline::server::current_ledger(),
         started_at,
         key: Some(keyed.key),
     };
@@ -257,7 +257,7 @@ where
         shared,
         protocol,
         deadline,
-        ledger: tower_resend::deadline::current_ledger(),
+        ledger: tower_resend::deadline::server::current_ledger(),
         started_at,
         key: None,
     };

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
-use tower_resend::deadline::{Snapshot, TimeLedger};
+use tower_resend::deadline::{server::Snapshot, server::TimeLedger};
 use tracing::Instrument;
 
 /// How supervised work ended.
@@ -169,7 +169,7 @@ impl<F: Future + Send + 'static> Drop for Unabandoned<F> {
 mod tests {
     use std::cell::Cell;
 
-    use tower_resend::deadline::Source;
+    use tower_resend::deadline::server::Source;
 
     use super::*;
 

@@ -1,14 +1,8 @@
 //! Taking a deadline scope along to another task.
 
-use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
-use pin_project_lite::pin_project;
-use tokio::task::futures::TaskLocalFuture;
-
-use super::value::{rescope, Ambient};
+use super::value::rescope;
 
 /// Takes the current task's deadline [`scope`](super::scope) (its deadline,
 /// and its ledger if it has one) along with `future`, wherever it is polled.
@@ -17,7 +11,7 @@ use super::value::{rescope, Ambient};
 /// returned future runs inside it. A future built in a handler's scope and
 /// handed to `tokio::spawn` keeps the handler's deadline, and its outbound
 /// calls are still recorded in the handler's
-/// [`TimeLedger`](super::TimeLedger). Outside any scope, `carry` changes
+/// [`TimeLedger`](super::server::TimeLedger). Outside any scope, `carry` changes
 /// nothing: the future runs as it would have.
 ///
 /// ```
@@ -38,50 +32,13 @@ use super::value::{rescope, Ambient};
 /// .await;
 /// # }
 /// ```
-pub fn carry<F: Future>(future: F) -> Carried<F> {
-    let inner = match rescope(future) {
-        Ok(future) => Inner::Scoped { future },
-        Err(future) => Inner::Bare { future },
-    };
-    Carried { inner }
-}
-
-pin_project! {
-    /// A future that runs inside the deadline scope it was made in; see
-    /// [`carry`].
-    pub struct Carried<F> {
-        #[pin]
-        inner: Inner<F>,
-    }
-}
-
-pin_project! {
-    #[project = InnerProj]
-    enum Inner<F> {
-        Scoped { #[pin] future: TaskLocalFuture<Ambient, F> },
-        Bare { #[pin] future: F },
-    }
-}
-
-impl<F: Future> Future for Carried<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        match self.project().inner.project() {
-            InnerProj::Scoped { future } => future.poll(cx),
-            InnerProj::Bare { future } => future.poll(cx),
+pub fn carry<F: Future>(future: F) -> impl Future<Output = F::Output> {
+    let future = rescope(future);
+    async move {
+        match future {
+            Ok(scoped) => scoped.await,
+            Err(bare) => bare.await,
         }
-    }
-}
-
-impl<F> fmt::Debug for Carried<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = f.debug_struct("Carried");
-        match &self.inner {
-            Inner::Scoped { future } => d.field("scope", future),
-            Inner::Bare { .. } => d.field("scope", &None::<Ambient>),
-        };
-        d.finish_non_exhaustive()
     }
 }
 
@@ -90,10 +47,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::deadline::{
-        current_ledger, internal, scope, scope_with_ledger, value::sync_scope, Deadline, Source,
-        TimeLedger,
-    };
+    use crate::deadline::server::{current_ledger, scope_with_ledger, Source, TimeLedger};
+    use crate::deadline::{internal, scope, value::sync_scope, Deadline};
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     #[allow(clippy::async_yields_async)] // the point: made in the scope, awaited outside
@@ -109,7 +64,6 @@ mod tests {
         .await;
         // The scope has ended here; the carried future still has it.
         assert_eq!(Deadline::current(), None);
-        assert!(format!("{carried:?}").starts_with("Carried { scope: TaskLocalFuture"));
         let (seen, has_ledger) = tokio::spawn(carried).await.unwrap();
         assert_eq!(seen, Some(d));
         assert!(has_ledger);
@@ -137,7 +91,6 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn outside_a_scope_it_is_transparent() {
         let carried = carry(async { Deadline::current() });
-        assert_eq!(format!("{carried:?}"), "Carried { scope: None, .. }");
         // It runs as the bare future would: in whatever scope polls it.
         let d = Deadline::after(Duration::from_secs(1));
         assert_eq!(scope(d, carried).await, Some(d));

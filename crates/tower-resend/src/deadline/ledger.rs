@@ -8,14 +8,12 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::name::Name;
-use std::task::{Context, Poll};
+
 use std::time::Duration;
 
-use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 /// What kind of work took the time.
@@ -173,17 +171,6 @@ impl Drop for LedgerGuard {
     }
 }
 
-pin_project! {
-    /// Future of [`internal`]: the work, recorded in the ambient ledger.
-    #[derive(Debug)]
-    pub struct Internal<F> {
-        #[pin]
-        future: F,
-        name: Option<Name>,
-        guard: Option<LedgerGuard>,
-    }
-}
-
 /// Marks `future` as the handler's own work named `name` (a database query,
 /// say) in the ambient ledger, if the task has one; otherwise it just runs.
 ///
@@ -194,27 +181,12 @@ pin_project! {
 /// # assert_eq!(rows, 7);
 /// # }
 /// ```
-pub fn internal<F: Future>(name: impl Into<Name>, future: F) -> Internal<F> {
-    Internal {
-        future,
-        name: Some(name.into()),
-        guard: None,
-    }
-}
-
-impl<F: Future> Future for Internal<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        if let Some(name) = this.name.take() {
-            *this.guard = super::current_ledger().map(|l| l.start(Source::Internal, name));
-        }
-        let out = this.future.poll(cx);
-        if out.is_ready() {
-            this.guard.take();
-        }
-        out
+pub fn internal<F: Future>(name: impl Into<Name>, future: F) -> impl Future<Output = F::Output> {
+    let name = name.into();
+    async move {
+        // Recorded from its first poll to its end (or until it is dropped).
+        let _work = super::current_ledger().map(|l| l.start(Source::Internal, name));
+        future.await
     }
 }
 
@@ -254,7 +226,7 @@ mod tests {
     async fn internal_marks_work_in_the_ambient_ledger() {
         let l = TimeLedger::new();
         let d = super::super::Deadline::after(Duration::from_secs(1));
-        super::super::scope_with_ledger(d, l.clone(), async {
+        super::super::server::scope_with_ledger(d, l.clone(), async {
             internal("db", tokio::time::sleep(Duration::from_millis(20))).await;
         })
         .await;

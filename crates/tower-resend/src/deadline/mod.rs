@@ -44,19 +44,32 @@ pub(crate) mod value;
 mod wire;
 
 pub use body::DeadlineBody;
-pub use carry::{carry, Carried};
+pub use carry::carry;
 pub use future::ResponseFuture;
 pub use header::{DeadlineHeader, DeadlineHeaderLayer, DEFAULT_MARGIN, GRPC_TIMEOUT};
 pub use layer::CallDeadlineLayer;
-pub use ledger::{internal, Entry, Internal, LedgerGuard, Snapshot, Source, TimeLedger};
+pub use ledger::internal;
+pub(crate) use ledger::{LedgerGuard, Source};
 pub use service::CallDeadline;
+pub(crate) use value::current_ledger;
+pub use value::scope;
 pub(crate) use value::Deadline;
 pub(crate) use value::{ambient, clamp};
-pub use value::{current_ledger, scope, scope_with_ledger, Ambient};
 pub use wire::{
     encode_grpc_timeout, encode_millis, parse_grpc_timeout, parse_millis, InvalidTimeout,
     GRPC_TIMEOUT_MAX_DIGITS, MILLIS_MAX_DIGITS,
 };
+
+/// What a server layer needs of the ambient deadline: a scope that also
+/// keeps a [`TimeLedger`](server::TimeLedger) of where the time went (which
+/// `tower-resend-server`'s inbound deadline layer opens, and reads to say
+/// where a spent deadline went), and that ledger's records. An application
+/// needs none of it: [`scope`], [`carry`], [`internal`] and
+/// [`Deadline::current`](crate::Deadline::current) are its ways in.
+pub mod server {
+    pub use super::ledger::{Entry, LedgerGuard, Snapshot, Source, TimeLedger};
+    pub use super::value::{current_ledger, scope_with_ledger, Ambient};
+}
 
 #[cfg(test)]
 mod tests;

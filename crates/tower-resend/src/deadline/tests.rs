@@ -324,7 +324,7 @@ impl http_body::Body for OneThenError {
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn outbound_calls_are_recorded_in_the_ambient_ledger() {
-    use crate::deadline::{scope_with_ledger, Source, TimeLedger};
+    use crate::deadline::server::{scope_with_ledger, Source, TimeLedger};
     let ledger = TimeLedger::new();
     let svc = CallDeadlineLayer::new(Duration::from_secs(10))
         .upstream("shipping")
