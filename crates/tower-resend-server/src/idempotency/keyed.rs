@@ -2,7 +2,9 @@
 //! claimed in the caller's future; from the handler's start on, work that a
 //! caller who goes away hands to a task of its own rather than cancel
 //! ([`to_its_end`](super::supervise::to_its_end)). At each step the rules
-//! ([`decide`]) say what to do; the backend does the I/O of its mode.
+//! (one function per step: [`body_read`], [`found`], [`renewed`], [`ended`],
+//! [`completed`], [`committed`]) say what to do; the backend does the I/O of
+//! its mode.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -25,14 +27,17 @@ use super::request::{self, Key};
 use super::response::{
     answer, record, replay, take_mark, IDEMPOTENT_KEEP, IDEMPOTENT_NOTHING_DONE,
 };
-use super::rules::{decide, Action, Answered, BodyRead, Ended, Keep, Reply, Step};
+use super::rules::{
+    body_read, committed, completed, ended, found, renewed, unavailable, Answered, BodyRead, Ended,
+    Found, Keep, Kept, OnBody, OnCommit, OnCompletion, OnEnd, OnFound, OnRenewal, Reply, Unkept,
+};
 use super::supervise::{supervise, to_its_end, Supervision};
 use super::telemetry::{self, Outcome};
 use super::{KeepResponse, NothingDone};
 use crate::body::{read_capped, MaybeBuffered, Read};
 use crate::deadline::Attribution;
 use crate::problems::{Answer, Protocol};
-use crate::store::StoredResponse;
+use crate::store::{LeaseState, StoreError, StoredResponse};
 
 /// The handler: the inner service, on the request with its body read (or
 /// not), sent to another task.
@@ -67,22 +72,6 @@ where
     T::Error: Into<BoxError>,
 {
 }
-
-/// A handler's response body, which the layer reads to keep it.
-pub(crate) trait ResponseBody:
-    Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
-{
-}
-
-impl<T> ResponseBody for T
-where
-    T: Body<Data = Bytes> + Send + Unpin + 'static,
-    T::Error: Into<BoxError>,
-{
-}
-
-/// What the layer's answer to a request is.
-pub(crate) type Answering<RB, E> = Result<Response<MaybeBuffered<RB>>, E>;
 
 /// What the layer knows of a keyed request when the service hands it on.
 pub(crate) struct Keyed {
@@ -155,10 +144,9 @@ where
             (BodyRead::Failed, Bytes::new())
         }
     };
-    match decide(Step::BodyRead(read)) {
-        Action::Claim => {}
-        Action::Answer(answer) => return refuse(answer),
-        other => return refuse(unexpected(other)),
+    match body_read(read) {
+        OnBody::Claim => {}
+        OnBody::Refuse(answer) => return refuse(answer),
     }
 
     let fingerprint = request::fingerprint(&parts, &bytes);
@@ -169,26 +157,25 @@ where
         ttl: config.lease_for(keyed.deadline.map(|d| d.remaining())),
         deadline: keyed.deadline,
     };
-    let Claimed { found, hold } = St::claim(&shared, &claim).await;
-    if let Err(e) = &found {
+    let Claimed { found: begun, hold } = St::claim(&shared, &claim).await;
+    if let Err(e) = &begun {
         tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
     }
-    let found = Step::Found {
-        found,
+    let begun = Found {
+        found: begun,
         fingerprint,
         retry_after: config.retry_after,
     };
     // A hold dropped on the way out gives the key back (if the store may
     // have granted it).
-    let mut hold = match (decide(found), hold) {
-        (Action::Run, Some(hold)) => hold,
-        (Action::Replay(stored), _) => {
+    let mut hold = match found(begun) {
+        OnFound::Run => hold,
+        OnFound::Replay(stored) => {
             tracing::debug!(key = keyed.key.as_str(), "replaying a stored response");
             telemetry::outcome(&span, config.stats.metrics(), Outcome::Replayed);
             return Ok(replay(*stored));
         }
-        (Action::Answer(answer), _) => return refuse(answer),
-        (other, _) => return refuse(unexpected(other)),
+        OnFound::Refuse(answer) => return refuse(answer),
     };
     telemetry::outcome(&span, config.stats.metrics(), Outcome::Ran);
 
@@ -238,16 +225,7 @@ where
         Ok(hold) => hold,
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
-            let found = Step::Found {
-                found: Err(e),
-                fingerprint: crate::store::Fingerprint([0; 32]),
-                retry_after: shared.config.retry_after,
-            };
-            let answer = match decide(found) {
-                Action::Answer(answer) => answer,
-                other => unexpected(other),
-            };
-            return Ok(answer.response(protocol));
+            return Ok(unavailable(&e).response(protocol));
         }
     };
     St::start(&mut hold, &mut parts.extensions);
@@ -264,20 +242,37 @@ where
     work.run_to_its_end(hold, handler).await
 }
 
-/// An action the rules do not take at that step: a bug, answered as the
-/// store being unavailable (fail closed: nothing ran).
-fn unexpected(action: Action) -> Answer {
-    tracing::error!(
-        ?action,
-        "idempotency rules: an action out of place; failing closed"
-    );
-    debug_assert!(false, "an action out of place: {action:?}");
-    Answer::StoreUnavailable
+/// A handler's response body, which the layer reads to keep it.
+pub(crate) trait ResponseBody:
+    Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
+{
 }
+
+impl<T> ResponseBody for T
+where
+    T: Body<Data = Bytes> + Send + Unpin + 'static,
+    T::Error: Into<BoxError>,
+{
+}
+
+/// What the layer's answer to a request is.
+pub(crate) type Answering<RB, E> = Result<Response<MaybeBuffered<RB>>, E>;
 
 /// What the handler's work gave: its response's head, the rest of its
 /// body, and what was read of it (or how the reading failed).
 type Done<RB> = (http::response::Parts, RB, Result<Read, BoxError>);
+
+/// A handler's response, its body read (up to the cap).
+struct Handled<RB> {
+    head: http::response::Parts,
+    /// The rest of its body, past what was read.
+    body: RB,
+    read: Read,
+}
+
+/// How a handler ended, as the rules take it: its response, its error, and
+/// where the time went when the deadline cut it.
+type HowItEnded<RB, E> = Ended<Handled<RB>, E, Snapshot>;
 
 /// A claimed request's work, from the handler's start to its end kept.
 struct Work<St: Backend> {
@@ -327,66 +322,51 @@ impl<St: Backend> Work<St> {
         let (this, held) = (&self, &hold);
         let renewal = St::renew_every(held).map(|every| {
             let renew = move || async move {
-                let renewed = St::renew(shared, held).await;
-                this.renewed(renewed);
+                let renewal = St::renew(shared, held).await;
+                this.renewed(renewal);
             };
             (every, renew)
         });
         let deadline = self.deadline.map(|d| d.instant());
-        let mut ended = supervise(work, deadline, self.ledger.as_ref(), renewal).await;
+        let supervised = supervise(work, deadline, self.ledger.as_ref(), renewal).await;
 
         if !St::take_back(shared, &mut hold).await {
             tracing::error!("the handler's transaction is still in use after it ended: it is rolled back when let go");
             St::release(shared, hold).await;
             return Ok(Answer::TransactionInUse.response(self.protocol));
         }
-        let step = Step::Ended {
-            mode: St::MODE,
-            ended: how_it_ended(&mut ended),
-        };
-        match decide(step) {
-            Action::Keep(keep) => self.keep(hold, keep, ended).await,
-            Action::Release => {
+        match ended(St::MODE, how_it_ended(supervised)) {
+            OnEnd::Keep(keep) => self.keep(hold, keep).await,
+            OnEnd::Release(handled) => {
                 St::release(shared, hold).await;
-                self.reply(Reply::Handler, ended)
+                Ok(handler_response(handled))
             }
-            Action::RollBack(reply) => {
+            OnEnd::RollBack(unkept) => {
                 St::release(shared, hold).await;
-                self.reply(reply, ended)
-            }
-            other => {
-                // (Not an action of this step: kept as a failure, the
-                // safe side of a bug.)
-                let answer = unexpected(other);
-                let keep = Keep::Answer(Answer::Failed {
-                    failure: crate::problems::Failure::Handler,
-                    undone: false,
-                });
-                tracing::error!(?answer, "kept as a failure");
-                self.keep(hold, keep, ended).await
+                self.unkept(unkept)
             }
         }
     }
 
     /// What a renewal found, reported.
-    fn renewed(&self, renewed: Result<crate::store::LeaseState, crate::store::StoreError>) {
-        let error = renewed.as_ref().err().map(ToString::to_string);
-        match decide(Step::Renewed(renewed)) {
-            Action::LeaseLost => {
+    fn renewed(&self, renewal: Result<LeaseState, StoreError>) {
+        let error = renewal.as_ref().err().map(ToString::to_string);
+        match renewed(renewal) {
+            OnRenewal::Renewed | OnRenewal::AlreadyStored => {}
+            OnRenewal::LeaseLost => {
                 self.shared.config.stats.count_lease_lost();
                 tracing::error!(
                     key = self.key(),
                     "idempotency lease taken over while its handler still works: another run of this key may have happened"
                 );
             }
-            Action::RenewLater => {
+            OnRenewal::RenewLater => {
                 tracing::warn!(
                     error = error.as_deref().unwrap_or(""),
                     key = self.key(),
                     "could not renew an idempotency lease; trying again"
                 );
             }
-            _ => {}
         }
     }
 
@@ -394,15 +374,14 @@ impl<St: Backend> Work<St> {
     async fn keep<RB, E>(
         &self,
         mut hold: St::Hold,
-        keep: Keep,
-        ended: Supervision<Result<Done<RB>, E>>,
+        keep: Keep<Handled<RB>, E, Snapshot>,
     ) -> Answering<RB, E>
     where
         RB: ResponseBody,
     {
         let shared = &self.shared;
-        let (stored, status) = match (&keep, &ended) {
-            (Keep::Response, Supervision::Done(Ok((head, _, Ok(read))))) => (
+        let (stored, status) = match &keep {
+            Keep::Response(Handled { head, read, .. }) => (
                 record(
                     head.status,
                     &head.headers,
@@ -413,7 +392,7 @@ impl<St: Backend> Work<St> {
                 ),
                 head.status,
             ),
-            (Keep::Deadline, Supervision::DeadlineCut(cut)) => {
+            Keep::Deadline(cut) => {
                 tracing::warn!(
                     key = self.key(),
                     "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
@@ -423,82 +402,60 @@ impl<St: Backend> Work<St> {
                     StatusCode::GATEWAY_TIMEOUT,
                 )
             }
-            (Keep::Answer(answer), _) => (answer.stored(self.protocol), answer.kind().status()),
-            // (A response kept without one: the handler's failure.)
-            _ => {
-                let failed = Answer::Failed {
-                    failure: crate::problems::Failure::Handler,
-                    undone: false,
-                };
-                (failed.stored(self.protocol), failed.kind().status())
+            Keep::Answer(answer) | Keep::Failed(answer, _) => {
+                (answer.stored(self.protocol), answer.kind().status())
             }
         };
-        let kept = St::keep(shared, &mut hold, &stored, status).await;
-        match decide(Step::Kept(kept)) {
-            Action::Answered => {}
-            Action::LeaseLost => {
-                shared.config.stats.count_lease_lost();
-                tracing::error!(key = self.key(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
-            }
-            Action::Hold => {
-                tracing::warn!(
-                    key = self.key(),
-                    "could not store an idempotent response: it is held, and stored in the background"
-                );
-                St::hold(shared, hold, stored.clone());
-            }
-            Action::RollBack(reply) => {
-                St::release(shared, hold).await;
-                return self.reply(reply, ended);
-            }
-            Action::Answer(answer) => {
-                tracing::error!(
-                    key = self.key(),
-                    "the transaction of a keyed request may not have committed"
-                );
-                return Ok(answer.response(self.protocol));
-            }
-            other => {
-                tracing::error!(
-                    ?other,
-                    "idempotency rules: an action out of place after keeping"
-                );
-            }
+        match St::keep(shared, &mut hold, &stored, status).await {
+            Kept::Stored(found) => match completed(found) {
+                OnCompletion::Stored => {}
+                OnCompletion::LeaseLost => {
+                    shared.config.stats.count_lease_lost();
+                    tracing::error!(key = self.key(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
+                }
+                OnCompletion::Hold => {
+                    tracing::warn!(
+                        key = self.key(),
+                        "could not store an idempotent response: it is held, and stored in the background"
+                    );
+                    St::hold(shared, hold, stored.clone());
+                }
+            },
+            Kept::Committed(commit, status) => match committed(commit, status) {
+                OnCommit::Answered => {}
+                // The handler's answer stands, unkept.
+                OnCommit::RollBack(Reply::Handler) => St::release(shared, hold).await,
+                OnCommit::RollBack(Reply::Answer(answer)) => {
+                    St::release(shared, hold).await;
+                    return Ok(answer.response(self.protocol));
+                }
+                OnCommit::Answer(answer) => {
+                    tracing::error!(
+                        key = self.key(),
+                        "the transaction of a keyed request may not have committed"
+                    );
+                    return Ok(answer.response(self.protocol));
+                }
+            },
         }
-        match (keep, ended) {
-            (Keep::Response, Supervision::Done(Ok((head, body, Ok(read))))) => {
-                Ok(handler_response(head, body, read))
-            }
+        match keep {
+            Keep::Response(handled) => Ok(handler_response(handled)),
             // A handler's error still reaches its first caller as it is.
-            (_, Supervision::Done(Err(e))) => Err(e),
-            _ => Ok(answer(stored)),
+            Keep::Failed(_, e) => Err(e),
+            Keep::Answer(_) | Keep::Deadline(_) => Ok(answer(stored)),
         }
     }
 
     /// The answer of a request whose end is not kept.
-    fn reply<RB, E>(
-        &self,
-        reply: Reply,
-        ended: Supervision<Result<Done<RB>, E>>,
-    ) -> Answering<RB, E>
+    fn unkept<RB, E>(&self, unkept: Unkept<Handled<RB>, E, Snapshot>) -> Answering<RB, E>
     where
         RB: ResponseBody,
     {
-        match (reply, ended) {
-            (Reply::Handler, Supervision::Done(Ok((head, body, Ok(read))))) => {
-                Ok(handler_response(head, body, read))
-            }
-            (Reply::Handler, Supervision::Done(Err(e))) => Err(e),
-            (Reply::Deadline, Supervision::DeadlineCut(cut)) => {
-                Ok(answer(self.deadline_answer(cut)))
-            }
-            (Reply::Answer(answer), _) => Ok(answer.response(self.protocol)),
-            // (A reply the end cannot give: the handler failed.)
-            _ => Ok(Answer::Failed {
-                failure: crate::problems::Failure::Handler,
-                undone: St::MODE == super::rules::Mode::Transaction,
-            }
-            .response(self.protocol)),
+        match unkept {
+            Unkept::Response(handled) => Ok(handler_response(handled)),
+            Unkept::Error(e) => Err(e),
+            Unkept::Answer(answer) => Ok(answer.response(self.protocol)),
+            Unkept::Deadline(cut) => Ok(answer(self.deadline_answer(cut))),
         }
     }
 
@@ -515,9 +472,9 @@ impl<St: Backend> Work<St> {
 
 /// How the handler ended, for the rules; its marks read and taken off the
 /// response (they are for the layer, not the caller).
-fn how_it_ended<RB, E>(ended: &mut Supervision<Result<Done<RB>, E>>) -> Ended {
-    match ended {
-        Supervision::Done(Ok((head, _, Ok(read)))) => {
+fn how_it_ended<RB, E>(supervised: Supervision<Result<Done<RB>, E>>) -> HowItEnded<RB, E> {
+    match supervised {
+        Supervision::Done(Ok((mut head, body, Ok(mut read)))) => {
             let mut nothing_done = head.extensions.get::<NothingDone>().is_some()
                 | take_mark(&mut head.headers, &IDEMPOTENT_NOTHING_DONE);
             let mut keep = head.extensions.get::<KeepResponse>().is_some()
@@ -533,32 +490,30 @@ fn how_it_ended<RB, E>(ended: &mut Supervision<Result<Done<RB>, E>>) -> Ended {
                     read.trailers = None;
                 }
             }
-            Ended::Answered(Answered {
+            let answered = Answered {
                 status: head.status,
                 grpc,
                 pushback,
                 nothing_done,
                 keep,
-            })
+            };
+            Ended::Answered(answered, Handled { head, body, read })
         }
         Supervision::Done(Ok((_, _, Err(e)))) => {
             tracing::warn!(error = %e, "a keyed response's body failed after its head");
             Ended::BodyFailed
         }
-        Supervision::Done(Err(_)) => Ended::Failed,
+        Supervision::Done(Err(e)) => Ended::Failed(e),
         Supervision::Panicked => Ended::Panicked,
-        Supervision::DeadlineCut(_) => Ended::DeadlineCut,
+        Supervision::DeadlineCut(cut) => Ended::DeadlineCut(cut),
     }
 }
 
 /// The handler's own response, as its caller gets it: its head, and its
 /// body (with its trailers) from memory, or what was read of it followed by
 /// the rest.
-fn handler_response<RB>(
-    head: http::response::Parts,
-    body: RB,
-    read: Read,
-) -> Response<MaybeBuffered<RB>> {
+fn handler_response<RB>(handled: Handled<RB>) -> Response<MaybeBuffered<RB>> {
+    let Handled { head, body, read } = handled;
     let body = if read.whole {
         MaybeBuffered::with_boxed_trailers(read.bytes, read.trailers)
     } else {
