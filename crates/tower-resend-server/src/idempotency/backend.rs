@@ -42,13 +42,13 @@ pub(crate) struct KeyClaim<'a> {
     pub(crate) deadline: Option<Deadline>,
 }
 
-/// What a claim found: what holds the key (for the rules), and the hold
-/// when the key may be this request's. A hold dropped before its handler
-/// starts gives the key back.
+/// What a claim found: what holds the key (for the rules), and the hold,
+/// which holds the key when it is (or may be) this request's, and nothing
+/// otherwise. A hold dropped before its handler starts gives the key back.
 #[derive(Debug)]
 pub(crate) struct Claimed<H> {
     pub(crate) found: Result<Begin, StoreError>,
-    pub(crate) hold: Option<H>,
+    pub(crate) hold: H,
 }
 
 // The sealed trait names crate-private types: it cannot be named, nor
@@ -72,7 +72,7 @@ pub(crate) mod sealed {
         ) -> impl Future<Output = Claimed<Self::Hold>> + Send;
 
         /// A hold for an unsafe request without a key
-        /// ([`Action::Transact`](super::super::rules::Action::Transact)).
+        /// ([`OnArrival::Transact`](super::super::rules::OnArrival::Transact)).
         fn transact(
             shared: &Arc<Shared<Self>>,
         ) -> impl Future<Output = Result<Self::Hold, StoreError>> + Send;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use super::rules::{decide, Action, Kept, Step};
+use super::rules::{completed, renewed, OnCompletion, OnRenewal};
 use super::store_call::with_timeout;
 use super::IdempotencyStats;
 use crate::store::{Begin, Claim, Fingerprint, RecordKey, Store, StoredResponse, Ttl};
@@ -136,15 +136,15 @@ pub(crate) fn store_later<St: Store>(
         let outcome = retry(&store, retrying, &claim, &response, ttl).await;
         held.forget(&claim.key, &stats);
         match outcome {
-            Some(Action::Answered | Action::AlreadyStored) => {
+            Some(Late::Stored) => {
                 stats.count_stored_late();
                 tracing::info!(key = &*key, "idempotent response stored late: the store answers for it again");
             }
-            Some(Action::LeaseLost) => {
+            Some(Late::LeaseLost) => {
                 stats.count_lease_lost();
                 tracing::error!(key = &*key, "idempotency lease lost before the response could be stored: another run of this key may have happened");
             }
-            _ => {
+            None => {
                 stats.count_unstored();
                 tracing::error!(
                     key = &*key,
@@ -156,6 +156,14 @@ pub(crate) fn store_later<St: Store>(
     });
 }
 
+/// How a response held for later ended.
+enum Late {
+    /// The store took it (or had it already).
+    Stored,
+    /// Another request took the key over.
+    LeaseLost,
+}
+
 /// Stores `response` until the store answers: what it answered at last
 /// (stored, or the lease lost), or `None` when the time is up.
 async fn retry<St: Store>(
@@ -164,7 +172,7 @@ async fn retry<St: Store>(
     claim: &Claim<'_>,
     response: &StoredResponse,
     ttl: Ttl,
-) -> Option<Action> {
+) -> Option<Late> {
     let give_up = tokio::time::Instant::now() + retrying.retry_for;
     // Never longer than a third of the lease between tries: the lease is
     // renewed at each try that does not store, so that no other process
@@ -182,16 +190,18 @@ async fn retry<St: Store>(
         if let Err(e) = &found {
             tracing::debug!(error = %e, "idempotency store still unavailable");
         }
-        match decide(Step::Kept(Kept::Stored(found))) {
-            Action::Hold => {}
-            done => return Some(done),
+        match completed(found) {
+            OnCompletion::Hold => {}
+            OnCompletion::Stored => return Some(Late::Stored),
+            OnCompletion::LeaseLost => return Some(Late::LeaseLost),
         }
         // Not stored: the lease is kept meanwhile. A renewal that finds the
         // response stored (the last `complete` landed after all) is done.
-        let renewed = with_timeout(timeout, store.renew(claim, ttl)).await;
-        match decide(Step::Renewed(renewed)) {
-            done @ (Action::LeaseLost | Action::AlreadyStored) => return Some(done),
-            _ => wait = (wait * 2).min(most),
+        let renewal = with_timeout(timeout, store.renew(claim, ttl)).await;
+        match renewed(renewal) {
+            OnRenewal::LeaseLost => return Some(Late::LeaseLost),
+            OnRenewal::AlreadyStored => return Some(Late::Stored),
+            OnRenewal::Renewed | OnRenewal::RenewLater => wait = (wait * 2).min(most),
         }
     }
 }

@@ -1,20 +1,17 @@
-//! A keyed request, start to end, in both modes: the body read and the key
-//! claimed in the caller's future; from the handler's start on, work that a
-//! caller who goes away hands to a task of its own rather than cancel
-//! ([`to_its_end`](super::supervise::to_its_end)). At each step the rules
-//! ([`decide`]) say what to do; the backend does the I/O of its mode.
+//! A keyed request's way to its handler, in both modes: the body read and
+//! the key claimed in the caller's future, then the handler started under
+//! its hold and handed to [`Work`], which runs it to its end and keeps it.
+//! At each step the rules ([`body_read`], [`found`]) say what to do; the
+//! backend does the I/O of its mode.
 
 use std::borrow::Cow;
-use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use tokio::time::Instant;
-use tower_resend::classify::{GrpcCode, GRPC_RETRY_PUSHBACK_MS};
-use tower_resend::deadline::{server::Snapshot, server::TimeLedger};
 use tower_resend::{BoxError, Deadline};
 use tower_service::Service;
 use tracing::Instrument;
@@ -22,17 +19,12 @@ use tracing::Instrument;
 use super::backend::{Backend, Claimed, KeyClaim};
 use super::config::Shared;
 use super::request::{self, Key};
-use super::response::{
-    answer, record, replay, take_mark, IDEMPOTENT_KEEP, IDEMPOTENT_NOTHING_DONE,
-};
-use super::rules::{decide, Action, Answered, BodyRead, Ended, Keep, Reply, Step};
-use super::supervise::{supervise, to_its_end, Supervision};
+use super::response::replay;
+use super::rules::{body_read, found, unavailable, BodyRead, Found, OnBody, OnFound};
 use super::telemetry::{self, Outcome};
-use super::{KeepResponse, NothingDone};
+use super::work::{Answering, ResponseBody, Work};
 use crate::body::{read_capped, MaybeBuffered, Read};
-use crate::deadline::Attribution;
 use crate::problems::{Answer, Protocol};
-use crate::store::StoredResponse;
 
 /// The handler: the inner service, on the request with its body read (or
 /// not), sent to another task.
@@ -67,22 +59,6 @@ where
     T::Error: Into<BoxError>,
 {
 }
-
-/// A handler's response body, which the layer reads to keep it.
-pub(crate) trait ResponseBody:
-    Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
-{
-}
-
-impl<T> ResponseBody for T
-where
-    T: Body<Data = Bytes> + Send + Unpin + 'static,
-    T::Error: Into<BoxError>,
-{
-}
-
-/// What the layer's answer to a request is.
-pub(crate) type Answering<RB, E> = Result<Response<MaybeBuffered<RB>>, E>;
 
 /// What the layer knows of a keyed request when the service hands it on.
 pub(crate) struct Keyed {
@@ -155,10 +131,9 @@ where
             (BodyRead::Failed, Bytes::new())
         }
     };
-    match decide(Step::BodyRead(read)) {
-        Action::Claim => {}
-        Action::Answer(answer) => return refuse(answer),
-        other => return refuse(unexpected(other)),
+    match body_read(read) {
+        OnBody::Claim => {}
+        OnBody::Refuse(answer) => return refuse(answer),
     }
 
     let fingerprint = request::fingerprint(&parts, &bytes);
@@ -169,26 +144,25 @@ where
         ttl: config.lease_for(keyed.deadline.map(|d| d.remaining())),
         deadline: keyed.deadline,
     };
-    let Claimed { found, hold } = St::claim(&shared, &claim).await;
-    if let Err(e) = &found {
+    let Claimed { found: begun, hold } = St::claim(&shared, &claim).await;
+    if let Err(e) = &begun {
         tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
     }
-    let found = Step::Found {
-        found,
+    let begun = Found {
+        found: begun,
         fingerprint,
         retry_after: config.retry_after,
     };
     // A hold dropped on the way out gives the key back (if the store may
     // have granted it).
-    let mut hold = match (decide(found), hold) {
-        (Action::Run, Some(hold)) => hold,
-        (Action::Replay(stored), _) => {
+    let mut hold = match found(begun) {
+        OnFound::Run => hold,
+        OnFound::Replay(stored) => {
             tracing::debug!(key = keyed.key.as_str(), "replaying a stored response");
             telemetry::outcome(&span, config.stats.metrics(), Outcome::Replayed);
             return Ok(replay(*stored));
         }
-        (Action::Answer(answer), _) => return refuse(answer),
-        (other, _) => return refuse(unexpected(other)),
+        OnFound::Refuse(answer) => return refuse(answer),
     };
     telemetry::outcome(&span, config.stats.metrics(), Outcome::Ran);
 
@@ -238,16 +212,7 @@ where
         Ok(hold) => hold,
         Err(e) => {
             tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
-            let found = Step::Found {
-                found: Err(e),
-                fingerprint: crate::store::Fingerprint([0; 32]),
-                retry_after: shared.config.retry_after,
-            };
-            let answer = match decide(found) {
-                Action::Answer(answer) => answer,
-                other => unexpected(other),
-            };
-            return Ok(answer.response(protocol));
+            return Ok(unavailable(&e).response(protocol));
         }
     };
     St::start(&mut hold, &mut parts.extensions);
@@ -262,309 +227,6 @@ where
         key: None,
     };
     work.run_to_its_end(hold, handler).await
-}
-
-/// An action the rules do not take at that step: a bug, answered as the
-/// store being unavailable (fail closed: nothing ran).
-fn unexpected(action: Action) -> Answer {
-    tracing::error!(
-        ?action,
-        "idempotency rules: an action out of place; failing closed"
-    );
-    debug_assert!(false, "an action out of place: {action:?}");
-    Answer::StoreUnavailable
-}
-
-/// What the handler's work gave: its response's head, the rest of its
-/// body, and what was read of it (or how the reading failed).
-type Done<RB> = (http::response::Parts, RB, Result<Read, BoxError>);
-
-/// A claimed request's work, from the handler's start to its end kept.
-struct Work<St: Backend> {
-    shared: Arc<Shared<St>>,
-    protocol: Protocol,
-    deadline: Option<Deadline>,
-    ledger: Option<TimeLedger>,
-    started_at: Instant,
-    /// The key, for the logs (none for a request without one).
-    key: Option<Key>,
-}
-
-impl<St: Backend> Work<St> {
-    /// Runs `handler` under `hold` to its end, and answers with it. The
-    /// work runs in the caller's task while the caller waits (as a handler
-    /// without the layer does); a caller that goes away hands it, where it
-    /// is, to a task of its own ([`to_its_end`]), which runs it to its end.
-    async fn run_to_its_end<F, RB, E>(self, hold: St::Hold, handler: F) -> Answering<RB, E>
-    where
-        F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
-        RB: ResponseBody,
-        E: Send + 'static,
-    {
-        // Boxed: an async fn's future is as large as its largest state; a
-        // box is moved as one pointer, into a task too.
-        to_its_end(Box::pin(self.run(hold, handler))).await
-    }
-
-    fn key(&self) -> &str {
-        self.key.as_ref().map_or("", Key::as_str)
-    }
-
-    /// The handler run to its end under its hold, and its end kept.
-    async fn run<F, RB, E>(self, mut hold: St::Hold, handler: F) -> Answering<RB, E>
-    where
-        F: Future<Output = Result<Response<RB>, E>> + Send,
-        RB: ResponseBody,
-        E: Send,
-    {
-        let shared = &self.shared;
-        let cap = shared.config.response_cap;
-        let work = async move {
-            let (head, mut body) = handler.await?.into_parts();
-            let read = read_capped(&mut body, cap).await;
-            Ok::<Done<RB>, E>((head, body, read))
-        };
-        let (this, held) = (&self, &hold);
-        let renewal = St::renew_every(held).map(|every| {
-            let renew = move || async move {
-                let renewed = St::renew(shared, held).await;
-                this.renewed(renewed);
-            };
-            (every, renew)
-        });
-        let deadline = self.deadline.map(|d| d.instant());
-        let mut ended = supervise(work, deadline, self.ledger.as_ref(), renewal).await;
-
-        if !St::take_back(shared, &mut hold).await {
-            tracing::error!("the handler's transaction is still in use after it ended: it is rolled back when let go");
-            St::release(shared, hold).await;
-            return Ok(Answer::TransactionInUse.response(self.protocol));
-        }
-        let step = Step::Ended {
-            mode: St::MODE,
-            ended: how_it_ended(&mut ended),
-        };
-        match decide(step) {
-            Action::Keep(keep) => self.keep(hold, keep, ended).await,
-            Action::Release => {
-                St::release(shared, hold).await;
-                self.reply(Reply::Handler, ended)
-            }
-            Action::RollBack(reply) => {
-                St::release(shared, hold).await;
-                self.reply(reply, ended)
-            }
-            other => {
-                // (Not an action of this step: kept as a failure, the
-                // safe side of a bug.)
-                let answer = unexpected(other);
-                let keep = Keep::Answer(Answer::Failed {
-                    failure: crate::problems::Failure::Handler,
-                    undone: false,
-                });
-                tracing::error!(?answer, "kept as a failure");
-                self.keep(hold, keep, ended).await
-            }
-        }
-    }
-
-    /// What a renewal found, reported.
-    fn renewed(&self, renewed: Result<crate::store::LeaseState, crate::store::StoreError>) {
-        let error = renewed.as_ref().err().map(ToString::to_string);
-        match decide(Step::Renewed(renewed)) {
-            Action::LeaseLost => {
-                self.shared.config.stats.count_lease_lost();
-                tracing::error!(
-                    key = self.key(),
-                    "idempotency lease taken over while its handler still works: another run of this key may have happened"
-                );
-            }
-            Action::RenewLater => {
-                tracing::warn!(
-                    error = error.as_deref().unwrap_or(""),
-                    key = self.key(),
-                    "could not renew an idempotency lease; trying again"
-                );
-            }
-            _ => {}
-        }
-    }
-
-    /// Keeps `keep` as the key's end, and answers with it.
-    async fn keep<RB, E>(
-        &self,
-        mut hold: St::Hold,
-        keep: Keep,
-        ended: Supervision<Result<Done<RB>, E>>,
-    ) -> Answering<RB, E>
-    where
-        RB: ResponseBody,
-    {
-        let shared = &self.shared;
-        let (stored, status) = match (&keep, &ended) {
-            (Keep::Response, Supervision::Done(Ok((head, _, Ok(read))))) => (
-                record(
-                    head.status,
-                    &head.headers,
-                    &shared.config.per_caller,
-                    &read.bytes,
-                    read.whole,
-                    read.trailers.as_deref(),
-                ),
-                head.status,
-            ),
-            (Keep::Deadline, Supervision::DeadlineCut(cut)) => {
-                tracing::warn!(
-                    key = self.key(),
-                    "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
-                );
-                (
-                    self.deadline_answer(cut.clone()),
-                    StatusCode::GATEWAY_TIMEOUT,
-                )
-            }
-            (Keep::Answer(answer), _) => (answer.stored(self.protocol), answer.kind().status()),
-            // (A response kept without one: the handler's failure.)
-            _ => {
-                let failed = Answer::Failed {
-                    failure: crate::problems::Failure::Handler,
-                    undone: false,
-                };
-                (failed.stored(self.protocol), failed.kind().status())
-            }
-        };
-        let kept = St::keep(shared, &mut hold, &stored, status).await;
-        match decide(Step::Kept(kept)) {
-            Action::Answered => {}
-            Action::LeaseLost => {
-                shared.config.stats.count_lease_lost();
-                tracing::error!(key = self.key(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
-            }
-            Action::Hold => {
-                tracing::warn!(
-                    key = self.key(),
-                    "could not store an idempotent response: it is held, and stored in the background"
-                );
-                St::hold(shared, hold, stored.clone());
-            }
-            Action::RollBack(reply) => {
-                St::release(shared, hold).await;
-                return self.reply(reply, ended);
-            }
-            Action::Answer(answer) => {
-                tracing::error!(
-                    key = self.key(),
-                    "the transaction of a keyed request may not have committed"
-                );
-                return Ok(answer.response(self.protocol));
-            }
-            other => {
-                tracing::error!(
-                    ?other,
-                    "idempotency rules: an action out of place after keeping"
-                );
-            }
-        }
-        match (keep, ended) {
-            (Keep::Response, Supervision::Done(Ok((head, body, Ok(read))))) => {
-                Ok(handler_response(head, body, read))
-            }
-            // A handler's error still reaches its first caller as it is.
-            (_, Supervision::Done(Err(e))) => Err(e),
-            _ => Ok(answer(stored)),
-        }
-    }
-
-    /// The answer of a request whose end is not kept.
-    fn reply<RB, E>(
-        &self,
-        reply: Reply,
-        ended: Supervision<Result<Done<RB>, E>>,
-    ) -> Answering<RB, E>
-    where
-        RB: ResponseBody,
-    {
-        match (reply, ended) {
-            (Reply::Handler, Supervision::Done(Ok((head, body, Ok(read))))) => {
-                Ok(handler_response(head, body, read))
-            }
-            (Reply::Handler, Supervision::Done(Err(e))) => Err(e),
-            (Reply::Deadline, Supervision::DeadlineCut(cut)) => {
-                Ok(answer(self.deadline_answer(cut)))
-            }
-            (Reply::Answer(answer), _) => Ok(answer.response(self.protocol)),
-            // (A reply the end cannot give: the handler failed.)
-            _ => Ok(Answer::Failed {
-                failure: crate::problems::Failure::Handler,
-                undone: St::MODE == super::rules::Mode::Transaction,
-            }
-            .response(self.protocol)),
-        }
-    }
-
-    /// The deadline's 504, saying where the time went as of the `cut`, as
-    /// the inbound deadline layer's does; DEADLINE_EXCEEDED over gRPC.
-    fn deadline_answer(&self, cut: Snapshot) -> StoredResponse {
-        let elapsed = self.started_at.elapsed();
-        let budget = self.deadline.map_or(elapsed, |d| {
-            d.instant().saturating_duration_since(self.started_at)
-        });
-        Attribution::from_snapshot(cut, budget, elapsed).stored(self.protocol)
-    }
-}
-
-/// How the handler ended, for the rules; its marks read and taken off the
-/// response (they are for the layer, not the caller).
-fn how_it_ended<RB, E>(ended: &mut Supervision<Result<Done<RB>, E>>) -> Ended {
-    match ended {
-        Supervision::Done(Ok((head, _, Ok(read)))) => {
-            let mut nothing_done = head.extensions.get::<NothingDone>().is_some()
-                | take_mark(&mut head.headers, &IDEMPOTENT_NOTHING_DONE);
-            let mut keep = head.extensions.get::<KeepResponse>().is_some()
-                | take_mark(&mut head.headers, &IDEMPOTENT_KEEP);
-            let mut grpc = GrpcCode::in_headers(&head.headers);
-            let mut pushback = head.headers.contains_key(GRPC_RETRY_PUSHBACK_MS);
-            if let Some(trailers) = &mut read.trailers {
-                nothing_done |= take_mark(trailers, &IDEMPOTENT_NOTHING_DONE);
-                keep |= take_mark(trailers, &IDEMPOTENT_KEEP);
-                grpc = grpc.or(GrpcCode::in_headers(trailers));
-                pushback |= trailers.contains_key(GRPC_RETRY_PUSHBACK_MS);
-                if trailers.is_empty() {
-                    read.trailers = None;
-                }
-            }
-            Ended::Answered(Answered {
-                status: head.status,
-                grpc,
-                pushback,
-                nothing_done,
-                keep,
-            })
-        }
-        Supervision::Done(Ok((_, _, Err(e)))) => {
-            tracing::warn!(error = %e, "a keyed response's body failed after its head");
-            Ended::BodyFailed
-        }
-        Supervision::Done(Err(_)) => Ended::Failed,
-        Supervision::Panicked => Ended::Panicked,
-        Supervision::DeadlineCut(_) => Ended::DeadlineCut,
-    }
-}
-
-/// The handler's own response, as its caller gets it: its head, and its
-/// body (with its trailers) from memory, or what was read of it followed by
-/// the rest.
-fn handler_response<RB>(
-    head: http::response::Parts,
-    body: RB,
-    read: Read,
-) -> Response<MaybeBuffered<RB>> {
-    let body = if read.whole {
-        MaybeBuffered::with_boxed_trailers(read.bytes, read.trailers)
-    } else {
-        MaybeBuffered::chain(read.bytes, body)
-    };
-    Response::from_parts(head, body)
 }
 
 #[cfg(test)]

@@ -136,17 +136,10 @@ impl<St: Store> Sealed for St {
                 call(metrics, Op::Begin, config.store_timeout, begin).await
             }
         };
-        match &found {
-            // The lease is ours, or may be (the store's answer was lost).
-            Ok(Begin::Acquired) | Err(_) => Claimed {
-                found,
-                hold: Some(lease),
-            },
-            _ => {
-                lease.armed = false;
-                Claimed { found, hold: None }
-            }
-        }
+        // The lease is ours, or may be (the store's answer was lost): armed;
+        // else it holds nothing.
+        lease.armed = matches!(found, Ok(Begin::Acquired) | Err(_));
+        Claimed { found, hold: lease }
     }
 
     async fn transact(_: &Arc<Shared<Self>>) -> Result<Lease<St>, StoreError> {

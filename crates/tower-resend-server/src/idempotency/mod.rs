@@ -117,6 +117,7 @@ mod supervise;
 mod telemetry;
 #[cfg(feature = "postgres")]
 mod transactional;
+mod work;
 
 pub use backend::Backend;
 pub use config::{

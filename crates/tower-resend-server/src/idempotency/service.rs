@@ -16,7 +16,7 @@ use super::config::{Anonymous, Config, Shared};
 use super::future::ResponseFuture;
 use super::keyed::{self, Keyed};
 use super::request;
-use super::rules::{decide, Action, KeyHeader, Step};
+use super::rules::{self, Arrival, KeyHeader, OnArrival};
 use super::stats::IdempotencyStats;
 use super::telemetry::{self, Outcome};
 use crate::body::MaybeBuffered;
@@ -79,49 +79,51 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        if super::rules::is_idempotent(req.method()) {
+        if rules::is_idempotent(req.method()) {
             return ResponseFuture::passthrough(self.inner.call(req.map(MaybeBuffered::inner)));
         }
         let (parts, body) = req.into_parts();
         let config = &self.shared.config;
-        let (key, found) = match request::key(&parts) {
-            Ok(Some(key)) => (Some(key), KeyHeader::Present),
-            Ok(None) => (None, KeyHeader::Absent),
-            Err(reason) => (None, KeyHeader::Malformed(reason)),
-        };
-        let scope = key.as_ref().map(|_| request::scope(&parts, &config.scope));
-        let arrived = Step::Arrived {
-            mode: St::MODE,
-            method: parts.method.clone(),
-            key: found,
-            required: found == KeyHeader::Absent
-                && config.require.as_ref().is_some_and(|r| r(&parts)),
-            anonymous: scope.as_ref().is_some_and(|(_, anonymous)| *anonymous),
-            refuse_anonymous: config.anonymous == Anonymous::Refuse,
-        };
         // The work is bounded by the inbound deadline: the request's own, or
         // the ambient scope's (read here, inside it).
         let deadline = deadline_in(&parts.extensions);
-        let shared = Arc::clone(&self.shared);
-        match (decide(arrived), key, scope) {
-            (Action::ReadBody, Some(key), Some((scope, _))) => {
-                let inner = self.take_readied();
-                let span = telemetry::request_span(&parts.method);
+        let (key, anonymous) = match request::key(&parts) {
+            Ok(Some(key)) => {
+                let (scope, anonymous) = request::scope(&parts, &config.scope);
                 let keyed = Keyed {
                     scope,
                     key,
                     deadline,
                 };
+                (KeyHeader::Present(keyed), anonymous)
+            }
+            Ok(None) => (KeyHeader::Absent, false),
+            Err(reason) => (KeyHeader::Malformed(reason), false),
+        };
+        let arrival = Arrival {
+            mode: St::MODE,
+            method: parts.method.clone(),
+            required: matches!(key, KeyHeader::Absent)
+                && config.require.as_ref().is_some_and(|r| r(&parts)),
+            key,
+            anonymous,
+            refuse_anonymous: config.anonymous == Anonymous::Refuse,
+        };
+        let shared = Arc::clone(&self.shared);
+        match rules::arrived(arrival) {
+            OnArrival::ReadBody(keyed) => {
+                let inner = self.take_readied();
+                let span = telemetry::request_span(&parts.method);
                 ResponseFuture::keyed(Box::pin(keyed::keyed(
                     shared, inner, parts, body, keyed, span,
                 )))
             }
-            (Action::Transact, ..) => {
+            OnArrival::Transact => {
                 let inner = self.take_readied();
                 let run = keyed::transact(shared, inner, parts, body, deadline);
                 ResponseFuture::keyed(Box::pin(run))
             }
-            (Action::Answer(answer), ..) => {
+            OnArrival::Refuse(answer) => {
                 // A malformed, missing (when required) or anonymous key:
                 // its own span and count, as every keyed request's outcome.
                 let span = telemetry::request_span(&parts.method);
@@ -132,7 +134,7 @@ where
                 });
                 ResponseFuture::ready(answer.response(Protocol::of(&parts.headers)))
             }
-            _ => {
+            OnArrival::Pass => {
                 let req = Request::from_parts(parts, MaybeBuffered::inner(body));
                 ResponseFuture::passthrough(self.inner.call(req))
             }

@@ -322,9 +322,9 @@ pub(super) struct Record {
 }
 
 impl Held {
-    fn new(tx: Transaction<'static, Postgres>, record: Option<Record>) -> Self {
+    fn new(tx: Option<Transaction<'static, Postgres>>, record: Option<Record>) -> Self {
         Self {
-            tx: Some(tx),
+            tx,
             slot: Slot::default(),
             record,
             failed: None,
@@ -362,7 +362,7 @@ impl Sealed for PostgresTransactional {
         };
         Claimed {
             found,
-            hold: tx.map(|tx| Held::new(tx, Some(record))),
+            hold: Held::new(tx, Some(record)),
         }
     }
 
@@ -373,7 +373,7 @@ impl Sealed for PostgresTransactional {
                 .map_err(pg_error("cannot begin a transaction"))
         })
         .await?;
-        Ok(Held::new(begun, None))
+        Ok(Held::new(Some(begun), None))
     }
 
     fn start(hold: &mut Held, extensions: &mut Extensions) {
