@@ -15,6 +15,8 @@
 //!
 //! `cargo bench -p tower-resend-benches --bench memory_store`
 
+#![allow(clippy::print_stdout)] // a bench reports on standard output
+
 use std::alloc::System;
 use std::process::Command;
 
@@ -148,14 +150,9 @@ fn run(case: &Case) {
         allocated as f64 / n,
         gained as f64 / n,
         allocated as f64 / (1 << 20) as f64,
-        store_bytes(&store) / n,
+        store.bytes() as f64 / n,
     );
     drop(store);
-}
-
-/// The bytes the store counts, a record.
-fn store_bytes(store: &MemoryStore) -> f64 {
-    store.bytes() as f64
 }
 
 fn main() {
