@@ -283,16 +283,18 @@ impl MemoryStore {
             // room, when the lock was let go and another request took it.)
             if let Some(found) = guard.live(hash, key, now) {
                 let fingerprint = found.fingerprint();
-                return match found.response() {
-                    Some(Some(response)) => Ok(Begin::Completed {
+                let Some(bytes) = found.response() else {
+                    return Ok(Begin::InProgress { fingerprint });
+                };
+                return match record::read_response(bytes) {
+                    Some(response) => Ok(Begin::Completed {
                         fingerprint,
                         response: Box::new(response),
                     }),
-                    // (It encoded it: a bug, failing closed.)
-                    Some(None) => Err(StoreError::new(
+                    // (It wrote it: a bug, failing closed.)
+                    None => Err(StoreError::new(
                         "memory store: a finished record that does not decode",
                     )),
-                    None => Ok(Begin::InProgress { fingerprint }),
                 };
             }
             if room {

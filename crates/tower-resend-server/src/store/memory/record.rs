@@ -161,10 +161,10 @@ impl Record {
         self.0.len() > self.key_end()
     }
 
-    /// Its response, once finished (`None` if it does not decode: a bug).
-    pub(super) fn response(&self) -> Option<Option<StoredResponse>> {
+    /// Its response's bytes, once finished (read by [`read_response`]).
+    pub(super) fn response(&self) -> Option<&[u8]> {
         let tail = &self.0[self.key_end()..];
-        (!tail.is_empty()).then(|| read_response(tail))
+        (!tail.is_empty()).then_some(tail)
     }
 
     /// What it costs, as the store's byte bound counts it.
@@ -249,7 +249,7 @@ fn put_varint(out: &mut Vec<u8>, mut n: usize) {
 }
 
 /// What `put_response` wrote; `None` if it is not such a response.
-fn read_response(bytes: &[u8]) -> Option<StoredResponse> {
+pub(super) fn read_response(bytes: &[u8]) -> Option<StoredResponse> {
     let mut r = Reader(bytes);
     let status = r.take(2)?;
     let status = StatusCode::from_u16(u16::from_le_bytes([status[0], status[1]])).ok()?;

@@ -577,11 +577,12 @@ fn records_give_back_what_they_were_written_with() {
         key: "1"
     }));
     assert_eq!((r.token(), r.fingerprint(), r.expires()), (t, fp, 42));
-    assert_eq!(r.response().unwrap().unwrap(), response);
+    let read = |r: &Record| record::read_response(r.response().unwrap()).unwrap();
+    assert_eq!(read(&r), response);
     r.set_expires(7);
     assert_eq!(r.expires(), 7);
     let bare = Record::finished(&c, 1, &response, false).unwrap();
-    let got = bare.response().unwrap().unwrap();
+    let got = read(&bare);
     assert!(got.body_omitted && got.body.is_empty());
     assert_eq!(
         (got.headers, got.trailers),
@@ -591,6 +592,16 @@ fn records_give_back_what_they_were_written_with() {
     let lease = Record::lease(&c, 3).unwrap();
     assert!(!lease.is_done() && lease.response().is_none());
     assert!(lease.same_key(&r));
+    // Bytes that are no such response are refused, not misread.
+    for bad in [
+        &b""[..],
+        b"\xc8",
+        b"\xc8\x00\x00\x05",
+        b"\x00\x00\x00\x00",
+        b"\xc8\x00\x00\x01\x01\xff\x00",
+    ] {
+        assert!(record::read_response(bad).is_none(), "{bad:?}");
+    }
     let other = Record::lease(
         &claim(
             RecordKey {
