@@ -298,7 +298,7 @@ impl MemoryStore {
                 };
             }
             if room {
-                let lease = Record::lease(claim, now.saturating_add(nanos(ttl.lease)))?;
+                let lease = Record::lease(claim, now.saturating_add(nanos(ttl.lease)));
                 guard.write(hash, lease, &self.shared);
                 return Ok(Begin::Acquired);
             }
@@ -313,7 +313,7 @@ impl MemoryStore {
         }
     }
 
-    fn renew_now(&self, claim: &Claim<'_>, ttl: Ttl) -> Result<LeaseState, StoreError> {
+    fn renew_now(&self, claim: &Claim<'_>, ttl: Ttl) -> LeaseState {
         let key = &claim.key;
         let hash = self.shared.hash(key);
         let now = self.shared.now();
@@ -321,30 +321,25 @@ impl MemoryStore {
         let mut shard = lock(self.shared.shard(hash));
         shard.sweep(now, &self.shared);
         match shard.live_mut(hash, key, now) {
-            Some(r) if r.token() != claim.token => return Ok(LeaseState::Lost),
-            Some(r) if r.is_done() => return Ok(LeaseState::Completed),
+            Some(r) if r.token() != claim.token => return LeaseState::Lost,
+            Some(r) if r.is_done() => return LeaseState::Completed,
             // Its own lease, renewed in place.
             Some(r) => r.set_expires(expires),
             // None at all (expired, or the store lost it): written anew.
-            None => shard.write(hash, Record::lease(claim, expires)?, &self.shared),
+            None => shard.write(hash, Record::lease(claim, expires), &self.shared),
         }
-        Ok(LeaseState::Held)
+        LeaseState::Held
     }
 
-    fn complete_now(
-        &self,
-        claim: &Claim<'_>,
-        response: &StoredResponse,
-        ttl: Ttl,
-    ) -> Result<LeaseState, StoreError> {
+    fn complete_now(&self, claim: &Claim<'_>, response: &StoredResponse, ttl: Ttl) -> LeaseState {
         let key = &claim.key;
         let hash = self.shared.hash(key);
         let now = self.shared.now();
         let expires = now.saturating_add(nanos(ttl.record));
         // Without its body if it is too large for the store by itself.
-        let mut record = Record::finished(claim, expires, response, true)?;
+        let mut record = Record::finished(claim, expires, response, true);
         if record.cost() > self.max_bytes && !response.body.is_empty() {
-            record = Record::finished(claim, expires, response, false)?;
+            record = Record::finished(claim, expires, response, false);
         }
         let cost = record.cost();
         let shard = self.shared.shard(hash);
@@ -354,8 +349,8 @@ impl MemoryStore {
             let mut guard = lock(shard);
             guard.sweep(now, &self.shared);
             match guard.live(hash, key, now) {
-                Some(r) if r.token() != claim.token => return Ok(LeaseState::Lost),
-                Some(r) if r.is_done() => return Ok(LeaseState::Held),
+                Some(r) if r.token() != claim.token => return LeaseState::Lost,
+                Some(r) if r.is_done() => return LeaseState::Held,
                 _ => {}
             }
             if room {
@@ -363,7 +358,7 @@ impl MemoryStore {
                 // gives way to the finished record; a lease let go meanwhile
                 // is written anew.
                 guard.write(hash, record, &self.shared);
-                return Ok(LeaseState::Held);
+                return LeaseState::Held;
             }
             drop(guard);
             // (A lease counts for no bytes: only the response's need room.
@@ -396,7 +391,7 @@ impl Store for MemoryStore {
         claim: &Claim<'_>,
         ttl: Ttl,
     ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
-        std::future::ready(self.renew_now(claim, ttl))
+        std::future::ready(Ok(self.renew_now(claim, ttl)))
     }
 
     fn complete(
@@ -405,7 +400,7 @@ impl Store for MemoryStore {
         response: &StoredResponse,
         ttl: Ttl,
     ) -> impl Future<Output = Result<LeaseState, StoreError>> + Send {
-        std::future::ready(self.complete_now(claim, response, ttl))
+        std::future::ready(Ok(self.complete_now(claim, response, ttl)))
     }
 
     fn release(&self, claim: &Claim<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {

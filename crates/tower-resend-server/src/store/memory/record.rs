@@ -12,9 +12,8 @@
 //! 0   expires      u64, little-endian: nanoseconds since the store's epoch
 //! 8   token        two u64s, little-endian
 //! 24  fingerprint  32 bytes
-//! 56  scope's len  u32, little-endian
-//! 60  key's len    u32, little-endian
-//! 64  scope, key
+//! 56  lengths      the scope's, then the key's, LEB128 (a byte each, most)
+//! ..  scope, key
 //! ..  response     finished records only (see `put_response`)
 //! ```
 
@@ -24,15 +23,13 @@ use bytes::Bytes;
 use foldhash::fast::RandomState;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::super::{Claim, Fingerprint, LeaseToken, RecordKey, StoreError, StoredResponse};
+use super::super::{Claim, Fingerprint, LeaseToken, RecordKey, StoredResponse};
 
-/// The bytes before the scope and key.
-const HEAD: usize = 64;
+/// The bytes before the lengths of the scope and key.
+const HEAD: usize = 56;
 const EXPIRES: usize = 0;
 const TOKEN: usize = 8;
 const FINGERPRINT: usize = 24;
-const SCOPE_LEN: usize = 56;
-const KEY_LEN: usize = 60;
 
 /// What a finished record costs beyond its own bytes, counted against the
 /// store's byte bound: the allocator's header and rounding (8 to 24
@@ -50,7 +47,7 @@ pub(super) struct Record(Box<[u8]>);
 
 impl Record {
     /// `claim`'s lease, until `expires`.
-    pub(super) fn lease(claim: &Claim<'_>, expires: u64) -> Result<Self, StoreError> {
+    pub(super) fn lease(claim: &Claim<'_>, expires: u64) -> Self {
         Self::build(claim, expires, 0, |_| {})
     }
 
@@ -61,7 +58,7 @@ impl Record {
         expires: u64,
         response: &StoredResponse,
         body: bool,
-    ) -> Result<Self, StoreError> {
+    ) -> Self {
         let len = response_len(response, body);
         Self::build(claim, expires, len, |out| put_response(out, response, body))
     }
@@ -71,34 +68,26 @@ impl Record {
         expires: u64,
         tail: usize,
         put_tail: impl FnOnce(&mut Vec<u8>),
-    ) -> Result<Self, StoreError> {
+    ) -> Self {
         let RecordKey { scope, key } = claim.key;
-        let too_long = |_| StoreError::new("memory store: a scope or key of 4 GiB or more");
-        let scope_len = u32::try_from(scope.len()).map_err(too_long)?;
-        let key_len = u32::try_from(key.len()).map_err(too_long)?;
-        let mut out = Vec::with_capacity(HEAD + scope.len() + key.len() + tail);
+        let (s, k) = (scope.len(), key.len());
+        let mut out = Vec::with_capacity(HEAD + varint_len(s) + varint_len(k) + s + k + tail);
         out.extend_from_slice(&expires.to_le_bytes());
         out.extend_from_slice(&claim.token.0[0].to_le_bytes());
         out.extend_from_slice(&claim.token.0[1].to_le_bytes());
         out.extend_from_slice(&claim.fingerprint.0);
-        out.extend_from_slice(&scope_len.to_le_bytes());
-        out.extend_from_slice(&key_len.to_le_bytes());
+        put_varint(&mut out, s);
+        put_varint(&mut out, k);
         out.extend_from_slice(scope.as_bytes());
         out.extend_from_slice(key.as_bytes());
         put_tail(&mut out);
-        Ok(Self(out.into_boxed_slice()))
+        Self(out.into_boxed_slice())
     }
 
     fn u64_at(&self, at: usize) -> u64 {
         let mut b = [0; 8];
         b.copy_from_slice(&self.0[at..at + 8]);
         u64::from_le_bytes(b)
-    }
-
-    fn len_at(&self, at: usize) -> usize {
-        let mut b = [0; 4];
-        b.copy_from_slice(&self.0[at..at + 4]);
-        u32::from_le_bytes(b) as usize
     }
 
     /// When it expires, in nanoseconds since the store's epoch.
@@ -123,48 +112,42 @@ impl Record {
         Fingerprint(f)
     }
 
-    /// Where its scope and key end.
-    fn key_end(&self) -> usize {
-        HEAD + self.len_at(SCOPE_LEN) + self.len_at(KEY_LEN)
-    }
-
-    /// Its scope's length, then its scope and key end to end: what tells
-    /// one record's key from another's.
-    fn key_bytes(&self) -> (&[u8], &[u8]) {
-        (
-            &self.0[SCOPE_LEN..SCOPE_LEN + 4],
-            &self.0[HEAD..self.key_end()],
-        )
+    /// Its scope, its key, and its response's bytes (none for a lease).
+    fn parts(&self) -> (&[u8], &[u8], &[u8]) {
+        let (scope, at) = varint_at(&self.0, HEAD);
+        let (key, at) = varint_at(&self.0, at);
+        let (scope, rest) = self.0[at..].split_at(scope);
+        let (key, response) = rest.split_at(key);
+        (scope, key, response)
     }
 
     /// Whether it is the record of `key`.
     pub(super) fn is(&self, key: &RecordKey<'_>) -> bool {
-        let scope = self.len_at(SCOPE_LEN);
-        let (s, k) = self.0[HEAD..self.key_end()].split_at(scope);
+        let (s, k, _) = self.parts();
         s == key.scope.as_bytes() && k == key.key.as_bytes()
     }
 
-    /// Whether it has the same key as `other`.
+    /// Whether it has the same scope and key as `other`.
     pub(super) fn same_key(&self, other: &Self) -> bool {
-        self.key_bytes() == other.key_bytes()
+        let ((s, k, _), (os, ok, _)) = (self.parts(), other.parts());
+        s == os && k == ok
     }
 
     /// The hash of its scope and key (as [`hash`]).
     pub(super) fn hash(&self, hasher: &RandomState) -> u64 {
-        let scope = self.len_at(SCOPE_LEN);
-        let (s, k) = self.0[HEAD..self.key_end()].split_at(scope);
+        let (s, k, _) = self.parts();
         hash(hasher, s, k)
     }
 
     /// Whether it is finished.
     pub(super) fn is_done(&self) -> bool {
-        self.0.len() > self.key_end()
+        !self.parts().2.is_empty()
     }
 
     /// Its response's bytes, once finished (read by [`read_response`]).
     pub(super) fn response(&self) -> Option<&[u8]> {
-        let tail = &self.0[self.key_end()..];
-        (!tail.is_empty()).then_some(tail)
+        let (_, _, response) = self.parts();
+        (!response.is_empty()).then_some(response)
     }
 
     /// What it costs, as the store's byte bound counts it.
@@ -246,6 +229,21 @@ fn put_varint(out: &mut Vec<u8>, mut n: usize) {
         n >>= 7;
     }
     out.push(n as u8);
+}
+
+/// The LEB128 number at `at` in a record's bytes (which the store wrote),
+/// and where it ends.
+fn varint_at(bytes: &[u8], mut at: usize) -> (usize, usize) {
+    let (mut n, mut shift) = (0usize, 0);
+    loop {
+        let b = bytes[at];
+        at += 1;
+        n |= usize::from(b & 0x7f) << shift;
+        if b < 0x80 {
+            return (n, at);
+        }
+        shift += 7;
+    }
 }
 
 /// What `put_response` wrote; `None` if it is not such a response.

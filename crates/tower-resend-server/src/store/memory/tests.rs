@@ -23,7 +23,7 @@ fn claim<'a>(key: RecordKey<'a>, fingerprint: Fingerprint, token: LeaseToken) ->
 
 /// What a finished record of `response` for `claim` counts for.
 fn cost(claim: &Claim<'_>, response: &StoredResponse) -> usize {
-    Record::finished(claim, 0, response, true).unwrap().cost()
+    Record::finished(claim, 0, response, true).cost()
 }
 
 const TTL: Ttl = Ttl {
@@ -570,7 +570,7 @@ fn records_give_back_what_they_were_written_with() {
     };
     let (t, fp) = (LeaseToken::random(), Fingerprint([5; 32]));
     let c = claim(key("k1"), fp, t);
-    let mut r = Record::finished(&c, 42, &response, true).unwrap();
+    let mut r = Record::finished(&c, 42, &response, true);
     assert!(r.is_done() && r.is(&key("k1")));
     assert!(!r.is(&RecordKey {
         scope: "sk",
@@ -581,15 +581,15 @@ fn records_give_back_what_they_were_written_with() {
     assert_eq!(read(&r), response);
     r.set_expires(7);
     assert_eq!(r.expires(), 7);
-    let bare = Record::finished(&c, 1, &response, false).unwrap();
+    let bare = Record::finished(&c, 1, &response, false);
     let got = read(&bare);
     assert!(got.body_omitted && got.body.is_empty());
     assert_eq!(
         (got.headers, got.trailers),
-        (response.headers, response.trailers)
+        (response.headers.clone(), response.trailers.clone())
     );
     assert_eq!(bare.cost() + 200, r.cost());
-    let lease = Record::lease(&c, 3).unwrap();
+    let lease = Record::lease(&c, 3);
     assert!(!lease.is_done() && lease.response().is_none());
     assert!(lease.same_key(&r));
     // Bytes that are no such response are refused, not misread.
@@ -612,9 +612,25 @@ fn records_give_back_what_they_were_written_with() {
             t,
         ),
         3,
-    )
-    .unwrap();
+    );
     assert!(!other.same_key(&r));
+    let (scope, k) = ("s".repeat(300), "k".repeat(200));
+    let long = claim(
+        RecordKey {
+            scope: &scope,
+            key: &k,
+        },
+        fp,
+        t,
+    );
+    let long = Record::finished(&long, 9, &response, true);
+    assert!(
+        long.is(&RecordKey {
+            scope: &scope,
+            key: &k
+        }) && long.expires() == 9
+    );
+    assert_eq!(read(&long), response);
     let hasher = RandomState::default();
     assert_eq!(lease.hash(&hasher), record::hash(&hasher, b"s", b"k1"));
     assert_ne!(other.hash(&hasher), lease.hash(&hasher));
