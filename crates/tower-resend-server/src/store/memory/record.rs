@@ -113,6 +113,7 @@ impl Record {
     }
 
     /// Its scope, its key, and its response's bytes (none for a lease).
+    #[inline(always)]
     fn parts(&self) -> (&[u8], &[u8], &[u8]) {
         let (scope, at) = varint_at(&self.0, HEAD);
         let (key, at) = varint_at(&self.0, at);
@@ -127,10 +128,10 @@ impl Record {
         s == key.scope.as_bytes() && k == key.key.as_bytes()
     }
 
-    /// Whether it has the same scope and key as `other`.
-    pub(super) fn same_key(&self, other: &Self) -> bool {
-        let ((s, k, _), (os, ok, _)) = (self.parts(), other.parts());
-        s == os && k == ok
+    /// Its scope and key.
+    pub(super) fn key(&self) -> (&[u8], &[u8]) {
+        let (s, k, _) = self.parts();
+        (s, k)
     }
 
     /// The hash of its scope and key (as [`hash`]).
@@ -232,8 +233,16 @@ fn put_varint(out: &mut Vec<u8>, mut n: usize) {
 }
 
 /// The LEB128 number at `at` in a record's bytes (which the store wrote),
-/// and where it ends.
-fn varint_at(bytes: &[u8], mut at: usize) -> (usize, usize) {
+/// and where it ends: a byte, most often, read at once.
+#[inline(always)]
+fn varint_at(bytes: &[u8], at: usize) -> (usize, usize) {
+    match bytes[at] {
+        b @ 0..0x80 => (usize::from(b), at + 1),
+        _ => long_varint_at(bytes, at),
+    }
+}
+
+fn long_varint_at(bytes: &[u8], mut at: usize) -> (usize, usize) {
     let (mut n, mut shift) = (0usize, 0);
     loop {
         let b = bytes[at];

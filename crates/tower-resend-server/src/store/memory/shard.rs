@@ -103,10 +103,10 @@ impl Shard {
             self.done.push_back(hash);
         }
         shared.records.fetch_add(1, Relaxed);
-        let hasher = &shared.hasher;
+        let (hasher, key) = (&shared.hasher, record.key());
         match self
             .records
-            .entry(hash, |r| r.same_key(&record), |r| r.hash(hasher))
+            .entry(hash, |r| r.key() == key, |r| r.hash(hasher))
         {
             Entry::Occupied(mut found) => {
                 shared.forget(found.get());
