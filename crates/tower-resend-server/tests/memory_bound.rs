@@ -83,7 +83,8 @@ async fn the_byte_bound_holds_the_memory_the_store_takes() {
 
     // A default store at its 100 000-record bound, of small records (a
     // 2xx, a 100-byte body): about 250 bytes each, counted within a
-    // quarter too (the store before issue 9's item: about 430).
+    // quarter too (the store before: about 370, by the `memory_store`
+    // bench).
     let small = response(100);
     let region = Region::new(GLOBAL);
     let store = MemoryStore::new();
