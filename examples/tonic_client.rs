@@ -29,7 +29,8 @@ use tonic::Status;
 use tonic_prost::ProstCodec;
 use tower::util::MapErr;
 use tower::Service;
-use tower_resend::tonic::{into_status, resend_error, GrpcClassifier, TonicTransport};
+use tower_resend::classify::GrpcClassifier;
+use tower_resend::tonic::{into_status, resend_error, TonicTransport};
 use tower_resend::BoxError;
 
 // package ledger;

@@ -31,9 +31,10 @@ use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
 use tower::util::MapErr;
 use tower::{Service, ServiceExt};
+use tower_resend::classify::GrpcClassifier;
 use tower_resend::classify::{Class, GrpcCode};
 use tower_resend::retry::Stop;
-use tower_resend::tonic::{grpc_status, into_status, resend_error, GrpcClassifier, TonicTransport};
+use tower_resend::tonic::{grpc_status, into_status, resend_error, TonicTransport};
 use tower_resend::ErrorKind;
 
 use common::{attempts, closed_port, idle, stack, within, CONNECT_TIMEOUT};

@@ -158,7 +158,7 @@
 //!   the stack's errors as `tonic::Status` ([`tonic::into_status`], and
 //!   `From<tower_resend::Error>`). The gRPC rules need no feature: the default
 //!   classifier applies them to gRPC requests, and
-//!   [`classify::GrpcClassifier`] (also [`tonic::GrpcClassifier`]) adds an
+//!   [`classify::GrpcClassifier`] adds an
 //!   allowlist of idempotent methods.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]

@@ -8,8 +8,8 @@
 //! (`application/grpc…`, which tonic writes) and classifies its attempts by
 //! the [gRPC table](crate::classify#grpc) without being told: the
 //! `grpc-status` of a trailers-only answer, `grpc-retry-pushback-ms`, a
-//! refused connection. Name a [`GrpcClassifier`] only to declare methods
-//! idempotent ([`GrpcClassifier::idempotent`]): that allowlist is opt-in,
+//! refused connection. Name a [`GrpcClassifier`](crate::classify::GrpcClassifier) only to declare methods
+//! idempotent ([`GrpcClassifier::idempotent`](crate::classify::GrpcClassifier::idempotent)): that allowlist is opt-in,
 //! so that a call that may have been processed (UNAVAILABLE, a timeout
 //! after the request was written) is never sent again unless its method is
 //! on it or it carries an `idempotency-key` metadata entry; it then ends
@@ -101,7 +101,6 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::classify::{grpc_proves_not_sent as proves_not_sent, GrpcCode};
-pub use crate::classify::{GrpcClassifier, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 use crate::deadline::{parse_grpc_timeout, GRPC_TIMEOUT};
 use crate::error::{BoxError, Error, ErrorKind, Phase};
 use crate::retry::{Attempt, Attempts};
@@ -156,7 +155,8 @@ impl From<Code> for GrpcCode {
 /// ```
 /// use std::time::Duration;
 /// use http::{Request, Response};
-/// use tower_resend::tonic::{into_status, resend_error, GrpcClassifier, TonicTransport};
+/// use tower_resend::classify::GrpcClassifier;
+/// use tower_resend::tonic::{into_status, resend_error, TonicTransport};
 /// use tower::{service_fn, util::MapErr, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
@@ -272,7 +272,8 @@ fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
 /// ```
 /// use std::time::Duration;
 /// use http::{Request, Response};
-/// use tower_resend::tonic::{GrpcClassifier, TonicTransport};
+/// use tower_resend::classify::GrpcClassifier;
+/// use tower_resend::tonic::{TonicTransport};
 /// use tower::service_fn;
 ///
 /// // In production: `Endpoint::from_static("http://ledger:50051")
@@ -404,7 +405,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::Class;
+    use crate::classify::{Class, GrpcClassifier, GRPC_STATUS};
     use crate::vocab::Stop;
     use crate::vocab::{Refusal, Why};
     use http::StatusCode;
