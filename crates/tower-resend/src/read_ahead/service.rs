@@ -72,7 +72,7 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // The retry layer above says, on the attempt it sends, whether it
         // may retry a break in the body.
-        let cap = match req.extensions().get::<RetryInCharge>() {
+        let cap = match RetryInCharge::of(req.extensions()) {
             Some(marker) if marker.read_ahead => self.cap,
             _ => 0,
         };

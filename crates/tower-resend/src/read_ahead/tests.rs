@@ -40,10 +40,7 @@ where
     S: tower::Service<Request<B>>,
 {
     let mut req = Request::new(body);
-    req.extensions_mut().insert(RetryInCharge {
-        attempt_timeout: None,
-        read_ahead: true,
-    });
+    RetryInCharge::USUAL.mark(req.extensions_mut());
     svc.oneshot(req).await
 }
 

@@ -70,7 +70,7 @@ impl Head {
         match &self.extensions {
             Own::Rebuild(marker, deadline, key) => {
                 let ext = req.extensions_mut();
-                ext.insert(*marker);
+                marker.mark(ext);
                 if let Some(d) = deadline {
                     ext.insert(*d);
                 }
@@ -118,7 +118,7 @@ mod tests {
             .body(())
             .unwrap();
         ext(req.extensions_mut());
-        req.extensions_mut().insert(MARK);
+        MARK.mark(req.extensions_mut());
         req.into_parts().0
     }
 
@@ -143,7 +143,7 @@ mod tests {
             assert_eq!(again.method(), p.method);
             assert_eq!(again.uri(), &p.uri);
             assert_eq!(again.headers(), &p.headers);
-            assert_eq!(again.extensions().get::<RetryInCharge>(), Some(&MARK));
+            assert_eq!(RetryInCharge::of(again.extensions()), Some(MARK));
             assert_eq!(
                 again.extensions().get::<Deadline>(),
                 p.extensions.get::<Deadline>()

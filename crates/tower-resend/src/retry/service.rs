@@ -90,7 +90,7 @@ where
         // wrote: then neither marker below can be there, and two lookups
         // are saved.
         let only_deadline = ext.len() == usize::from(own.is_some());
-        if !only_deadline && ext.get::<RetryInCharge>().is_some() {
+        if !only_deadline && RetryInCharge::of(ext).is_some() {
             // An outer retry layer is in charge of this request.
             let req = req.map(Replay::send_once);
             return ResponseFuture::passthrough(self.inner.call(req));
@@ -129,7 +129,7 @@ where
         // for the next (none: it is sent once, and not replayed).
         let (first, kept) = keep(body, shared.policy.replay_cap, allowed);
         let mut attempt = Request::from_parts(parts, first);
-        attempt.extensions_mut().insert(marker);
+        marker.mark(attempt.extensions_mut());
         let call = Call::new(
             &attempt,
             marker,
@@ -369,10 +369,11 @@ mod tests {
             // Marked as under an outer retry layer: this one passes the
             // request through, once, and leaves the history to the outer one.
             let mut req = with(deadline, mine);
-            req.extensions_mut().insert(RetryInCharge {
+            RetryInCharge {
                 attempt_timeout: None,
                 read_ahead: false,
-            });
+            }
+            .mark(req.extensions_mut());
             let (resp, sent) = send(req).await;
             assert_eq!(
                 (resp.status(), sent),

@@ -67,8 +67,7 @@ where
         // A retry layer above may give this attempt its own limit (the
         // request's `CallOptions`). `per_attempt` is clamped at
         // construction, and so is an override: this cannot overflow.
-        let per_attempt = ext
-            .get::<RetryInCharge>()
+        let per_attempt = RetryInCharge::of(ext)
             .and_then(|marker| marker.attempt_timeout)
             .map_or(self.per_attempt, clamp);
         let own = start + per_attempt;
