@@ -32,6 +32,9 @@ pin_project! {
             // once never arms it, so it is boxed rather than moved, 112 bytes
             // of it, through every layer.
             sleep: Option<Pin<Box<Sleep>>>,
+            // False when the layers inside wake the call by the deadline
+            // (a stack's): no timer of its own.
+            arm: bool,
             deadline: Deadline,
             // The call's entry in the ambient ledger, ended when it is dropped.
             ledger: Option<LedgerGuard>,
@@ -48,11 +51,13 @@ impl<F> ResponseFuture<F> {
         start: Instant,
         upstream: Option<Name>,
         ledger: Option<LedgerGuard>,
+        arm: bool,
     ) -> Self {
         Self {
             kind: Kind::Running {
                 inner,
                 sleep: None,
+                arm,
                 deadline,
                 ledger,
             },
@@ -79,13 +84,14 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let (inner, sleep, deadline) = match this.kind.as_mut().project() {
+        let (inner, sleep, arm, deadline) = match this.kind.as_mut().project() {
             KindProj::Running {
                 inner,
                 sleep,
+                arm,
                 deadline,
                 ledger: _,
-            } => (inner, sleep, *deadline),
+            } => (inner, sleep, *arm, *deadline),
             KindProj::Expired => {
                 this.kind.set(Kind::Done);
                 let mut e = Error::deadline_exceeded(Phase::Start, this.start.elapsed());
@@ -120,6 +126,7 @@ where
                 }
                 return Poll::Ready(Err(e));
             }
+            Poll::Pending if !arm => return Poll::Pending,
             Poll::Pending => {}
         }
 

@@ -38,6 +38,10 @@ pub struct CallDeadline<S> {
     inner: S,
     total: Duration,
     upstream: Option<Name>,
+    /// The layers inside wake the call by its deadline whatever they wait
+    /// for (a stack's attempt timeout, backoff and readiness waits are all
+    /// bounded by it): no timer of its own is armed.
+    woken_inside: bool,
 }
 
 impl<S> CallDeadline<S> {
@@ -47,7 +51,16 @@ impl<S> CallDeadline<S> {
             inner,
             total: clamp(total),
             upstream: None,
+            woken_inside: false,
         }
+    }
+
+    /// Arms no timer of its own: the layers inside (a stack's) wake the
+    /// call by its deadline, whatever they wait for. One timer a call
+    /// rather than two.
+    pub(crate) fn woken_inside(mut self) -> Self {
+        self.woken_inside = true;
+        self
     }
 
     pub(crate) fn with_upstream(mut self, upstream: Option<Name>) -> Self {
@@ -119,6 +132,6 @@ where
             let name = upstream.clone().unwrap_or_else(|| Name::from("upstream"));
             l.start(Source::Upstream, name)
         });
-        ResponseFuture::new(future, deadline, start, upstream, guard)
+        ResponseFuture::new(future, deadline, start, upstream, guard, !self.woken_inside)
     }
 }

@@ -183,11 +183,12 @@ pub fn scope<F: Future>(deadline: Deadline, future: F) -> TaskLocalFuture<Ambien
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_resend::{deadline::{self, Source, TimeLedger}, Deadline};
+/// use tower_resend::deadline::{self, server::{Source, TimeLedger}};
+/// use tower_resend::Deadline;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
 /// let ledger = TimeLedger::new();
-/// deadline::scope_with_ledger(Deadline::after(Duration::from_secs(2)), ledger.clone(), async {
+/// deadline::server::scope_with_ledger(Deadline::after(Duration::from_secs(2)), ledger.clone(), async {
 ///     deadline::internal("db", tokio::time::sleep(Duration::from_millis(30))).await;
 /// })
 /// .await;

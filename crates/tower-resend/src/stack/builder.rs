@@ -399,7 +399,10 @@ impl<C, B> StackBuilder<C, B> {
         // The breaker (if any) inside the retry layer, so it sees every attempt.
         let inner = self.breaker.wrap(inner, self.name.as_ref(), self.retry);
         let inner = self.keys.layer(inner);
-        Stack::new(total.layer(inner), replay_cap)
+        // Every wait inside is bounded by the deadline (the attempt
+        // timeout, the retry's backoff and readiness waits): the deadline
+        // layer arms no timer of its own.
+        Stack::new(total.layer(inner).woken_inside(), replay_cap)
     }
 }
 
