@@ -95,20 +95,12 @@ async fn assert_committed_together(pool: &PgPool, key: &str, op: &str) {
 }
 
 async fn effects(pool: &PgPool, op: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM resend_tx_effects WHERE op = $1")
-        .bind(op)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    pg::count(pool, "resend_tx_effects", "op", op).await
 }
 
 /// The rows (a claim or a record) that `key` has in the layer's table.
 async fn records(pool: &PgPool, key: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {TABLE} WHERE key = $1"))
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    pg::count(pool, TABLE, "key", key).await
 }
 
 /// What the handler does, from the query: `op=` names its effect; `ms=`

@@ -84,20 +84,12 @@ async fn pool() -> Option<PgPool> {
 }
 
 async fn effects(pool: &PgPool, op: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM resend_sqlstate_effects WHERE op = $1")
-        .bind(op)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    pg::count(pool, "resend_sqlstate_effects", "op", op).await
 }
 
 /// The rows (a claim or a record) that `key` has in the layer's table.
 async fn records(pool: &PgPool, key: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {TABLE} WHERE key = $1"))
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    pg::count(pool, TABLE, "key", key).await
 }
 
 /// How many times the handler ran.

@@ -65,3 +65,13 @@ pub fn with_port(url: &str, port: u16) -> String {
     let (_, db) = rest.split_once('/').expect("postgres://user@host:port/db");
     format!("{head}@127.0.0.1:{port}/{db}")
 }
+
+/// How many rows of `table` have `value` in `column` (an effect a test's
+/// handler wrote, a key's claim or record).
+pub async fn count(pool: &PgPool, table: &str, column: &str, value: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE {column} = $1"))
+        .bind(value)
+        .fetch_one(pool)
+        .await
+        .expect("count the rows")
+}
