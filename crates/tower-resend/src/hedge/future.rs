@@ -255,7 +255,11 @@ where
                 self.last = None;
             }
             Poll::Ready(Err(_)) => self.more = false,
-            Poll::Pending => self.waiting = Some(req),
+            // (The timer for the next backup starts once this one is sent.)
+            Poll::Pending => {
+                self.waiting = Some(req);
+                return;
+            }
         }
         self.due
             .as_mut()
