@@ -214,3 +214,20 @@ async fn with_the_budget_dry_no_backup_is_sent() {
     assert_eq!(backups, 0);
     assert!(p(&latencies, 0.99) >= STALL);
 }
+
+/// No copy goes out after the call's deadline: the first copy of `/20`
+/// stalls, the deadline ends it at 50 ms, and the backup that would
+/// follow is not sent.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn no_backup_is_sent_after_the_deadline() {
+    let seen = Seen::default();
+    let stack = tower_resend::stack()
+        .total(Duration::from_millis(50))
+        .hedge(Duration::from_millis(100))
+        .service(upstream(seen.clone()));
+    let start = Instant::now();
+    let err = stack.oneshot(request(Method::GET, 20)).await.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err}");
+    assert_eq!(start.elapsed(), Duration::from_millis(50));
+    assert_eq!(seen.sends(), 1);
+}

@@ -20,6 +20,7 @@ use tower_service::Service;
 use super::{Delay, Hedged, Shared};
 use crate::body::Replay;
 use crate::classify::{Class, Classify, RequestFacts};
+use crate::deadline::Deadline;
 use crate::error::BoxError;
 
 pin_project_lite::pin_project! {
@@ -50,7 +51,15 @@ impl<F, S, B, C, R> ResponseFuture<F, S, B, C, R> {
     /// The call whose `first` copy is sent, and whose backups `svc` sends.
     pub(super) fn hedged(first: F, svc: S, template: Template<B>, shared: Arc<Shared<C>>) -> Self {
         let due = Box::pin(tokio::time::sleep(shared.after()));
+        // The request's deadline and the ambient one: no backup goes out
+        // after it (a timeout layer below, seeing a retry layer in charge,
+        // does not check it again).
+        let deadline = match (template.extensions.get::<Deadline>(), Deadline::current()) {
+            (Some(r), Some(a)) => Some(a.min(*r)),
+            (r, a) => a.or(r.copied()),
+        };
         let inner = Box::new(Hedging {
+            deadline,
             copies: vec![(1, Box::pin(first))],
             svc,
             template,
@@ -140,6 +149,7 @@ struct Hedging<F, S, B, C, R> {
     template: Template<B>,
     shared: Arc<Shared<C>>,
     start: Instant,
+    deadline: Option<Deadline>,
     /// Copies sent so far.
     sent: u32,
     /// More copies may go out when `due` fires.
@@ -247,23 +257,31 @@ where
     /// Sends `req` if the service is ready; keeps it waiting if not yet,
     /// and sends no more copies if the service failed.
     fn poll_send(&mut self, cx: &mut Context<'_>, req: Request<B>) {
-        match self.svc.poll_ready(cx) {
+        let now = match self.svc.poll_ready(cx) {
             Poll::Ready(Ok(())) => {
+                let now = Instant::now();
+                if self.deadline.is_some_and(|d| d.instant() <= now) {
+                    // Too late for another copy.
+                    self.more = false;
+                    return;
+                }
                 self.sent += 1;
                 self.copies.push((self.sent, Box::pin(self.svc.call(req))));
                 self.more = self.sent < self.shared.max_copies;
                 self.last = None;
+                now
             }
-            Poll::Ready(Err(_)) => self.more = false,
+            Poll::Ready(Err(_)) => {
+                self.more = false;
+                return;
+            }
             // (The timer for the next backup starts once this one is sent.)
             Poll::Pending => {
                 self.waiting = Some(req);
                 return;
             }
-        }
-        self.due
-            .as_mut()
-            .reset(Instant::now() + self.shared.after());
+        };
+        self.due.as_mut().reset(now + self.shared.after());
     }
 
     /// The call's answer: copy `n`'s, with what hedging did.

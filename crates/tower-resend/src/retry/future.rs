@@ -23,7 +23,7 @@ use super::call::{Call, Next};
 use super::run::TokenWait;
 use crate::body::Replay;
 use crate::classify::Classify;
-use crate::error::BoxError;
+use crate::error::{BoxError, Phase};
 
 pin_project! {
     /// Response future of [`Retry`](super::Retry).
@@ -53,6 +53,8 @@ pin_project! {
         // Making the service ready for the next attempt, until the
         // deadline (its timer armed once the service is not ready).
         Ready { deadline: Option<Pin<Box<Sleep>>> },
+        // The deadline passed before the first attempt was sent.
+        Expired,
         Done,
     }
 }
@@ -62,6 +64,13 @@ impl<F, S, B, C, R> ResponseFuture<F, S, B, C, R> {
         Self {
             call: None,
             state: State::Attempt { future },
+        }
+    }
+
+    pub(super) fn expired(call: Box<Call<S, B, C>>) -> Self {
+        Self {
+            call: Some(call),
+            state: State::Expired,
         }
     }
 
@@ -130,6 +139,7 @@ where
                     }
                     Err(end) => Next::Done(end),
                 },
+                StateProj::Expired => Next::Done(call.out_of_time(Phase::Start)),
                 StateProj::Done => return after_completion(),
             };
             let state = match next {
@@ -172,6 +182,7 @@ impl<F, S, B, C, R> std::fmt::Debug for ResponseFuture<F, S, B, C, R> {
             (_, State::Backoff { .. }) => "backoff",
             (_, State::Throttled { .. }) => "waiting for a budget token",
             (_, State::Ready { .. }) => "waiting for the service",
+            (_, State::Expired) => "expired before the first attempt",
             (_, State::Done) => "done",
         };
         f.debug_struct("ResponseFuture")

@@ -4,7 +4,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Request, Response};
@@ -44,26 +44,35 @@ impl<S, B, C> Call<S, B, C> {
         let service = self
             .service
             .get_or_insert_with(|| Box::new(shared.service()));
-        let (mut result, stop) = match service.poll_ready(cx) {
-            Poll::Ready(Ok(())) => return Poll::Ready(self.send()),
-            // Nothing was sent: the service failed before the call.
-            Poll::Ready(Err(e)) => (Err(Error::from_box(e.into()).into()), Stop::Final),
+        match service.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(self.send()),
+            Poll::Ready(Err(e)) => {
+                // Nothing was sent: the service failed before the call.
+                let mut result = Err(Error::from_box(e.into()).into());
+                self.finish(self.start.elapsed(), &mut result, Stop::Final);
+                Poll::Ready(Err(result))
+            }
             Poll::Pending => {
                 let Some(at) = self.deadline else {
                     return Poll::Pending;
                 };
                 let sleep = deadline
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.instant())));
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
+                ready!(sleep.as_mut().poll(cx));
                 // The deadline passed while the service was not ready.
-                let e = Error::deadline_exceeded(Phase::Waiting, self.start.elapsed());
-                (Err(e.into()), Stop::Deadline)
+                Poll::Ready(Err(self.out_of_time(Phase::Waiting)))
             }
-        };
-        self.finish(self.start.elapsed(), &mut result, stop);
-        Poll::Ready(Err(result))
+        }
+    }
+
+    /// The call ends, its deadline passed before the next attempt went
+    /// out (`phase`: before the first, or while waiting to send a later
+    /// one); nothing more is sent.
+    pub(super) fn out_of_time<R>(&mut self, phase: Phase) -> Ended<R> {
+        let elapsed = self.start.elapsed();
+        let mut result = Err(Error::deadline_exceeded(phase, elapsed).into());
+        self.finish(elapsed, &mut result, Stop::Deadline);
+        result
     }
 
     /// Sends the next attempt through the service, now ready.
@@ -71,6 +80,12 @@ impl<S, B, C> Call<S, B, C> {
     where
         S: Service<Request<B>>,
     {
+        let now = Instant::now();
+        if self.deadline.is_some_and(|d| d.instant() <= now) {
+            // (A timeout layer below, seeing this layer in charge, does
+            // not read the clock again to check.)
+            return Err(self.out_of_time(Phase::Waiting));
+        }
         let (Some(body), Some(service)) = (self.next_body.take(), self.service.as_mut()) else {
             return Err(Err("retry without a body or a service".into()));
         };
@@ -79,7 +94,7 @@ impl<S, B, C> Call<S, B, C> {
         announce(&mut req, previous, self.shared.attempt_header.as_ref());
         self.shared.metrics.waited(self.wait_reason, self.waited);
         self.attempt = telemetry::attempt_span(&self.span, &self.head.facts(), previous);
-        self.attempt_start = Instant::now();
+        self.attempt_start = now;
         let _span = self.attempt.enter();
         Ok(service.call(req))
     }

@@ -143,6 +143,12 @@ where
             options,
             now,
         );
+        if deadline.is_some_and(|d| d.instant() <= now) {
+            // The deadline passed before the call began: nothing is sent.
+            // (A timeout layer below, seeing this layer in charge, does
+            // not read the clock again to check.)
+            return ResponseFuture::expired(call);
+        }
         // The layers below, and the transport, call inside the attempt's span.
         let future = {
             let _span = call.attempt.enter();
@@ -382,5 +388,30 @@ mod tests {
             );
             assert!(resp.extensions().get::<Attempts>().is_none(), "{case}");
         }
+    }
+
+    /// A request whose deadline has already passed is not sent: the retry
+    /// layer checks it as it sends the first attempt, and a timeout layer
+    /// below (which, seeing the retry in charge, does not look again)
+    /// never gets it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_spent_deadline_sends_nothing() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = Arc::clone(&calls);
+        let upstream = service_fn(move |_req: Request<Empty<Bytes>>| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok::<_, Infallible>(Response::new(())))
+        });
+        let client = RetryLayer::new().no_budget().layer(
+            crate::timeout::AttemptTimeoutLayer::new(std::time::Duration::from_secs(1))
+                .layer(upstream),
+        );
+        let mut req = Request::get("http://up/x").body(Empty::new()).unwrap();
+        req.extensions_mut()
+            .insert(Deadline::after(std::time::Duration::ZERO));
+        let err = Error::from_box(client.oneshot(req).await.unwrap_err());
+        assert!(err.is_deadline_exceeded(), "{err}");
+        assert_eq!(err.phase(), Some(crate::error::Phase::Start));
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
     }
 }

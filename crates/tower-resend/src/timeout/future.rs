@@ -19,9 +19,11 @@ pin_project! {
         // bytes, where each of its moves through the layers costs more
         // (measured with the callgrind bench).
         sleep: Option<Pin<Box<Sleep>>>,
-        start: Instant,
-        until: Instant,
-        by_deadline: bool,
+        // When the attempt began: read when it was sent, or (under a retry
+        // layer, which checked the deadline as it sent it) when it first
+        // waits.
+        start: Option<Instant>,
+        deadline: Option<Instant>,
         per_attempt: Duration,
     }
 }
@@ -29,30 +31,26 @@ pin_project! {
 impl<F> ResponseFuture<F> {
     pub(super) fn new(
         inner: F,
-        start: Instant,
-        until: Instant,
-        by_deadline: bool,
+        start: Option<Instant>,
+        deadline: Option<Instant>,
         per_attempt: Duration,
     ) -> Self {
         Self {
             inner: Some(inner),
             sleep: None,
             start,
-            until,
-            by_deadline,
+            deadline,
             per_attempt,
         }
     }
 
     /// The deadline passed before the attempt began: nothing is sent.
     pub(super) fn expired() -> Self {
-        let now = Instant::now();
         Self {
             inner: None,
             sleep: None,
-            start: now,
-            until: now,
-            by_deadline: true,
+            start: None,
+            deadline: None,
             per_attempt: Duration::ZERO,
         }
     }
@@ -75,18 +73,22 @@ where
         if let Poll::Ready(result) = inner.poll(cx) {
             return Poll::Ready(result.map_err(Into::into));
         }
+        let start = *this.start.get_or_insert_with(Instant::now);
+        let own = start + *this.per_attempt;
+        // The deadline, where it is the tighter limit.
+        let by_deadline = this.deadline.filter(|d| *d <= own);
         let sleep = this
             .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*this.until)));
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(by_deadline.unwrap_or(own))));
         if sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
         // Drop the attempt now: its connection is released, not kept waiting.
         this.inner.set(None);
-        let e = if *this.by_deadline {
+        let e = if by_deadline.is_some() {
             // The deadline was the tighter limit; an enclosing deadline
             // layer fills in how long the whole call took.
-            Error::deadline_exceeded(Phase::Attempt, this.start.elapsed())
+            Error::deadline_exceeded(Phase::Attempt, start.elapsed())
         } else {
             Error::attempt_timeout(*this.per_attempt)
         };

@@ -6,7 +6,10 @@
 //! always tell which fired: the per-attempt limit with
 //! [`ErrorKind::AttemptTimeout`](crate::ErrorKind::AttemptTimeout), the
 //! deadline with [`ErrorKind::DeadlineExceeded`](crate::ErrorKind::DeadlineExceeded).
-//! A request whose deadline has already passed is not sent at all.
+//! A request whose deadline has already passed is not sent at all. Under a
+//! retry layer, that layer checks the deadline as it sends each attempt,
+//! and the attempt's timer starts when the attempt first waits (one clock
+//! reading fewer on a call answered at once).
 //!
 //! Unlike tower-http's timeout, it never makes up a response (a 408 would
 //! read as "not processed" to a classifier): a timeout is an error, and what

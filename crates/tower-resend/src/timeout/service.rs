@@ -62,27 +62,31 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let start = Instant::now();
         let ext = req.extensions();
+        let marker = RetryInCharge::of(ext);
         // A retry layer above may give this attempt its own limit (the
         // request's `CallOptions`). `per_attempt` is clamped at
         // construction, and so is an override: this cannot overflow.
-        let per_attempt = RetryInCharge::of(ext)
+        let per_attempt = marker
             .and_then(|marker| marker.attempt_timeout)
             .map_or(self.per_attempt, clamp);
-        let own = start + per_attempt;
         // The request's deadline (a deadline layer's, or the caller's own),
         // and the ambient one.
         let deadline = match (ext.get::<Deadline>(), Deadline::current()) {
             (Some(r), Some(a)) => Some(a.min(*r)),
             (r, a) => a.or(r.copied()),
-        };
-        match deadline {
-            Some(d) if d.instant() <= start => ResponseFuture::expired(),
-            Some(d) if d.instant() <= own => {
-                ResponseFuture::new(self.inner.call(req), start, d.instant(), true, per_attempt)
-            }
-            _ => ResponseFuture::new(self.inner.call(req), start, own, false, per_attempt),
         }
+        .map(Deadline::instant);
+        if marker.is_some() {
+            // The retry layer in charge sends an attempt only while its
+            // deadline holds, by the clock it has just read: the attempt's
+            // timer starts when it first waits, with no second reading.
+            return ResponseFuture::new(self.inner.call(req), None, deadline, per_attempt);
+        }
+        let start = Instant::now();
+        if deadline.is_some_and(|d| d <= start) {
+            return ResponseFuture::expired();
+        }
+        ResponseFuture::new(self.inner.call(req), Some(start), deadline, per_attempt)
     }
 }
