@@ -231,3 +231,99 @@ async fn no_backup_is_sent_after_the_deadline() {
     assert_eq!(start.elapsed(), Duration::from_millis(50));
     assert_eq!(seen.sends(), 1);
 }
+
+/// Every copy after the first says how many came before it, as a retry
+/// does, so that a server shedding load sheds it first.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn backups_say_how_many_came_before() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    // The first send is answered 503, the retry stalls, its backup answers.
+    let upstream = service_fn(move |req: Request<Full<Bytes>>| {
+        let header = req
+            .headers()
+            .get("resend-previous-attempts")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let n = {
+            let mut log = log.lock().unwrap();
+            log.push(header);
+            log.len()
+        };
+        async move {
+            let resp = match n {
+                // A wait the server asked for goes up to the retry layer.
+                1 => Response::builder().status(503).header("retry-after", "1"),
+                2 => {
+                    tokio::time::sleep(STALL).await;
+                    Response::builder()
+                }
+                _ => Response::builder(),
+            };
+            Ok::<_, Infallible>(resp.body(Full::new(Bytes::new())).unwrap())
+        }
+    });
+    let stack = tower_resend::stack()
+        .hedge(Duration::from_millis(10))
+        .service(upstream);
+    let resp = stack.oneshot(request(Method::GET, 1)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    // The retry after the 503 stalled, and its backup answered.
+    let attempts = resp.extensions().get::<Attempts>().unwrap();
+    let last = attempts.last().unwrap();
+    assert_eq!(
+        (attempts.len(), last.copies(), last.winning_copy()),
+        (2, 2, 2)
+    );
+    // Counted apart: one retry, one hedge.
+    assert_eq!((attempts.retries(), attempts.hedges()), (1, 1));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, [None, Some("1".to_owned()), Some("2".to_owned())]);
+}
+
+/// When every call is slow, a tenth of them send a backup (plus the
+/// budget's floor of about one a second), not all of them: hedges have a
+/// budget of their own, apart from the retry budget (here too large to
+/// matter). With a share of 1, nearly every call is hedged.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn when_every_call_is_slow_a_tenth_are_hedged() {
+    const CALLS: usize = 1000;
+    const TASKS: usize = 100;
+    async fn hedged_share(share: f64) -> (usize, Duration) {
+        let seen = Seen::default();
+        let ample = RetryBudget::new(1.0, 0.0, Duration::from_secs(10)).unwrap();
+        let stack = tower_resend::stack()
+            .budget(ample)
+            .hedge(Duration::from_millis(10))
+            .hedge_share(share)
+            .service(upstream(seen.clone()));
+        let start = Instant::now();
+        let mut set = JoinSet::new();
+        for t in 0..TASKS {
+            let stack = stack.clone();
+            set.spawn(async move {
+                // Every path a multiple of 20: every first send stalls.
+                for n in (t..CALLS).step_by(TASKS) {
+                    let req = request(Method::GET, n * 20);
+                    stack.clone().oneshot(req).await.unwrap();
+                }
+            });
+        }
+        while set.join_next().await.is_some() {}
+        (seen.sends() - CALLS, start.elapsed())
+    }
+
+    let (backups, took) = hedged_share(0.1).await;
+    // The floor: five tokens at the start, one a second after.
+    let bound = CALLS / 10 + 5 + took.as_secs() as usize + 1;
+    assert!(
+        backups <= bound,
+        "{backups} backups in {took:?}, bound {bound}"
+    );
+    assert!(backups >= CALLS / 20, "{backups} backups: still hedging");
+
+    let (backups, _) = hedged_share(1.0).await;
+    assert!(
+        backups >= CALLS * 9 / 10,
+        "{backups} backups with a share of 1"
+    );
+}

@@ -379,3 +379,52 @@ fn collect_now_string(body: MaybeBuffered<String>) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// A hedged copy says it is not a first attempt, so a server at capacity
+/// sheds it before a first attempt: call A holds the one slot, its backup
+/// waits in line, and call B's first attempt, arriving, sends the backup
+/// away and takes its place (B's own backup, finding the line full, is
+/// refused too). A ends with its first copy, B runs after it: no first
+/// attempt was shed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn at_capacity_a_hedged_copy_is_shed_before_a_first_attempt() {
+    let shed = ShedLayer::new(1).max_queue(1);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&calls);
+    let server = ServiceBuilder::new()
+        .layer(shed.clone())
+        .service(service_fn(move |_: Request<Body>| {
+            // The first request to run holds its slot a second.
+            let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok::<_, Infallible>(Response::new(String::from("done")))
+            }
+        }));
+    let client = tower_resend::stack()
+        .hedge(Duration::from_millis(10))
+        .service(server);
+    let a = tokio::spawn(client.clone().oneshot(get()));
+    // A's backup goes out at 10 ms, and waits in line.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let b = tokio::spawn(client.oneshot(get()));
+    let a = a.await.unwrap().unwrap();
+    let b = b.await.unwrap().unwrap();
+    assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+    let a_copies = a
+        .extensions()
+        .get::<Attempts>()
+        .unwrap()
+        .last()
+        .unwrap()
+        .copies();
+    assert_eq!(a_copies, 2, "A was hedged");
+    let stats = shed.stats();
+    assert_eq!(
+        (stats.admitted, stats.shed_retries, stats.shed_first),
+        (2, 2, 0),
+        "{stats:?}"
+    );
+}

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
@@ -22,6 +22,7 @@ use crate::body::Replay;
 use crate::classify::{Class, Classify, RequestFacts};
 use crate::deadline::Deadline;
 use crate::error::BoxError;
+use crate::retry::{announce, announced};
 
 pin_project_lite::pin_project! {
     /// Response future of [`Hedge`](super::Hedge).
@@ -112,11 +113,16 @@ pub(super) struct Template<B> {
     headers: http::HeaderMap,
     extensions: http::Extensions,
     body: B,
+    /// How many attempts came before this one (the retry layer's count).
+    previous: u32,
+    attempt_header: Option<HeaderName>,
 }
 
 impl<B: Replay> Template<B> {
-    pub(super) fn of(req: &Request<B>) -> Option<Self> {
+    pub(super) fn of(req: &Request<B>, attempt_header: Option<&HeaderName>) -> Option<Self> {
         Some(Self {
+            previous: announced(req.headers(), attempt_header),
+            attempt_header: attempt_header.cloned(),
             method: req.method().clone(),
             uri: req.uri().clone(),
             version: req.version(),
@@ -126,13 +132,17 @@ impl<B: Replay> Template<B> {
         })
     }
 
-    fn copy(&self) -> Option<Request<B>> {
+    /// Copy `n` (2 for the first backup), which says how many attempts
+    /// and copies came before it.
+    fn copy(&self, n: u32) -> Option<Request<B>> {
         let mut req = Request::new(self.body.try_copy()?);
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
         *req.version_mut() = self.version;
         *req.headers_mut() = self.headers.clone();
         *req.extensions_mut() = self.extensions.clone();
+        let before = self.previous.saturating_add(n - 1);
+        announce(&mut req, before, self.attempt_header.as_ref());
         Some(req)
     }
 
@@ -239,16 +249,18 @@ where
         Poll::Pending
     }
 
-    /// Makes the next copy, if the copies, the budget and the body allow
-    /// one; it goes out once the service is ready.
+    /// Makes the next copy, if the copies, the budgets (the backups' share
+    /// of the calls, then the retry budget) and the body allow one; it goes
+    /// out once the service is ready.
     fn next_copy(&mut self) {
-        let allowed = self.sent < self.shared.max_copies
-            && self
-                .shared
+        let shared = &self.shared;
+        let allowed = self.sent < shared.max_copies
+            && shared.share.withdraw().is_some()
+            && shared
                 .budget
                 .as_ref()
                 .is_none_or(|b| b.withdraw().is_some());
-        self.waiting = allowed.then(|| self.template.copy()).flatten();
+        self.waiting = allowed.then(|| self.template.copy(self.sent + 1)).flatten();
         if self.waiting.is_none() {
             self.more = false;
         }

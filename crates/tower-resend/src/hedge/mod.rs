@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 
 use tower_layer::Layer;
 use tower_service::Service;
@@ -17,7 +17,7 @@ use crate::body::Replay;
 use crate::classify::{Classify, HttpClassifier, RequestFacts};
 use crate::error::BoxError;
 use crate::name::Name;
-use crate::retry::{NoRetry, RetryBudget};
+use crate::retry::{NoRetry, RetryBudget, DEFAULT_HEDGE_SHARE, RESEND_PREVIOUS_ATTEMPTS};
 use crate::telemetry::{CallMetrics, ClientMetrics};
 pub use crate::vocab::Hedged;
 pub use future::ResponseFuture;
@@ -39,9 +39,15 @@ enum Delay {
 ///
 /// Only a request the classifier calls replay-safe is hedged: an idempotent
 /// method, or one with an Idempotency-Key (every copy carries the same
-/// key). Each backup spends a token of the [`RetryBudget`] and none is
-/// sent when it is dry; at most [`max_copies`](Self::max_copies) are in
-/// flight (2 by default: the first and one backup). A final answer from any
+/// key). Backups have a budget of their own, a share of the calls
+/// ([`max_share`](Self::max_share), 10 % by default: when every call is
+/// slow, not every call is hedged), and each also spends a token of the
+/// [`RetryBudget`]; none is sent when either is dry. At most
+/// [`max_copies`](Self::max_copies) are in flight (2 by default: the first
+/// and one backup). Every copy after the first says how many came before
+/// it, as a retry does (`resend-previous-attempts`, or
+/// `grpc-previous-rpc-attempts` on gRPC): a server that sheds load
+/// (`tower_resend_server::ShedLayer`) sheds backups before first attempts. A final answer from any
 /// copy (a success, or a rejection) ends the call and drops the others (a
 /// copy dropped mid-body closes its connection rather than reuse it); an
 /// answer that may change (overloaded, unknown, not sent) sends the next
@@ -70,6 +76,8 @@ pub struct HedgeLayer<C = HttpClassifier> {
     delay: Delay,
     max_copies: u32,
     budget: Option<RetryBudget>,
+    share: RetryBudget,
+    attempt_header: Option<HeaderName>,
     classifier: C,
     metrics: ClientMetrics,
     upstream: Option<Name>,
@@ -82,6 +90,8 @@ impl HedgeLayer<HttpClassifier> {
             delay: Delay::Fixed(after),
             max_copies: 2,
             budget: None,
+            share: RetryBudget::share(DEFAULT_HEDGE_SHARE),
+            attempt_header: Some(RESEND_PREVIOUS_ATTEMPTS),
             classifier: HttpClassifier::new(),
             metrics: ClientMetrics::OFF,
             upstream: None,
@@ -123,6 +133,27 @@ impl<C> HedgeLayer<C> {
         self
     }
 
+    /// At most this share of the calls (0 to 1) send a backup copy, plus
+    /// about one a second, so that a quiet client still hedges. Default
+    /// 0.1, the share published adaptive-hedging designs use: when an
+    /// upstream slows every call, one in ten is hedged, not all of them.
+    /// The clones of a layer share it.
+    #[must_use]
+    pub fn max_share(mut self, share: f64) -> Self {
+        self.share = RetryBudget::share(share);
+        self
+    }
+
+    /// Backup copies of HTTP requests say how many copies came before them
+    /// on `name` (gRPC requests always use `grpc-previous-rpc-attempts`).
+    /// Default [`RESEND_PREVIOUS_ATTEMPTS`]; a stack gives its retry
+    /// layer's.
+    #[must_use]
+    pub fn attempt_header(mut self, name: Option<HeaderName>) -> Self {
+        self.attempt_header = name;
+        self
+    }
+
     /// Classifies with `classifier` (a stack gives its retry classifier).
     #[must_use]
     pub fn classifier<C2>(self, classifier: C2) -> HedgeLayer<C2> {
@@ -130,6 +161,8 @@ impl<C> HedgeLayer<C> {
             delay: self.delay,
             max_copies: self.max_copies,
             budget: self.budget,
+            share: self.share,
+            attempt_header: self.attempt_header,
             classifier,
             metrics: self.metrics,
             upstream: self.upstream,
@@ -176,6 +209,8 @@ impl<S, C: Clone> Layer<S> for HedgeLayer<C> {
                 delay: self.delay,
                 max_copies: self.max_copies,
                 budget: self.budget.clone(),
+                share: self.share.clone(),
+                attempt_header: self.attempt_header.clone(),
                 classifier: self.classifier.clone(),
                 latency: Latency::default(),
                 metrics: self.metrics.bind(self.upstream.as_ref()),
@@ -189,6 +224,9 @@ struct Shared<C> {
     delay: Delay,
     max_copies: u32,
     budget: Option<RetryBudget>,
+    /// The backups' own budget: a share of the calls.
+    share: RetryBudget,
+    attempt_header: Option<HeaderName>,
     classifier: C,
     latency: Latency,
     metrics: CallMetrics,
@@ -296,7 +334,12 @@ where
                 req.extensions().get::<NoRetry>().is_none()
                     && Classify::<R>::is_replay_safe(&shared.classifier, &RequestFacts::of(&req))
             })
-            .and_then(|shared| Some((Template::of(&req)?, Arc::clone(shared))));
+            .and_then(|shared| {
+                let template = Template::of(&req, shared.attempt_header.as_ref())?;
+                // A call that may be hedged earns its share.
+                shared.share.deposit();
+                Some((template, Arc::clone(shared)))
+            });
         let first = self.inner.call(req);
         match copies {
             // Not hedged (the usual call): no box, no timer.

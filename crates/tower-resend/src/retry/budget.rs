@@ -335,6 +335,22 @@ fn first_probe(min_per_sec: f64) -> Duration {
     }
 }
 
+impl RetryBudget {
+    /// A share of the calls, `ratio` (0 to 1), plus one a second at least,
+    /// over a 10 s window: the hedge layer's budget for its backups.
+    pub(crate) fn share(ratio: f64) -> Self {
+        let ratio = if ratio.is_finite() {
+            ratio.clamp(0.0, 1.0)
+        } else {
+            DEFAULT_HEDGE_SHARE
+        };
+        Self::build(ratio, 1.0, Duration::from_secs(10))
+    }
+}
+
+/// The share of calls that may send a backup copy, by default.
+pub(crate) const DEFAULT_HEDGE_SHARE: f64 = 0.1;
+
 impl Default for RetryBudget {
     /// 20% of calls, 1 retry per second at least, over a 10 s window.
     fn default() -> Self {

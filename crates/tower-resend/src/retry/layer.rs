@@ -64,7 +64,7 @@ pub struct RetryLayer<C = HttpClassifier> {
     pub(crate) budget: Option<RetryBudget>,
     seed: Option<u64>,
     upstream: Option<Name>,
-    attempt_header: Option<HeaderName>,
+    pub(crate) attempt_header: Option<HeaderName>,
     metrics: ClientMetrics,
 }
 

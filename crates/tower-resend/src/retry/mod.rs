@@ -66,6 +66,7 @@
 //! # }
 //! ```
 
+mod announce;
 mod backoff;
 mod budget;
 mod call;
@@ -77,9 +78,10 @@ mod run;
 mod service;
 
 pub use crate::vocab::{Attempt, Attempts, Stop};
+pub(crate) use announce::{announce, announced};
 pub use backoff::{Backoff, InvalidBackoff};
-pub(crate) use budget::Token;
 pub use budget::{InvalidBudget, RetryBudget};
+pub(crate) use budget::{Token, DEFAULT_HEDGE_SHARE};
 pub use future::ResponseFuture;
 pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS, RESEND_PREVIOUS_ATTEMPTS};
 pub use policy::{

@@ -7,12 +7,12 @@ use std::pin::{pin, Pin};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{Request, Response};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::announce::announce;
 use super::call::Call;
-use super::layer::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use super::{RetryBudget, Token};
 use crate::error::{BoxError, Error, Phase};
 use crate::telemetry::{self, WaitReason};
@@ -164,20 +164,4 @@ async fn withdraw(budget: RetryBudget, stop_at: Instant) -> Option<Token> {
         })
         .await;
     }
-}
-
-/// Tells the upstream how many attempts came before this one: on gRPC
-/// requests as `grpc-previous-rpc-attempts`, on others under the configured
-/// header, if any.
-fn announce<B>(req: &mut Request<B>, previous: u32, http: Option<&HeaderName>) {
-    let name = if crate::classify::is_grpc(req.headers()) {
-        &GRPC_PREVIOUS_RPC_ATTEMPTS
-    } else {
-        match http {
-            Some(name) => name,
-            None => return,
-        }
-    };
-    req.headers_mut()
-        .insert(name.clone(), HeaderValue::from(previous));
 }

@@ -318,7 +318,8 @@ impl<C, B> StackBuilder<C, B> {
     /// Hedges replay-safe attempts: a backup copy `after` the first has not
     /// answered, the first good answer wins (see [`HedgeLayer`]: a backup
     /// spends a retry-budget token, at most two copies go out, each with
-    /// the same Idempotency-Key, a POST without a key is never hedged).
+    /// the same Idempotency-Key, a POST without a key is never hedged, at
+    /// most a tenth of the calls send one: [`hedge_share`](Self::hedge_share)).
     /// Default: off.
     ///
     /// ```
@@ -346,6 +347,15 @@ impl<C, B> StackBuilder<C, B> {
     #[must_use]
     pub fn hedge_copies(mut self, n: u32) -> Self {
         self.hedge = self.hedge.max_copies(n);
+        self
+    }
+
+    /// At most this share of the calls (0 to 1) send a backup copy, when
+    /// hedging is on (plus about one a second: see
+    /// [`HedgeLayer::max_share`]). Default 0.1.
+    #[must_use]
+    pub fn hedge_share(mut self, share: f64) -> Self {
+        self.hedge = self.hedge.max_share(share);
         self
     }
 
@@ -391,7 +401,8 @@ impl<C, B> StackBuilder<C, B> {
         let mut hedge = self
             .hedge
             .classifier(self.retry.classifier.clone())
-            .metrics(self.retry.metrics().clone(), self.name.clone());
+            .metrics(self.retry.metrics().clone(), self.name.clone())
+            .attempt_header(self.retry.attempt_header.clone());
         if let Some(budget) = self.retry.budget.clone() {
             hedge = hedge.budget(budget);
         }

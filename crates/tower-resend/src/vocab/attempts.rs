@@ -238,6 +238,18 @@ impl Attempts {
         )
     }
 
+    /// The retries: the attempts after the first.
+    pub fn retries(&self) -> u32 {
+        self.len().saturating_sub(1)
+    }
+
+    /// The hedges, apart from the retries: the backup copies sent, over
+    /// every attempt (each attempt's [`copies`](Attempt::copies) beyond
+    /// its first).
+    pub fn hedges(&self) -> u32 {
+        self.iter().map(|a| a.copies().saturating_sub(1)).sum()
+    }
+
     /// True when no attempt was made.
     pub fn is_empty(&self) -> bool {
         self.first.is_none()
@@ -450,7 +462,7 @@ mod tests {
             None,
         ));
         a.finish(Duration::from_millis(1111), Stop::Final);
-        assert_eq!(a.len(), 3);
+        assert_eq!((a.len(), a.retries(), a.hedges()), (3, 2, 0));
         assert!(a.any_sent());
         assert_eq!(a.waited(), Duration::from_millis(1100));
         assert_eq!(a.last().and_then(Attempt::status), Some(StatusCode::OK));
