@@ -169,6 +169,7 @@ pub mod classify;
 pub mod connect;
 pub mod deadline;
 mod error;
+pub mod fleet;
 pub mod hedge;
 pub mod idempotency;
 mod name;

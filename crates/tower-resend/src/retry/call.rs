@@ -20,7 +20,7 @@ use crate::classify::{is_replayed, Class, Classification, Classify, RequestFacts
 use crate::deadline::Deadline;
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::telemetry::{self, Outcome, WaitReason};
-use crate::vocab::{Attempt, Attempts, Hedged, RetryInCharge, Stop};
+use crate::vocab::{Attempt, Attempts, GrpcCode, Hedged, RetryInCharge, Stop, Tried};
 
 /// What comes after an attempt.
 pub(crate) enum Next<R> {
@@ -180,7 +180,16 @@ impl<S, B, C> Call<S, B, C> {
             self.body.as_ref().and_then(Replay::try_copy)
         };
         let remaining = self.deadline.map(|d| d.remaining_at(now));
+        // Another instance of a fleet can take the next attempt, and the
+        // answer spoke for its own instance only (a 429, or gRPC's
+        // RESOURCE_EXHAUSTED, speaks for the whole service: a rate limit
+        // or a quota is the caller's wherever it goes).
+        let for_service = status == Some(http::StatusCode::TOO_MANY_REQUESTS)
+            || c.grpc_code() == Some(GrpcCode::ResourceExhausted);
+        let elsewhere =
+            !final_answer && !for_service && self.head.tried().is_some_and(Tried::elsewhere);
         let decided = Attempted {
+            elsewhere,
             class: &c,
             made,
             replay_safe: self.replay_safe,

@@ -93,6 +93,14 @@ impl Head {
         }
     }
 
+    /// The instances this call has used, when a fleet layer picks them.
+    pub(super) fn tried(&self) -> Option<&crate::vocab::Tried> {
+        match &self.extensions {
+            Own::Rebuild(..) => None,
+            Own::Cloned(ext) => ext.get(),
+        }
+    }
+
     pub(super) fn facts(&self) -> RequestFacts<'_> {
         RequestFacts::new(&self.method, &self.uri, &self.headers)
     }

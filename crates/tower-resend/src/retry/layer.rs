@@ -66,6 +66,9 @@ pub struct RetryLayer<C = HttpClassifier> {
     upstream: Option<Name>,
     pub(crate) attempt_header: Option<HeaderName>,
     metrics: ClientMetrics,
+    /// A fleet layer below picks instances: each call carries the record
+    /// of those it used.
+    pub(crate) fleet: bool,
 }
 
 /// What every clone of one retry service shares.
@@ -86,6 +89,7 @@ pub(crate) struct Shared<S, C> {
     pub(crate) attempt_header: Option<HeaderName>,
     /// The instruments the calls record on, if the layer was given a meter.
     pub(crate) metrics: CallMetrics,
+    pub(crate) fleet: bool,
 }
 
 impl<S, C: std::fmt::Debug> std::fmt::Debug for Shared<S, C> {
@@ -120,6 +124,7 @@ impl RetryLayer<HttpClassifier> {
             upstream: None,
             attempt_header: Some(RESEND_PREVIOUS_ATTEMPTS),
             metrics: ClientMetrics::OFF,
+            fleet: false,
         }
     }
 }
@@ -141,6 +146,7 @@ impl<C> RetryLayer<C> {
             upstream: self.upstream,
             attempt_header: self.attempt_header,
             metrics: self.metrics,
+            fleet: self.fleet,
         }
     }
 
@@ -327,6 +333,7 @@ impl<C> RetryLayer<C> {
                 metrics: self.metrics.bind(self.upstream.as_ref()),
                 upstream: self.upstream,
                 attempt_header: self.attempt_header,
+                fleet: self.fleet,
             }),
         )
     }

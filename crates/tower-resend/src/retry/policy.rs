@@ -69,6 +69,11 @@ pub(crate) struct Attempted<'a> {
     pub(crate) remaining: Option<Duration>,
     /// This request's own attempt cap (`CallOptions`), if it set one.
     pub(crate) max_attempts: Option<u32>,
+    /// Another instance of the upstream (a fleet's) can take the next
+    /// attempt, and the answer spoke for its own instance only: its wait
+    /// (a `Retry-After`, the overload floor) is that instance's, and a
+    /// failure not sent moves on at once.
+    pub(crate) elsewhere: bool,
 }
 
 /// What to do after an attempt.
@@ -127,13 +132,19 @@ impl Policy {
         // same thing do not come back in step. A server wait on another
         // class (gRPC's pushback on any retryable status) is honoured the
         // same way.
-        let server_wait = c.retry_after();
+        // With another instance to go to, the server's wait is its
+        // instance's: the next attempt goes elsewhere after the usual
+        // backoff, or at once if nothing was sent.
+        let server_wait = c.retry_after().filter(|_| !attempt.elsewhere);
         if server_wait.is_some_and(|w| w > self.max_server_wait) {
             return Decision::Stop(Stop::ServerSaidNo);
         }
-        let jitter = self.backoff.wait(attempt.made.saturating_sub(1), rng);
+        let jitter = match c.class() {
+            Class::NotSent if attempt.elsewhere => Duration::ZERO,
+            _ => self.backoff.wait(attempt.made.saturating_sub(1), rng),
+        };
         let asked = match c.class() {
-            Class::Overloaded => server_wait.or(Some(self.overload_floor)),
+            Class::Overloaded if !attempt.elsewhere => server_wait.or(Some(self.overload_floor)),
             _ => server_wait,
         };
         let spread = asked.map_or(Duration::ZERO, |w| w.mul_f64(self.wait_spread * rng.f64()));
@@ -194,6 +205,7 @@ mod tests {
             replayable: true,
             remaining: left,
             max_attempts: None,
+            elsewhere: false,
         }
     }
 
@@ -479,5 +491,51 @@ mod tests {
                 "{class:?}"
             );
         }
+    }
+
+    #[test]
+    fn with_another_instance_the_wait_is_the_instances() {
+        let p = policy();
+        let rng = &mut fastrand::Rng::with_seed(5);
+        let elsewhere = |c| Attempted {
+            elsewhere: true,
+            ..attempted(c, true, 1, Some(2 * S))
+        };
+        let wait = |d| match d {
+            Decision::Retry { wait, .. } => wait,
+            other => panic!("{other:?}"),
+        };
+        // An overloaded answer: no floor, no Retry-After, the usual backoff.
+        let c503 = cls(Class::Overloaded).with_maybe_processed(true);
+        assert!(wait(p.decide(elsewhere(&c503), rng)) <= Duration::from_millis(100));
+        let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(60 * S)));
+        assert!(wait(p.decide(elsewhere(&ra), rng)) <= Duration::from_millis(100));
+        // (The same answers from the only instance: the floor, and a wait
+        // past what is honoured stops the call.)
+        assert!(wait(p.decide(attempted(&c503, true, 1, Some(2 * S)), rng)) >= S);
+        assert_eq!(
+            p.decide(attempted(&ra, true, 1, Some(2 * S)), rng),
+            Decision::Stop(Stop::ServerSaidNo)
+        );
+        // Not sent: at once, and without a token.
+        let not_sent = cls(Class::NotSent);
+        assert_eq!(
+            p.decide(elsewhere(&not_sent), rng),
+            Decision::Retry {
+                wait: Duration::ZERO,
+                token: false
+            }
+        );
+        // The rest of the table holds: an unsafe request that may have run
+        // still stops.
+        let unknown = cls(Class::Unknown);
+        let unsafe_unknown = Attempted {
+            replay_safe: false,
+            ..elsewhere(&unknown)
+        };
+        assert_eq!(
+            p.decide(unsafe_unknown, rng),
+            Decision::Stop(Stop::OutcomeUnknown)
+        );
     }
 }

@@ -13,7 +13,7 @@ use crate::body::Replay;
 use crate::classify::{Classify, HttpClassifier, RequestFacts};
 use crate::deadline::Deadline;
 use crate::error::BoxError;
-use crate::vocab::RetryInCharge;
+use crate::vocab::{RetryInCharge, Tried};
 
 /// Middleware that retries safely; see [`RetryLayer`].
 pub struct Retry<S, C = HttpClassifier> {
@@ -83,7 +83,11 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+        if self.shared.fleet && req.extensions().get::<Tried>().is_none() {
+            // The instances this call uses, shared by its attempts.
+            req.extensions_mut().insert(Tried::default());
+        }
         let ext = req.extensions();
         let own = ext.get::<Deadline>().copied();
         // Most requests carry nothing but the deadline a deadline layer

@@ -7,6 +7,7 @@ use super::{Stack, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
 use crate::breaker::{BreakerSlot, CircuitBreakerLayer, NoBreaker};
 use crate::classify::HttpClassifier;
 use crate::deadline::{CallDeadlineLayer, DeadlineHeaderLayer};
+use crate::fleet::FleetLayer;
 use crate::hedge::HedgeLayer;
 use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::name::Name;
@@ -32,6 +33,7 @@ pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
     read_ahead_cap: usize,
     idle: Option<Duration>,
     hedge: HedgeLayer<()>,
+    fleet: Option<FleetLayer<()>>,
 }
 
 impl StackBuilder {
@@ -48,6 +50,7 @@ impl StackBuilder {
             read_ahead_cap: DEFAULT_READ_AHEAD,
             idle: None,
             hedge: HedgeLayer::new(Duration::ZERO).max_copies(1).classifier(()),
+            fleet: None,
         }
     }
 }
@@ -198,6 +201,7 @@ impl<C, B> StackBuilder<C, B> {
             read_ahead_cap: self.read_ahead_cap,
             idle: self.idle,
             hedge: self.hedge,
+            fleet: self.fleet,
         }
     }
 
@@ -247,6 +251,7 @@ impl<C, B> StackBuilder<C, B> {
             read_ahead_cap: self.read_ahead_cap,
             idle: self.idle,
             hedge: self.hedge,
+            fleet: self.fleet,
         }
     }
 
@@ -359,6 +364,25 @@ impl<C, B> StackBuilder<C, B> {
         self
     }
 
+    /// Sends each attempt to one instance of a fleet (see
+    /// [`fleet`](crate::fleet)): a retry or a hedged copy goes to another
+    /// instance than the ones this call used, instances that keep failing
+    /// are set aside, and an instance's `Retry-After` (or the overload
+    /// floor) does not hold back an attempt that can go elsewhere.
+    /// Default: none, one upstream address (the request's URI).
+    ///
+    /// ```
+    /// use tower_resend::fleet::FleetLayer;
+    /// let fleet = FleetLayer::fixed(["http://10.0.0.1:80", "http://10.0.0.2:80"]).unwrap();
+    /// let stack = tower_resend::stack().fleet(fleet);
+    /// # let _ = stack;
+    /// ```
+    #[must_use]
+    pub fn fleet<C2>(mut self, fleet: FleetLayer<C2>) -> Self {
+        self.fleet = Some(fleet.classifier(()));
+        self
+    }
+
     /// Also writes the time left, in milliseconds, as `name` on HTTP requests
     /// (gRPC requests always carry `grpc-timeout`). Default: none.
     #[must_use]
@@ -396,19 +420,25 @@ impl<C, B> StackBuilder<C, B> {
         }
         let inner = read_ahead.layer(transport);
         let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
+        // Each attempt and each hedged copy picks its instance, if the
+        // upstream is a fleet; the retry layer then carries each call's
+        // record of the instances it used.
+        let inner = FleetLayer::wrap(self.fleet.as_ref(), inner, self.retry.classifier.clone());
+        let mut retry = self.retry;
+        retry.fleet = self.fleet.is_some();
         let inner = self.header.layer(inner);
         // Hedged copies below the breaker, which sees them as one call.
         let mut hedge = self
             .hedge
-            .classifier(self.retry.classifier.clone())
-            .metrics(self.retry.metrics().clone(), self.name.clone())
-            .attempt_header(self.retry.attempt_header.clone());
-        if let Some(budget) = self.retry.budget.clone() {
+            .classifier(retry.classifier.clone())
+            .metrics(retry.metrics().clone(), self.name.clone())
+            .attempt_header(retry.attempt_header.clone());
+        if let Some(budget) = retry.budget.clone() {
             hedge = hedge.budget(budget);
         }
         let inner = hedge.layer(inner);
         // The breaker (if any) inside the retry layer, so it sees every attempt.
-        let inner = self.breaker.wrap(inner, self.name.as_ref(), self.retry);
+        let inner = self.breaker.wrap(inner, self.name.as_ref(), retry);
         let inner = self.keys.layer(inner);
         // Every wait inside is bounded by the deadline (the attempt
         // timeout, the retry's backoff and readiness waits): the deadline

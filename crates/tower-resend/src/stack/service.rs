@@ -9,6 +9,7 @@ use crate::breaker::{BreakerSlot, NoBreaker, Slot};
 use crate::classify::HttpClassifier;
 use crate::deadline::{CallDeadline, DeadlineHeader};
 use crate::error::{BoxError, Error};
+use crate::fleet::Fleet;
 use crate::hedge::Hedge;
 use crate::idempotency::SetIdempotencyKey;
 use crate::read_ahead::ReadAhead;
@@ -17,14 +18,18 @@ use crate::timeout::AttemptTimeout;
 
 pub(super) type Inner<S, C, B> = CallDeadline<
     SetIdempotencyKey<
-        Retry<<B as Slot>::Service<Hedge<DeadlineHeader<AttemptTimeout<ReadAhead<S>>>, C>>, C>,
+        Retry<
+            <B as Slot>::Service<Hedge<DeadlineHeader<Fleet<AttemptTimeout<ReadAhead<S>>, C>>, C>>,
+            C,
+        >,
     >,
 >;
 
 /// The composed stack, outside in: [`CallDeadlineLayer`](crate::deadline::CallDeadlineLayer),
 /// [`SetIdempotencyKeyLayer`](crate::idempotency::SetIdempotencyKeyLayer), [`RetryLayer`](crate::retry::RetryLayer), the [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) if
 /// one was added (`B`; none by default, and then no layer at all),
-/// [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer), the
+/// [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), the [`FleetLayer`](crate::fleet::FleetLayer) if one was given (none by
+/// default, and then every request passes), [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer), the
 /// [`ReadAheadLayer`](crate::read_ahead::ReadAheadLayer), then the transport. Its error is always a
 /// [`tower_resend::Error`](Error).
 pub struct Stack<S, C = HttpClassifier, B = NoBreaker>

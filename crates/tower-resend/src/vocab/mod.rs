@@ -13,6 +13,7 @@ mod digits;
 mod grpc;
 mod hedged;
 mod marker;
+mod tried;
 
 pub(crate) use attempt_marker::RetryInCharge;
 pub(crate) use attempts::{write_ms, Readable};
@@ -23,3 +24,4 @@ pub(crate) use digits::parse_digits;
 pub use grpc::{GrpcCode, GRPC_STATUS};
 pub use hedged::Hedged;
 pub use marker::HttpsNotEnabled;
+pub(crate) use tried::{Elsewhere, Tried};

@@ -1,0 +1,219 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::uri::{Parts, PathAndQuery};
+use http::{HeaderMap, Method, Request, Response, Uri};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::roster::{Roster, Sent};
+use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
+use crate::error::{BoxError, Error};
+use crate::vocab::{Elsewhere, Tried};
+
+/// Middleware that sends each attempt to one instance of the upstream;
+/// see [`FleetLayer`](super::FleetLayer).
+pub struct Fleet<S, C = HttpClassifier> {
+    pub(super) inner: S,
+    /// None: no fleet given (a stack without one), every request passes.
+    pub(super) roster: Option<Arc<Roster>>,
+    pub(super) classifier: C,
+}
+
+impl<S: Clone, C: Clone> Clone for Fleet<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            roster: self.roster.clone(),
+            classifier: self.classifier.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, C> std::fmt::Debug for Fleet<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let addresses: Vec<String> = self.addresses().iter().map(ToString::to_string).collect();
+        f.debug_struct("Fleet")
+            .field("inner", &self.inner)
+            .field("instances", &addresses)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C> Fleet<S, C> {
+    /// The addresses of the instances in the fleet now.
+    pub fn addresses(&self) -> Vec<http::uri::Authority> {
+        self.roster.as_ref().map_or_else(Vec::new, |r| {
+            r.instances().iter().map(|i| i.authority.clone()).collect()
+        })
+    }
+}
+
+impl<S, C, B, R> Service<Request<B>> for Fleet<S, C>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    S::Error: Into<BoxError>,
+    C: Classify<R> + Clone,
+{
+    type Response = Response<R>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let Some(roster) = &self.roster else {
+            return ResponseFuture::passthrough(self.inner.call(req));
+        };
+        let tried = req.extensions().get::<Tried>().cloned();
+        let used = tried.as_ref().map(Tried::used).unwrap_or_default();
+        let Some(sent) = roster.pick(&used, &mut fastrand::Rng::new()) else {
+            return ResponseFuture::empty();
+        };
+        let instance = &sent.instance;
+        if let Some(tried) = &tried {
+            let fleet: Arc<dyn Elsewhere> = Arc::clone(roster) as Arc<dyn Elsewhere>;
+            tried.record(instance.id, fleet);
+        }
+        let mut parts = Parts::default();
+        parts.scheme = Some(instance.scheme.clone());
+        parts.authority = Some(instance.authority.clone());
+        parts.path_and_query = Some(
+            req.uri()
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        );
+        if let Ok(uri) = Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+        // The attempt's span (entered by the retry layer while it calls)
+        // names the instance.
+        let span = tracing::Span::current();
+        span.record("server.address", instance.authority.host());
+        if let Some(port) = instance.authority.port_u16() {
+            span.record("server.port", i64::from(port));
+        }
+        let sent = Box::new(Picked {
+            facts: Facts::of(&req),
+            sent,
+            roster: Arc::clone(roster),
+            classifier: self.classifier.clone(),
+        });
+        ResponseFuture {
+            inner: Some(self.inner.call(req)),
+            picked: Some(sent),
+        }
+    }
+}
+
+/// What the classifier needs of the request, kept for the answer.
+struct Facts {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl Facts {
+    fn of<B>(req: &Request<B>) -> Self {
+        // Only the content type matters to how an answer is classified
+        // (gRPC or not): the rest of the headers are not copied.
+        let mut headers = HeaderMap::new();
+        if let Some(ct) = req.headers().get(http::header::CONTENT_TYPE) {
+            headers.insert(http::header::CONTENT_TYPE, ct.clone());
+        }
+        Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers,
+        }
+    }
+}
+
+/// The instance an attempt went to, and what its answer is classified
+/// with to tell how the instance is doing.
+struct Picked<C> {
+    sent: Sent,
+    roster: Arc<Roster>,
+    classifier: C,
+    facts: Facts,
+}
+
+pin_project! {
+    /// Response future of [`Fleet`].
+    pub struct ResponseFuture<F, C> {
+        #[pin]
+        inner: Option<F>,
+        // Boxed: a stack without a fleet carries one pointer's worth.
+        picked: Option<Box<Picked<C>>>,
+    }
+}
+
+impl<F, C> ResponseFuture<F, C> {
+    fn passthrough(inner: F) -> Self {
+        Self {
+            inner: Some(inner),
+            picked: None,
+        }
+    }
+
+    /// The fleet has no instance: nothing is sent.
+    fn empty() -> Self {
+        Self {
+            inner: None,
+            picked: None,
+        }
+    }
+}
+
+impl<F, C> std::fmt::Debug for ResponseFuture<F, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let to = self
+            .picked
+            .as_ref()
+            .map(|p| p.sent.instance.authority.to_string());
+        f.debug_struct("ResponseFuture").field("to", &to).finish()
+    }
+}
+
+impl<F, C, R, E> Future for ResponseFuture<F, C>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+    E: Into<BoxError>,
+    C: Classify<R>,
+{
+    type Output = Result<Response<R>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Some(inner) = this.inner.as_pin_mut() else {
+            let e = Error::connect("no instance of the upstream: its fleet is empty".into());
+            return Poll::Ready(Err(e.into()));
+        };
+        let result = std::task::ready!(inner.poll(cx)).map_err(Into::into);
+        if let Some(p) = this.picked.take() {
+            let f = &p.facts;
+            let facts = RequestFacts::new(&f.method, &f.uri, &f.headers);
+            let class = match &result {
+                Ok(resp) => p.classifier.classify_response(&facts, resp).class(),
+                Err(e) => p.classifier.classify_error(&facts, &**e).class(),
+            };
+            // Failures that say "this instance": not sent (refused, reset
+            // before a byte), overloaded, a 5xx or a break whose outcome
+            // is unknown, an attempt timeout.
+            match class {
+                Class::NotSent | Class::Overloaded | Class::Unknown => {
+                    p.roster.failed(&p.sent.instance);
+                }
+                Class::Success | Class::Rejected | Class::NotProcessed | Class::InProgress => {
+                    p.roster.succeeded(&p.sent.instance);
+                }
+            }
+        }
+        Poll::Ready(result)
+    }
+}

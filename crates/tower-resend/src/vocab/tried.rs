@@ -1,0 +1,55 @@
+//! The instances one call has used, shared by its attempts and hedged
+//! copies through their request extensions: the retry layer puts an empty
+//! record on the call, the fleet layer below writes each instance it sends
+//! a copy to, and picks the next one elsewhere.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A fleet that can say whether an instance this call has not used could
+/// take its next attempt.
+pub(crate) trait Elsewhere: Send + Sync {
+    /// An instance not in `used` is in service (not set aside).
+    fn has_other(&self, used: &[u64]) -> bool;
+}
+
+#[derive(Default)]
+struct Record {
+    used: Vec<u64>,
+    fleet: Option<Arc<dyn Elsewhere>>,
+}
+
+/// The instances one call has used; clones share them.
+#[derive(Clone, Default)]
+pub(crate) struct Tried(Arc<Mutex<Record>>);
+
+impl Tried {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The instances used so far.
+    pub(crate) fn used(&self) -> Vec<u64> {
+        self.lock().used.clone()
+    }
+
+    /// A copy of this call went to instance `id`, of `fleet`.
+    pub(crate) fn record(&self, id: u64, fleet: Arc<dyn Elsewhere>) {
+        let mut r = self.lock();
+        if !r.used.contains(&id) {
+            r.used.push(id);
+        }
+        r.fleet.get_or_insert(fleet);
+    }
+
+    /// The next attempt can go to an instance this call has not used.
+    pub(crate) fn elsewhere(&self) -> bool {
+        let r = self.lock();
+        r.fleet.as_ref().is_some_and(|f| f.has_other(&r.used))
+    }
+}
+
+impl std::fmt::Debug for Tried {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Tried").field(&self.lock().used).finish()
+    }
+}
