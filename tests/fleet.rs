@@ -12,6 +12,7 @@ use http_body_util::Full;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tower_resend::classify::Class;
 use tower_resend::fleet::{FleetLayer, Outliers};
 use tower_resend::retry::Attempts;
 use tower_resend::IdempotencyKey;
@@ -213,4 +214,230 @@ async fn a_hedged_copy_goes_to_another_instance() {
     );
     // A's calls were hedged elsewhere: no copy after the first reached A.
     assert_eq!(second_attempts(&a), 0);
+}
+
+/// GETs, `calls` of them, 10 at a time: how many attempts each took.
+async fn gets<S, RB>(stack: &S, calls: usize) -> Vec<u32>
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = http::Response<RB>> + Clone + Send + 'static,
+    S::Error: std::fmt::Debug + Send,
+    S::Future: Send,
+    RB: http_body::Body + Send + 'static,
+    RB::Data: Send,
+    RB::Error: std::fmt::Debug,
+{
+    let mut set = JoinSet::new();
+    for t in 0..10 {
+        let stack = stack.clone();
+        set.spawn(async move {
+            let mut out = Vec::new();
+            for n in (t..calls).step_by(10) {
+                let req = Request::get(format!("http://upstream/{n}"))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let resp = stack.clone().oneshot(req).await;
+                let resp = resp.unwrap_or_else(|e| panic!("call {n}: {e:?}"));
+                assert_eq!(resp.status(), StatusCode::OK, "call {n}");
+                let made = resp.extensions().get::<Attempts>().map_or(0, Attempts::len);
+                let body = http_body_util::BodyExt::collect(resp.into_body()).await;
+                let body = body
+                    .unwrap_or_else(|e| panic!("call {n}: {e:?}"))
+                    .to_bytes();
+                assert_eq!(&body[..], b"whole body", "call {n}");
+                out.push(made);
+            }
+            out
+        });
+    }
+    let mut made = Vec::new();
+    while let Some(done) = set.join_next().await {
+        made.extend(done.expect("the task"));
+    }
+    made
+}
+
+fn whole() -> Reply {
+    Reply::ok().body("whole body")
+}
+
+/// A accepts connections and never answers: with a 100 ms attempt timeout
+/// every call succeeds within one extra attempt; once A's timeouts reach
+/// the threshold no call goes to A for its pause, and A, answering again,
+/// is back in use after it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_black_hole_is_set_aside_and_let_back() {
+    let answering = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let now = std::sync::Arc::clone(&answering);
+    let a = server(Script::from_fn(move |_| {
+        if now.load(std::sync::atomic::Ordering::SeqCst) {
+            whole()
+        } else {
+            Reply::never()
+        }
+    }))
+    .await;
+    let b = server(Script::new().otherwise(whole())).await;
+    let c = server(Script::new().otherwise(whole())).await;
+    let pause = Duration::from_secs(10);
+    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)])
+        .unwrap()
+        .outliers(Outliers::default().consecutive(3).pause(pause, 4 * pause));
+    let stack = tower_resend::stack()
+        .attempt_timeout(Duration::from_millis(100))
+        .total(Duration::from_secs(2))
+        .fleet(fleet)
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+
+    let made = gets(&stack, 200).await;
+    assert!(made.iter().all(|&n| n <= 2), "{made:?}");
+    let set_aside_at = a.arrival_count();
+    assert!(set_aside_at >= 3, "A was tried: {set_aside_at}");
+    let start = Instant::now();
+    let made = gets(&stack, 200).await;
+    assert!(start.elapsed() < pause);
+    assert!(made.iter().all(|&n| n == 1), "{made:?}");
+    assert_eq!(
+        a.arrival_count(),
+        set_aside_at,
+        "nothing sent to A in its pause"
+    );
+
+    answering.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(pause).await;
+    gets(&stack, 200).await;
+    assert!(
+        a.arrival_count() > set_aside_at + 20,
+        "A is back: {}",
+        a.arrival_count()
+    );
+}
+
+/// A sends a 200 head and resets the connection mid-body: a GET that got
+/// it fails over to another instance and gets the whole body.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_reset_after_the_head_fails_over() {
+    let a = server(Script::new().otherwise(Reply::ok().reset_mid_stream("whole"))).await;
+    let b = server(Script::new().otherwise(whole())).await;
+    let c = server(Script::new().otherwise(whole())).await;
+    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)])
+        .unwrap()
+        .outliers(Outliers::default().off());
+    let stack = tower_resend::stack()
+        .no_budget()
+        .fleet(fleet)
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    let made = gets(&stack, 100).await;
+    assert!(a.arrival_count() > 10, "A was tried: {}", a.arrival_count());
+    assert_eq!(made.iter().filter(|&&n| n == 2).count(), a.arrival_count());
+}
+
+/// An instance killed halfway: 100 callers for 2 s over three instances,
+/// one dropped at 1 s. No call fails; a call whose attempt found the
+/// killed instance refusing connections went on to another at once (no
+/// wait, and, as the decision table's row test shows, no retry token).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_killed_instance_costs_no_call() {
+    let a = server(Script::new().otherwise(whole())).await;
+    let b = server(Script::new().otherwise(whole())).await;
+    let c = server(Script::new().otherwise(whole())).await;
+    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)]).unwrap();
+    let stack = tower_resend::stack()
+        .fleet(fleet)
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    let start = Instant::now();
+    let mut set = JoinSet::new();
+    for t in 0..100 {
+        let stack = stack.clone();
+        set.spawn(async move {
+            let (mut calls, mut refused) = (0, 0);
+            while start.elapsed() < Duration::from_secs(2) {
+                let req = Request::get(format!("http://upstream/{t}"))
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                let resp = stack.clone().oneshot(req).await;
+                let resp = resp.unwrap_or_else(|e| panic!("caller {t}: {e:?}"));
+                assert_eq!(resp.status(), StatusCode::OK);
+                let history = resp.extensions().get::<Attempts>().unwrap();
+                let mut it = history.iter();
+                if it.next().is_some_and(|a| a.class() == Class::NotSent) {
+                    // Refused: the next attempt went at once, elsewhere.
+                    assert_eq!(it.next().map(|a| a.waited()), Some(Duration::ZERO));
+                    refused += 1;
+                }
+                calls += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (calls, refused)
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let served_by_a = a.arrival_count();
+    drop(a);
+    let (mut calls, mut refused) = (0, 0);
+    while let Some(done) = set.join_next().await {
+        let (c, r) = done.expect("no call failed");
+        calls += c;
+        refused += r;
+    }
+    eprintln!("{calls} calls, {refused} refused by the killed instance first");
+    assert!(served_by_a > 0);
+    assert!(calls > 100 * 50, "{calls} calls");
+}
+
+/// A fleet from a resolver: spread over the addresses it answers, and an
+/// address gone from its answer unused after the next refresh.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_resolved_fleet_follows_its_answers() {
+    let a = server(Script::new().otherwise(whole())).await;
+    let b = server(Script::new().otherwise(whole())).await;
+    let answer = std::sync::Arc::new(std::sync::Mutex::new(vec![a.addr(), b.addr()]));
+    let resolver = std::sync::Arc::clone(&answer);
+    let every = Duration::from_secs(5);
+    let fleet = FleetLayer::resolved(
+        http::uri::Scheme::HTTP,
+        move || {
+            let addrs = resolver.lock().unwrap().clone();
+            async move { Ok(addrs) }
+        },
+        every,
+    )
+    .await
+    .unwrap();
+    let stack = tower_resend::stack()
+        .fleet(fleet)
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    gets(&stack, 200).await;
+    let (at_a, at_b) = (a.arrival_count(), b.arrival_count());
+    assert!(at_a >= 60 && at_b >= 60, "spread: A {at_a}, B {at_b}");
+
+    *answer.lock().unwrap() = vec![b.addr()];
+    tokio::time::sleep(every + Duration::from_millis(1)).await;
+    gets(&stack, 200).await;
+    assert_eq!(
+        a.arrival_count(),
+        at_a,
+        "A, gone from the answer, is unused"
+    );
+    assert_eq!(b.arrival_count(), at_b + 200);
+}
+
+/// `FleetLayer::dns` resolves a real name (`localhost`) before the first
+/// call, and a name that resolves to nothing is an error, not an empty
+/// fleet.
+#[tokio::test(flavor = "current_thread")]
+async fn dns_resolves_before_the_first_call() {
+    let every = Duration::from_secs(60);
+    let fleet = FleetLayer::dns(http::uri::Scheme::HTTP, "localhost", 8080, every)
+        .await
+        .unwrap();
+    let svc = tower::Layer::layer(
+        &fleet,
+        tower::service_fn(|_: Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(()))
+        }),
+    );
+    assert!(!svc.addresses().is_empty());
+    assert!(svc.addresses().iter().all(|a| a.port_u16() == Some(8080)));
+    let none = FleetLayer::dns(http::uri::Scheme::HTTP, "no-such-host.invalid", 80, every).await;
+    assert!(none.is_err());
 }
