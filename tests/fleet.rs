@@ -131,6 +131,24 @@ async fn one_bad_instance_no_call_goes_back_to_it_and_none_is_starved() {
     );
     eprintln!("{summary}");
     assert_eq!(second_attempts(&a), 0, "{summary}");
+    // Each attempt's record names the instance that answered it.
+    let a_addr = a.addr().to_string();
+    for n in 0..30 {
+        let req = Request::get(format!("http://inventory/{n}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = stack.clone().oneshot(req).await.unwrap();
+        let history = resp.extensions().get::<Attempts>().unwrap();
+        let servers: Vec<String> = history
+            .iter()
+            .map(|at| at.server().expect("named").to_string())
+            .collect();
+        assert_ne!(servers.last(), Some(&a_addr), "{history}");
+        if servers.len() == 2 {
+            assert_eq!(servers[0], a_addr, "{history}");
+            assert!(history.to_string().contains(&format!("from {a_addr}")));
+        }
+    }
     let seconds = second_b + second_c;
     assert!(seconds >= 300, "{summary}");
     for share in [second_b, second_c] {

@@ -83,7 +83,7 @@ impl Outliers {
 pub(crate) struct Instance {
     pub(crate) id: u64,
     pub(crate) scheme: Scheme,
-    pub(crate) authority: Authority,
+    pub(crate) authority: Arc<Authority>,
     in_flight: AtomicU32,
     health: Mutex<Health>,
 }
@@ -105,7 +105,7 @@ impl Instance {
         Self {
             id,
             scheme,
-            authority,
+            authority: Arc::new(authority),
             in_flight: AtomicU32::new(0),
             health: Mutex::default(),
         }
@@ -182,7 +182,7 @@ impl Roster {
             .iter()
             .map(|(scheme, authority)| {
                 old.iter()
-                    .find(|i| i.scheme == *scheme && i.authority == *authority)
+                    .find(|i| i.scheme == *scheme && *i.authority == *authority)
                     .cloned()
                     .unwrap_or_else(|| {
                         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -399,7 +399,7 @@ mod tests {
     fn a_new_list_keeps_the_instances_it_still_names() {
         let r = roster(2, Outliers::default());
         let before: Vec<u64> = r.instances().iter().map(|i| i.id).collect();
-        let b = r.instances()[1].authority.clone();
+        let b = (*r.instances()[1].authority).clone();
         r.set(&[
             (Scheme::HTTP, b),
             (Scheme::HTTP, "10.0.0.9:80".parse().unwrap()),

@@ -46,7 +46,10 @@ impl<S, C> Fleet<S, C> {
     /// The addresses of the instances in the fleet now.
     pub fn addresses(&self) -> Vec<http::uri::Authority> {
         self.roster.as_ref().map_or_else(Vec::new, |r| {
-            r.instances().iter().map(|i| i.authority.clone()).collect()
+            r.instances()
+                .iter()
+                .map(|i| (*i.authority).clone())
+                .collect()
         })
     }
 }
@@ -81,7 +84,7 @@ where
         }
         let mut parts = Parts::default();
         parts.scheme = Some(instance.scheme.clone());
-        parts.authority = Some(instance.authority.clone());
+        parts.authority = Some((*instance.authority).clone());
         parts.path_and_query = Some(
             req.uri()
                 .path_and_query()
@@ -99,6 +102,7 @@ where
             span.record("server.port", i64::from(port));
         }
         let sent = Box::new(Picked {
+            tried,
             facts: Facts::of(&req),
             sent,
             roster: Arc::clone(roster),
@@ -137,6 +141,7 @@ impl Facts {
 /// The instance an attempt went to, and what its answer is classified
 /// with to tell how the instance is doing.
 struct Picked<C> {
+    tried: Option<Tried>,
     sent: Sent,
     roster: Arc<Roster>,
     classifier: C,
@@ -196,6 +201,9 @@ where
         };
         let result = std::task::ready!(inner.poll(cx)).map_err(Into::into);
         if let Some(p) = this.picked.take() {
+            if let Some(tried) = &p.tried {
+                tried.answered(Arc::clone(&p.sent.instance.authority));
+            }
             let f = &p.facts;
             let facts = RequestFacts::new(&f.method, &f.uri, &f.headers);
             let class = match &result {

@@ -149,9 +149,11 @@ impl<S, B, C> Call<S, B, C> {
         let took = now.saturating_duration_since(self.attempt_start);
         let c = self.classify(&result);
         let status = result.as_ref().ok().map(Response::status);
+        // The instance that answered, when the upstream is a fleet.
+        let server = self.head.tried().and_then(Tried::take_answered);
         self.shared
             .metrics
-            .attempt_ended(&self.head.facts(), &result, &c, took);
+            .attempt_ended(&self.head.facts(), server.as_deref(), &result, &c, took);
         if !self.attempt.is_disabled() {
             // The attempt's span ends here.
             telemetry::attempt_ended(&self.attempt, &result, &c);
@@ -160,7 +162,8 @@ impl<S, B, C> Call<S, B, C> {
         let made = self.history.len() + 1;
         let mut attempt = Attempt::new(c.class(), status, self.waited, took, c.retry_after())
             .with_grpc_code(c.grpc_code())
-            .with_replayed(c.replayed());
+            .with_replayed(c.replayed())
+            .with_server(server);
         if let Some(h) = result
             .as_ref()
             .ok()

@@ -257,6 +257,7 @@ impl CallMetrics {
     pub(crate) fn attempt_ended<R>(
         &self,
         facts: &RequestFacts<'_>,
+        server: Option<&http::uri::Authority>,
         result: &Result<http::Response<R>, BoxError>,
         c: &Classification,
         took: Duration,
@@ -268,10 +269,13 @@ impl CallMetrics {
         let uri = facts.uri();
         let mut attrs = Vec::with_capacity(8);
         attrs.push(KeyValue::new(METHOD, method_str(facts.method())));
-        if let Some(host) = uri.host() {
+        // The instance of a fleet that answered, else the request's host.
+        let host = server.map_or(uri.host(), |s| Some(s.host()));
+        if let Some(host) = host {
             attrs.push(KeyValue::new("server.address", address(host).to_owned()));
         }
-        if let Some(port) = port(uri) {
+        let port = server.map_or(port(uri), http::uri::Authority::port_u16);
+        if let Some(port) = port {
             attrs.push(KeyValue::new("server.port", i64::from(port)));
         }
         match uri.scheme_str() {

@@ -48,6 +48,7 @@ impl CallMetrics {
     pub(crate) fn attempt_ended<R>(
         &self,
         _facts: &RequestFacts<'_>,
+        _server: Option<&http::uri::Authority>,
         _result: &Result<http::Response<R>, crate::error::BoxError>,
         _c: &crate::classify::Classification,
         _took: Duration,

@@ -1,17 +1,21 @@
 use std::fmt;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use http::uri::Authority;
 use http::StatusCode;
 
 use super::{Class, GrpcCode};
 
 /// One attempt of a call: what it got, how long the call waited before it,
-/// and how long it took.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// how long it took, and (for an upstream that is a
+/// [fleet](crate::fleet)) which instance answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attempt {
     class: Class,
     status: Option<StatusCode>,
-    // In the padding after `status`: the record stays 56 bytes.
+    // In the padding after `status`.
     grpc: Option<GrpcCode>,
     replayed: bool,
     // Copies sent (more than 1: hedged), and the one whose answer came
@@ -21,6 +25,7 @@ pub struct Attempt {
     waited: Duration,
     took: Duration,
     server_wait: Option<Duration>,
+    server: Option<Arc<Authority>>,
 }
 
 impl Attempt {
@@ -41,7 +46,21 @@ impl Attempt {
             waited,
             took,
             server_wait,
+            server: None,
         }
+    }
+
+    /// The attempt, answered by the instance at `server` (of a fleet).
+    pub(crate) fn with_server(mut self, server: Option<Arc<Authority>>) -> Self {
+        self.server = server;
+        self
+    }
+
+    /// The instance of a [fleet](crate::fleet) that answered this attempt
+    /// (with a hedged attempt, the copy that answered); `None` when the
+    /// upstream is the request's URI.
+    pub fn server(&self) -> Option<&Authority> {
+        self.server.as_deref()
     }
 
     /// The attempt, answered with the gRPC status `code` (from its
@@ -321,6 +340,9 @@ impl fmt::Display for Attempts {
                 (None, Some(s)) => write!(f, "#{} {} ({})", i + 1, s.as_u16(), a.class)?,
                 (None, None) => write!(f, "#{} {}", i + 1, a.class)?,
             }
+            if let Some(server) = &a.server {
+                write!(f, " from {server}")?;
+            }
         }
         write!(f, "; {} in all; {}", Readable(self.elapsed), self.stop)
     }
@@ -432,7 +454,7 @@ mod tests {
              waited 300 ms, #3 200 (success); 509 ms in all; final answer"
         );
         // The code fits in the padding: the record does not grow.
-        assert_eq!(std::mem::size_of::<Attempt>(), 56);
+        assert_eq!(std::mem::size_of::<Attempt>(), 64);
     }
 
     #[test]

@@ -5,6 +5,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use http::uri::Authority;
+
 /// A fleet that can say whether an instance this call has not used could
 /// take its next attempt.
 pub(crate) trait Elsewhere: Send + Sync {
@@ -16,6 +18,8 @@ pub(crate) trait Elsewhere: Send + Sync {
 struct Record {
     used: Vec<u64>,
     fleet: Option<Arc<dyn Elsewhere>>,
+    /// The instance whose answer came last (for the attempt's record).
+    answered: Option<Arc<Authority>>,
 }
 
 /// The instances one call has used; clones share them.
@@ -39,6 +43,16 @@ impl Tried {
             r.used.push(id);
         }
         r.fleet.get_or_insert(fleet);
+    }
+
+    /// The instance at `server` answered a copy of this call.
+    pub(crate) fn answered(&self, server: Arc<Authority>) {
+        self.lock().answered = Some(server);
+    }
+
+    /// The instance that answered last, taken (for the attempt's record).
+    pub(crate) fn take_answered(&self) -> Option<Arc<Authority>> {
+        self.lock().answered.take()
     }
 
     /// The next attempt can go to an instance this call has not used.
