@@ -3,6 +3,8 @@
 
 #[macro_use]
 mod suite;
+#[cfg(feature = "tonic")]
+pub(crate) mod grpc;
 #[allow(unused_imports, clippy::single_component_path_imports)]
 // a path to the macro; see suite.rs
 pub(crate) use http_behaviour_suite;
