@@ -173,7 +173,7 @@ impl Service<Request<tonic::body::Body>> for Ledger {
 
 /// A tonic server on 127.0.0.1 (port chosen by the OS), stopped when dropped.
 pub(crate) struct GrpcServer {
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     record: Arc<Mutex<Record>>,
     task: JoinHandle<()>,
 }

@@ -28,8 +28,11 @@
 //!
 //! The instances are base URIs: each attempt's URI keeps its path and
 //! query and takes the instance's scheme and authority, so one transport
-//! (a hyper-util client) reaches them all. A fixed list, or a DNS name
-//! re-resolved on an interval:
+//! (a hyper-util client) reaches them all; a client that connects to one
+//! address (a tonic `Channel`) gets one per instance through
+//! [`PerInstance`]. A fixed list, a DNS name re-resolved on an interval
+//! ([`FleetLayer::dns`]), or the addresses of your own resolver or service
+//! discovery ([`FleetLayer::resolved`]):
 //!
 //! ```
 //! use std::time::Duration;
@@ -44,6 +47,7 @@
 //! ```
 
 mod dns;
+mod per_instance;
 mod roster;
 mod service;
 
@@ -54,6 +58,7 @@ use http::Uri;
 use tower_layer::Layer;
 
 use crate::classify::HttpClassifier;
+pub use per_instance::PerInstance;
 pub use roster::Outliers;
 pub(crate) use roster::Roster;
 pub use service::{Fleet, ResponseFuture};

@@ -1,0 +1,188 @@
+//! A transport per instance, for clients that connect to one address each
+//! (a tonic `Channel`): made the first time an attempt goes to the
+//! instance, then reused.
+
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use http::uri::{Authority, Scheme};
+use http::{Request, Uri};
+use tower_service::Service;
+
+use crate::error::{BoxError, Error};
+
+/// The most transports kept; past it, the one used longest ago is dropped
+/// (so that a fleet whose addresses churn does not grow this without end).
+const KEEP: usize = 256;
+
+/// One transport per instance of a [fleet](super), made by `make` from the
+/// instance's base URI the first time an attempt goes there. For tonic,
+/// whose `Channel` connects to one endpoint:
+///
+/// ```ignore
+/// use tonic::transport::Endpoint;
+/// use tower_resend::fleet::{FleetLayer, PerInstance};
+/// use tower_resend::tonic::TonicTransport;
+///
+/// let channels = PerInstance::new(|base| Endpoint::from(base).connect_lazy());
+/// let stack = tower_resend::stack()
+///     .fleet(FleetLayer::fixed(["http://10.0.0.1:50051", "http://10.0.0.2:50051"])?)
+///     .service(TonicTransport::new(channels));
+/// ```
+///
+/// A request goes to the transport of its URI's scheme and authority (the
+/// fleet layer wrote them); one without an authority fails, not sent.
+pub struct PerInstance<S, F> {
+    make: Arc<F>,
+    made: Arc<Mutex<Made<S>>>,
+}
+
+struct Made<S> {
+    transports: HashMap<(Scheme, Authority), (S, u64)>,
+    uses: u64,
+}
+
+impl<S, F> PerInstance<S, F>
+where
+    F: Fn(Uri) -> S,
+{
+    /// Makes each instance's transport with `make`, given its base URI
+    /// (`http://10.0.0.1:50051`).
+    pub fn new(make: F) -> Self {
+        Self {
+            make: Arc::new(make),
+            made: Arc::new(Mutex::new(Made {
+                transports: HashMap::new(),
+                uses: 0,
+            })),
+        }
+    }
+
+    /// The transport for `scheme` and `authority`, made if need be.
+    fn transport(&self, scheme: Scheme, authority: Authority) -> S
+    where
+        S: Clone,
+    {
+        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        made.uses += 1;
+        let now = made.uses;
+        let key = (scheme, authority);
+        if let Some((svc, used)) = made.transports.get_mut(&key) {
+            *used = now;
+            return svc.clone();
+        }
+        if made.transports.len() >= KEEP {
+            let oldest = made
+                .transports
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                made.transports.remove(&k);
+            }
+        }
+        let base = Uri::builder()
+            .scheme(key.0.clone())
+            .authority(key.1.clone())
+            .path_and_query("/")
+            .build();
+        // (A scheme and an authority that came from a URI make one again.)
+        let svc = match base {
+            Ok(base) => (self.make)(base),
+            Err(_) => (self.make)(Uri::default()),
+        };
+        made.transports.insert(key, (svc.clone(), now));
+        svc
+    }
+}
+
+impl<S, F> Clone for PerInstance<S, F> {
+    fn clone(&self) -> Self {
+        Self {
+            make: Arc::clone(&self.make),
+            made: Arc::clone(&self.made),
+        }
+    }
+}
+
+impl<S, F> std::fmt::Debug for PerInstance<S, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        f.debug_struct("PerInstance")
+            .field("transports", &made.transports.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, F, B> Service<Request<B>> for PerInstance<S, F>
+where
+    F: Fn(Uri) -> S,
+    S: Service<Request<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: Send,
+    S::Error: Into<BoxError>,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    /// Always ready: each instance's transport is made ready in the call.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let (Some(scheme), Some(authority)) =
+            (req.uri().scheme().cloned(), req.uri().authority().cloned())
+        else {
+            let e = Error::connect(
+                "a request without a scheme and an authority: no instance to send it to".into(),
+            );
+            return Box::pin(std::future::ready(Err(e.into())));
+        };
+        let mut svc = self.transport(scheme, authority);
+        Box::pin(async move {
+            poll_fn(|cx| svc.poll_ready(cx)).await.map_err(Into::into)?;
+            svc.call(req).await.map_err(Into::into)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tower::ServiceExt;
+
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn one_transport_per_instance_made_once() {
+        let made = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&made);
+        let per = PerInstance::new(move |base: Uri| {
+            count.fetch_add(1, Ordering::SeqCst);
+            tower::service_fn(move |_: Request<()>| {
+                let base = base.clone();
+                async move { Ok::<_, Infallible>(base.to_string()) }
+            })
+        });
+        for (uri, expect) in [
+            ("http://10.0.0.1:80/a", "http://10.0.0.1:80/"),
+            ("http://10.0.0.2:80/b", "http://10.0.0.2:80/"),
+            ("http://10.0.0.1:80/c", "http://10.0.0.1:80/"),
+        ] {
+            let req = Request::get(uri).body(()).unwrap();
+            assert_eq!(per.clone().oneshot(req).await.unwrap(), expect);
+        }
+        assert_eq!(made.load(Ordering::SeqCst), 2);
+        let relative = Request::get("/no/authority").body(()).unwrap();
+        let err = Error::from_box(per.oneshot(relative).await.unwrap_err());
+        assert!(err.is_not_sent(), "{err}");
+    }
+}

@@ -1,0 +1,134 @@
+//! Fleets over gRPC: three tonic servers of one service, a tonic `Channel`
+//! per instance ([`PerInstance`]). One instance bad: no retry goes back to
+//! it; one instance stalling: every hedged copy goes elsewhere.
+//!
+//! `cargo test -p tower-resend-tests --features tonic --test tonic_fleet`
+
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
+use std::time::Duration;
+
+use http::Uri;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tonic::transport::Endpoint;
+use tonic::Code;
+use tower::ServiceExt;
+use tower_resend::classify::GrpcClassifier;
+use tower_resend::fleet::{FleetLayer, Outliers, PerInstance};
+use tower_resend::tonic::TonicTransport;
+
+use common::grpc::{answer, call, Do, GrpcServer, GET_BALANCE};
+
+/// Second copies or attempts that reached `s`.
+fn seconds(s: &GrpcServer) -> usize {
+    s.arrivals()
+        .iter()
+        .filter(|a| a.previous.as_deref() == Some("1"))
+        .count()
+}
+
+/// The stack over the three servers, a channel to each.
+fn fleet_stack(
+    servers: &[GrpcServer; 3],
+    outliers: Outliers,
+    hedge: Option<Duration>,
+) -> impl tower::Service<
+    http::Request<tonic::body::Body>,
+    Response = http::Response<
+        impl http_body::Body<Data = bytes::Bytes, Error = impl std::fmt::Debug> + Send,
+    >,
+    Error = tower_resend::Error,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    let fleet = FleetLayer::fixed(servers.iter().map(|s| format!("http://{}", s.addr)))
+        .unwrap()
+        .outliers(outliers);
+    let channels = PerInstance::new(|base: Uri| Endpoint::from(base).connect_lazy());
+    let mut stack = tower_resend::stack()
+        .retry(|r| r.classifier(GrpcClassifier::new().idempotent(GET_BALANCE)))
+        .fleet(fleet);
+    if let Some(after) = hedge {
+        stack = stack.hedge(after).hedge_share(1.0);
+    }
+    stack.service(TonicTransport::new(channels))
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn one_bad_instance_of_three_over_grpc() {
+    let servers = [
+        GrpcServer::start(|_, _| Do::Status(Code::Unavailable, None)).await,
+        GrpcServer::start(|_, _| Do::Answer).await,
+        GrpcServer::start(|_, _| Do::Answer).await,
+    ];
+    let stack = fleet_stack(&servers, Outliers::default().off(), None);
+    let mut set = JoinSet::new();
+    for t in 0..10 {
+        let stack = stack.clone();
+        set.spawn(async move {
+            for _ in 0..30 {
+                let resp = stack.clone().oneshot(call(GET_BALANCE, None)).await;
+                let (balance, code) =
+                    answer(resp.unwrap_or_else(|e| panic!("task {t}: {e}"))).await;
+                assert_eq!((balance.amount, code), (100, Some(Code::Ok)));
+            }
+        });
+    }
+    while let Some(done) = set.join_next().await {
+        done.expect("every call answered");
+    }
+    let [a, b, c] = &servers;
+    let (sb, sc) = (seconds(b), seconds(c));
+    assert_eq!(seconds(a), 0, "no retry back to A");
+    assert!(sb + sc >= 50, "B {sb}, C {sc}");
+    assert!(
+        sb * 100 >= (sb + sc) * 30 && sc * 100 >= (sb + sc) * 30,
+        "B {sb}, C {sc}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hedged_grpc_copy_goes_to_another_instance() {
+    let servers = [
+        GrpcServer::start(|_, _| Do::Hang).await,
+        GrpcServer::start(|_, _| Do::Answer).await,
+        GrpcServer::start(|_, _| Do::Answer).await,
+    ];
+    let stack = fleet_stack(
+        &servers,
+        Outliers::default().off(),
+        Some(Duration::from_millis(10)),
+    );
+    let mut set = JoinSet::new();
+    for _ in 0..10 {
+        let stack = stack.clone();
+        set.spawn(async move {
+            let mut took = Vec::new();
+            for _ in 0..30 {
+                let start = Instant::now();
+                let resp = stack
+                    .clone()
+                    .oneshot(call(GET_BALANCE, None))
+                    .await
+                    .unwrap();
+                let (balance, _) = answer(resp).await;
+                assert_eq!(balance.amount, 100);
+                took.push(start.elapsed());
+            }
+            took
+        });
+    }
+    let mut took = Vec::new();
+    while let Some(done) = set.join_next().await {
+        took.extend(done.expect("every call answered"));
+    }
+    took.sort();
+    let p99 = took[took.len() * 99 / 100];
+    assert!(p99 < Duration::from_millis(50), "p99 {p99:?}");
+    let [a, _, _] = &servers;
+    assert!(a.arrival_count() > 0, "A was picked first now and then");
+    assert_eq!(seconds(a), 0, "no copy after the first went to A");
+}
