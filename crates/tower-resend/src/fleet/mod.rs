@@ -46,6 +46,7 @@
 //! # let _ = client;
 //! ```
 
+mod discover;
 mod dns;
 mod per_instance;
 mod roster;
@@ -58,6 +59,7 @@ use http::Uri;
 use tower_layer::Layer;
 
 use crate::classify::HttpClassifier;
+use crate::error::BoxError;
 pub use per_instance::PerInstance;
 pub use roster::Outliers;
 pub(crate) use roster::Roster;
@@ -152,6 +154,43 @@ impl FleetLayer<HttpClassifier> {
     {
         let roster = Arc::new(Roster::new(Outliers::default()));
         dns::start(&roster, scheme, resolve, every).await?;
+        Ok(Self {
+            roster,
+            classifier: HttpClassifier::new(),
+        })
+    }
+}
+
+impl FleetLayer<HttpClassifier> {
+    /// A fleet kept to a [`Discover`](tower::discover::Discover) stream of
+    /// instances' base URIs, your own service discovery: its first
+    /// instances are waited for (an error if the stream ends or fails
+    /// first), then a task of its own follows the stream, adding what it
+    /// inserts and taking out what it removes, until the stream ends or the
+    /// layer and every service it made are dropped.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tower::discover::Change;
+    /// use tower_resend::fleet::FleetLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_resend::BoxError> {
+    /// // Your discovery's stream of changes; here, two instances, as a list.
+    /// let found: Vec<Result<Change<u32, http::Uri>, Infallible>> = vec![
+    ///     Ok(Change::Insert(1, "http://10.0.0.1:8080".parse()?)),
+    ///     Ok(Change::Insert(2, "http://10.0.0.2:8080".parse()?)),
+    /// ];
+    /// let fleet = FleetLayer::discover(futures_util::stream::iter(found)).await?;
+    /// # let _ = fleet; Ok(()) }
+    /// ```
+    pub async fn discover<D>(discover: D) -> Result<Self, BoxError>
+    where
+        D: tower::discover::Discover<Service = Uri> + Send + 'static,
+        D::Key: Eq + Send,
+        D::Error: Into<BoxError>,
+    {
+        let roster = Arc::new(Roster::new(Outliers::default()));
+        discover::start(&roster, discover).await?;
         Ok(Self {
             roster,
             classifier: HttpClassifier::new(),

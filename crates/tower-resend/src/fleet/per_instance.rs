@@ -20,17 +20,28 @@ const KEEP: usize = 256;
 
 /// One transport per instance of a [fleet](super), made by `make` from the
 /// instance's base URI the first time an attempt goes there. For tonic,
-/// whose `Channel` connects to one endpoint:
+/// whose `Channel` connects to one endpoint, `make` is
+/// `|base| Endpoint::from(base).connect_lazy()`, and the stack's transport
+/// `TonicTransport::new(PerInstance::new(..))`.
 ///
-/// ```ignore
-/// use tonic::transport::Endpoint;
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{service_fn, ServiceExt};
 /// use tower_resend::fleet::{FleetLayer, PerInstance};
-/// use tower_resend::tonic::TonicTransport;
 ///
-/// let channels = PerInstance::new(|base| Endpoint::from(base).connect_lazy());
-/// let stack = tower_resend::stack()
-///     .fleet(FleetLayer::fixed(["http://10.0.0.1:50051", "http://10.0.0.2:50051"])?)
-///     .service(TonicTransport::new(channels));
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_resend::BoxError> {
+/// // Each instance's own client (here, one that says where it goes).
+/// let clients = PerInstance::new(|base: http::Uri| {
+///     service_fn(move |_req: http::Request<String>| {
+///         let base = base.clone();
+///         async move { Ok::<_, Infallible>(http::Response::new(base.to_string())) }
+///     })
+/// });
+/// let fleet = FleetLayer::fixed(["http://10.0.0.1:50051"])?;
+/// let stack = tower_resend::stack().fleet(fleet).service(clients);
+/// let resp = stack.oneshot(http::Request::new(String::new())).await?;
+/// assert_eq!(resp.status(), 200);
+/// # Ok(()) }
 /// ```
 ///
 /// A request goes to the transport of its URI's scheme and authority (the
