@@ -92,7 +92,12 @@ async fn one_bad(
     outliers: Outliers,
 ) -> (
     [TestServer; 3],
-    tower_resend::stack::Stack<tower_resend::connect::HyperClient>,
+    tower_resend::stack::Stack<
+        tower_resend::connect::HyperClient,
+        tower_resend::classify::HttpClassifier,
+        tower_resend::breaker::NoBreaker,
+        FleetLayer,
+    >,
 ) {
     let a = server(Script::new().otherwise(Reply::status(503))).await;
     let b = server(Script::new().otherwise(Reply::ok())).await;

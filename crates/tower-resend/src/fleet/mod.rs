@@ -51,6 +51,7 @@ mod dns;
 mod per_instance;
 mod roster;
 mod service;
+mod slot;
 
 use std::sync::Arc;
 
@@ -64,6 +65,8 @@ pub use per_instance::PerInstance;
 pub use roster::Outliers;
 pub(crate) use roster::Roster;
 pub use service::{Fleet, ResponseFuture};
+pub(crate) use slot::sealed::Slot;
+pub use slot::{FleetSlot, NoFleet};
 
 /// Sends each attempt to one instance of the upstream; see the
 /// [module docs](self).
@@ -217,25 +220,13 @@ impl<C> FleetLayer<C> {
     }
 }
 
-impl FleetLayer<()> {
-    /// `inner` under this fleet (none: every request passes), classifying
-    /// with `classifier`.
-    pub(crate) fn wrap<S, C>(fleet: Option<&Self>, inner: S, classifier: C) -> Fleet<S, C> {
-        Fleet {
-            inner,
-            roster: fleet.map(|f| Arc::clone(&f.roster)),
-            classifier,
-        }
-    }
-}
-
 impl<S, C: Clone> Layer<S> for FleetLayer<C> {
     type Service = Fleet<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Fleet {
             inner,
-            roster: Some(Arc::clone(&self.roster)),
+            roster: Arc::clone(&self.roster),
             classifier: self.classifier.clone(),
         }
     }

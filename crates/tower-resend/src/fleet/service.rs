@@ -17,8 +17,7 @@ use crate::vocab::{Elsewhere, Tried};
 /// see [`FleetLayer`](super::FleetLayer).
 pub struct Fleet<S, C = HttpClassifier> {
     pub(super) inner: S,
-    /// None: no fleet given (a stack without one), every request passes.
-    pub(super) roster: Option<Arc<Roster>>,
+    pub(super) roster: Arc<Roster>,
     pub(super) classifier: C,
 }
 
@@ -26,7 +25,7 @@ impl<S: Clone, C: Clone> Clone for Fleet<S, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            roster: self.roster.clone(),
+            roster: Arc::clone(&self.roster),
             classifier: self.classifier.clone(),
         }
     }
@@ -45,12 +44,11 @@ impl<S: std::fmt::Debug, C> std::fmt::Debug for Fleet<S, C> {
 impl<S, C> Fleet<S, C> {
     /// The addresses of the instances in the fleet now.
     pub fn addresses(&self) -> Vec<http::uri::Authority> {
-        self.roster.as_ref().map_or_else(Vec::new, |r| {
-            r.instances()
-                .iter()
-                .map(|i| (*i.authority).clone())
-                .collect()
-        })
+        self.roster
+            .instances()
+            .iter()
+            .map(|i| (*i.authority).clone())
+            .collect()
     }
 }
 
@@ -69,9 +67,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let Some(roster) = &self.roster else {
-            return ResponseFuture::passthrough(self.inner.call(req));
-        };
+        let roster = &self.roster;
         let tried = req.extensions().get::<Tried>().cloned();
         let used = tried.as_ref().map(Tried::used).unwrap_or_default();
         let Some(sent) = roster.pick(&used, &mut fastrand::Rng::new()) else {
@@ -153,19 +149,12 @@ pin_project! {
     pub struct ResponseFuture<F, C> {
         #[pin]
         inner: Option<F>,
-        // Boxed: a stack without a fleet carries one pointer's worth.
+        // Boxed: the future stays small (none when the fleet is empty).
         picked: Option<Box<Picked<C>>>,
     }
 }
 
 impl<F, C> ResponseFuture<F, C> {
-    fn passthrough(inner: F) -> Self {
-        Self {
-            inner: Some(inner),
-            picked: None,
-        }
-    }
-
     /// The fleet has no instance: nothing is sent.
     fn empty() -> Self {
         Self {

@@ -7,13 +7,13 @@ use super::{Stack, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
 use crate::breaker::{BreakerSlot, CircuitBreakerLayer, NoBreaker};
 use crate::classify::HttpClassifier;
 use crate::deadline::{CallDeadlineLayer, DeadlineHeaderLayer};
-use crate::fleet::FleetLayer;
+use crate::fleet::{FleetLayer, FleetSlot, NoFleet};
 use crate::hedge::HedgeLayer;
 use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::name::Name;
-use crate::read_ahead::{ReadAheadLayer, DEFAULT_READ_AHEAD};
+use crate::read_ahead::{ReadAhead, ReadAheadLayer, DEFAULT_READ_AHEAD};
 use crate::retry::{Backoff, RetryBudget, RetryLayer};
-use crate::timeout::AttemptTimeoutLayer;
+use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 
 /// Builds a [`Stack`](crate::stack::Stack); see [`stack()`](crate::stack()). Every setting's default is stated on
 /// its method.
@@ -22,7 +22,7 @@ use crate::timeout::AttemptTimeoutLayer;
 /// breaker's place: [`NoBreaker`], or a [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) once
 /// [`circuit_breaker`](Self::circuit_breaker) put one there.
 #[derive(Clone, Debug)]
-pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
+pub struct StackBuilder<C = HttpClassifier, B = NoBreaker, F = NoFleet> {
     name: Option<Name>,
     total: Duration,
     attempt_timeout: Duration,
@@ -33,7 +33,7 @@ pub struct StackBuilder<C = HttpClassifier, B = NoBreaker> {
     read_ahead_cap: usize,
     idle: Option<Duration>,
     hedge: HedgeLayer<()>,
-    fleet: Option<FleetLayer<()>>,
+    fleet: F,
 }
 
 impl StackBuilder {
@@ -50,7 +50,7 @@ impl StackBuilder {
             read_ahead_cap: DEFAULT_READ_AHEAD,
             idle: None,
             hedge: HedgeLayer::new(Duration::ZERO).max_copies(1).classifier(()),
-            fleet: None,
+            fleet: NoFleet,
         }
     }
 }
@@ -61,7 +61,7 @@ impl Default for StackBuilder {
     }
 }
 
-impl<C, B> StackBuilder<C, B> {
+impl<C, B, F> StackBuilder<C, B, F> {
     /// Names the upstream: it shows up in errors, tracing and 504 bodies,
     /// names the circuit breaker (unless its layer was named), and counts
     /// this upstream's [derived](crate::idempotency::derive_keys)
@@ -189,7 +189,10 @@ impl<C, B> StackBuilder<C, B> {
     /// Configures the retry layer further (overload floor, server waits,
     /// replay cap…).
     #[must_use]
-    pub fn retry<C2>(self, f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>) -> StackBuilder<C2, B> {
+    pub fn retry<C2>(
+        self,
+        f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>,
+    ) -> StackBuilder<C2, B, F> {
         StackBuilder {
             name: self.name,
             total: self.total,
@@ -225,7 +228,7 @@ impl<C, B> StackBuilder<C, B> {
     /// # let _ = shipping;
     /// ```
     #[must_use]
-    pub fn circuit_breaker(self) -> StackBuilder<C, CircuitBreakerLayer> {
+    pub fn circuit_breaker(self) -> StackBuilder<C, CircuitBreakerLayer, F> {
         self.circuit_breaker_with(CircuitBreakerLayer::new())
     }
 
@@ -237,7 +240,7 @@ impl<C, B> StackBuilder<C, B> {
     pub fn circuit_breaker_with<K>(
         self,
         layer: CircuitBreakerLayer<K>,
-    ) -> StackBuilder<C, CircuitBreakerLayer<K>> {
+    ) -> StackBuilder<C, CircuitBreakerLayer<K>, F> {
         StackBuilder {
             name: self.name,
             total: self.total,
@@ -369,7 +372,10 @@ impl<C, B> StackBuilder<C, B> {
     /// instance than the ones this call used, instances that keep failing
     /// are set aside, and an instance's `Retry-After` (or the overload
     /// floor) does not hold back an attempt that can go elsewhere.
-    /// Default: none, one upstream address (the request's URI).
+    /// The stack is then a `Stack<S, C, B, FleetLayer>`, and classifies
+    /// the instances' answers with its retry classifier. Default: none,
+    /// one upstream address (the request's URI), and no layer in the
+    /// fleet's place.
     ///
     /// ```
     /// use tower_resend::fleet::FleetLayer;
@@ -378,9 +384,21 @@ impl<C, B> StackBuilder<C, B> {
     /// # let _ = stack;
     /// ```
     #[must_use]
-    pub fn fleet<C2>(mut self, fleet: FleetLayer<C2>) -> Self {
-        self.fleet = Some(fleet.classifier(()));
-        self
+    pub fn fleet<C2>(self, fleet: FleetLayer<C2>) -> StackBuilder<C, B, FleetLayer> {
+        StackBuilder {
+            name: self.name,
+            total: self.total,
+            attempt_timeout: self.attempt_timeout,
+            retry: self.retry,
+            keys: self.keys,
+            header: self.header,
+            breaker: self.breaker,
+            read_ahead_cap: self.read_ahead_cap,
+            idle: self.idle,
+            hedge: self.hedge,
+            // (The stack classifies with its retry classifier.)
+            fleet: fleet.classifier(HttpClassifier::new()),
+        }
     }
 
     /// Also writes the time left, in milliseconds, as `name` on HTTP requests
@@ -402,9 +420,11 @@ impl<C, B> StackBuilder<C, B> {
     ///     tower_resend::stack().name("inventory").service(client);
     /// # let _ = inventory;
     /// ```
-    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B>
+    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B, F>
     where
         B: BreakerSlot,
+        F: FleetSlot,
+        F::Service<AttemptTimeout<ReadAhead<S>>, C>: Clone,
         C: Clone,
     {
         let replay_cap = self.retry.kept_bytes();
@@ -423,9 +443,9 @@ impl<C, B> StackBuilder<C, B> {
         // Each attempt and each hedged copy picks its instance, if the
         // upstream is a fleet; the retry layer then carries each call's
         // record of the instances it used.
-        let inner = FleetLayer::wrap(self.fleet.as_ref(), inner, self.retry.classifier.clone());
+        let inner = self.fleet.wrap(inner, self.retry.classifier.clone());
         let mut retry = self.retry;
-        retry.fleet = self.fleet.is_some();
+        retry.fleet = F::IS_FLEET;
         let inner = self.header.layer(inner);
         // Hedged copies below the breaker, which sees them as one call.
         let mut hedge = self
@@ -466,21 +486,23 @@ impl<C, B> StackBuilder<C, B> {
 /// assert_eq!(resp.extensions().get::<tower_resend::retry::Attempts>().unwrap().len(), 2);
 /// # }
 /// ```
-impl<S, C, B> Layer<S> for StackBuilder<C, B>
+impl<S, C, B, F> Layer<S> for StackBuilder<C, B, F>
 where
     S: Clone,
     C: Clone,
     B: BreakerSlot + Clone,
+    F: FleetSlot + Clone,
+    F::Service<AttemptTimeout<ReadAhead<S>>, C>: Clone,
 {
-    type Service = Stack<S, C, B>;
+    type Service = Stack<S, C, B, F>;
 
-    fn layer(&self, transport: S) -> Stack<S, C, B> {
+    fn layer(&self, transport: S) -> Stack<S, C, B, F> {
         self.clone().service(transport)
     }
 }
 
 #[cfg(feature = "otel")]
-impl<C> StackBuilder<C, NoBreaker> {
+impl<C, F> StackBuilder<C, NoBreaker, F> {
     /// Records the stack's metrics on instruments made from `meter` (your
     /// meter provider's, or [`global_meter`](crate::telemetry::global_meter)):
     /// attempts and retries per call, each wait, budget exhaustion,
@@ -505,7 +527,7 @@ impl<C> StackBuilder<C, NoBreaker> {
 }
 
 #[cfg(feature = "otel")]
-impl<C, K> StackBuilder<C, CircuitBreakerLayer<K>> {
+impl<C, K, F> StackBuilder<C, CircuitBreakerLayer<K>, F> {
     /// Records the stack's metrics on instruments made from `meter`, the
     /// circuit breaker's changes of state included (unless its layer was
     /// given a meter of its own); see the `meter` of a stack without a

@@ -9,17 +9,22 @@ use crate::breaker::{BreakerSlot, NoBreaker, Slot};
 use crate::classify::HttpClassifier;
 use crate::deadline::{CallDeadline, DeadlineHeader};
 use crate::error::{BoxError, Error};
-use crate::fleet::Fleet;
+use crate::fleet::{self, FleetSlot, NoFleet};
 use crate::hedge::Hedge;
 use crate::idempotency::SetIdempotencyKey;
 use crate::read_ahead::ReadAhead;
 use crate::retry::Retry;
 use crate::timeout::AttemptTimeout;
 
-pub(super) type Inner<S, C, B> = CallDeadline<
+pub(super) type Inner<S, C, B, F> = CallDeadline<
     SetIdempotencyKey<
         Retry<
-            <B as Slot>::Service<Hedge<DeadlineHeader<Fleet<AttemptTimeout<ReadAhead<S>>, C>>, C>>,
+            <B as Slot>::Service<
+                Hedge<
+                    DeadlineHeader<<F as fleet::Slot>::Service<AttemptTimeout<ReadAhead<S>>, C>>,
+                    C,
+                >,
+            >,
             C,
         >,
     >,
@@ -28,23 +33,25 @@ pub(super) type Inner<S, C, B> = CallDeadline<
 /// The composed stack, outside in: [`CallDeadlineLayer`](crate::deadline::CallDeadlineLayer),
 /// [`SetIdempotencyKeyLayer`](crate::idempotency::SetIdempotencyKeyLayer), [`RetryLayer`](crate::retry::RetryLayer), the [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) if
 /// one was added (`B`; none by default, and then no layer at all),
-/// [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), the [`FleetLayer`](crate::fleet::FleetLayer) if one was given (none by
-/// default, and then every request passes), [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer), the
+/// [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), the [`FleetLayer`](crate::fleet::FleetLayer) if one was given (`F`; none by
+/// default, and then no layer at all), [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer), the
 /// [`ReadAheadLayer`](crate::read_ahead::ReadAheadLayer), then the transport. Its error is always a
 /// [`tower_resend::Error`](Error).
-pub struct Stack<S, C = HttpClassifier, B = NoBreaker>
+pub struct Stack<S, C = HttpClassifier, B = NoBreaker, F = NoFleet>
 where
     B: BreakerSlot,
+    F: FleetSlot,
 {
-    inner: Inner<S, C, B>,
+    inner: Inner<S, C, B, F>,
     /// The retry layer's replay cap: how much of a stream body is kept.
     replay_cap: usize,
 }
 
-impl<S, C, B> Clone for Stack<S, C, B>
+impl<S, C, B, F> Clone for Stack<S, C, B, F>
 where
     B: BreakerSlot,
-    Inner<S, C, B>: Clone,
+    F: FleetSlot,
+    Inner<S, C, B, F>: Clone,
 {
     #[inline]
     fn clone(&self) -> Self {
@@ -55,28 +62,30 @@ where
     }
 }
 
-impl<S, C, B> std::fmt::Debug for Stack<S, C, B>
+impl<S, C, B, F> std::fmt::Debug for Stack<S, C, B, F>
 where
     B: BreakerSlot,
-    Inner<S, C, B>: std::fmt::Debug,
+    F: FleetSlot,
+    Inner<S, C, B, F>: std::fmt::Debug,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stack").field("inner", &self.inner).finish()
     }
 }
 
-impl<S, C, B, ReqB> Service<Request<ReqB>> for Stack<S, C, B>
+impl<S, C, B, F, ReqB> Service<Request<ReqB>> for Stack<S, C, B, F>
 where
     B: BreakerSlot,
+    F: FleetSlot,
     ReqB: Replay,
-    Inner<S, C, B>: Service<Request<ReqB::Sent>, Error = BoxError>,
+    Inner<S, C, B, F>: Service<Request<ReqB::Sent>, Error = BoxError>,
 {
     // (`Response<DeadlineBody<_>>`, named through the inner service: a type
     // parameter here that only the inner service's response fixes would
     // make every layer above a stack prove the whole stack again.)
-    type Response = <Inner<S, C, B> as Service<Request<ReqB::Sent>>>::Response;
+    type Response = <Inner<S, C, B, F> as Service<Request<ReqB::Sent>>>::Response;
     type Error = Error;
-    type Future = ResponseFuture<<Inner<S, C, B> as Service<Request<ReqB::Sent>>>::Future>;
+    type Future = ResponseFuture<<Inner<S, C, B, F> as Service<Request<ReqB::Sent>>>::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.inner.poll_ready(cx).map_err(Error::from_box)
@@ -102,8 +111,8 @@ where
     }
 }
 
-impl<S, C, B: BreakerSlot> Stack<S, C, B> {
-    pub(super) fn new(inner: Inner<S, C, B>, replay_cap: usize) -> Self {
+impl<S, C, B: BreakerSlot, F: FleetSlot> Stack<S, C, B, F> {
+    pub(super) fn new(inner: Inner<S, C, B, F>, replay_cap: usize) -> Self {
         Self { inner, replay_cap }
     }
 }
