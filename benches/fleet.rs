@@ -80,15 +80,13 @@ fn authority(s: &TestServer) -> Authority {
     s.addr().to_string().parse().expect("an authority")
 }
 
+/// tower's p2c balancer over three instances, by pending requests.
+type Balanced = Balance<PendingRequestsDiscover<ServiceList<Vec<To>>>, Request<Body>>;
+
 /// tower's balancer over the three, behind a `Buffer` so that it clones.
 fn balanced(
     servers: &[TestServer; 3],
-) -> Buffer<
-    Request<Body>,
-    <Balance<PendingRequestsDiscover<ServiceList<Vec<To>>>, Request<Body>> as Service<
-        Request<Body>,
-    >>::Future,
-> {
+) -> Buffer<Request<Body>, <Balanced as Service<Request<Body>>>::Future> {
     let client = bare();
     let list: Vec<To> = servers
         .iter()
