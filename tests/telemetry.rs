@@ -981,3 +981,57 @@ async fn a_hedge_layer_on_its_own_records_too() {
         }]
     );
 }
+
+/// Over a fleet, each attempt's span and metrics name the instance it went
+/// to, not the name in the request's URI: A answers 503, B 200, and the
+/// call's second attempt goes to B.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn over_a_fleet_each_attempt_names_its_instance() {
+    let t = Telemetry::start();
+    let a = server(Script::new().otherwise(Reply::status(503))).await;
+    let b = server(Script::new().otherwise(Reply::ok())).await;
+    let fleet = tower_resend::fleet::FleetLayer::fixed([
+        format!("http://{}", a.addr()),
+        format!("http://{}", b.addr()),
+    ])
+    .unwrap();
+    let client = stack()
+        .no_budget()
+        .meter(&t.meter())
+        .fleet(fleet)
+        .service(transport());
+    // Until a call's first attempt goes to A.
+    for _ in 0..20 {
+        let req = get("http://inventory/quote".parse().unwrap());
+        let resp = client.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        if a.arrival_count() > 0 {
+            break;
+        }
+    }
+    assert_eq!(a.arrival_count(), 1);
+    let ports: Vec<Option<i64>> = t
+        .named("GET")
+        .iter()
+        .filter(|s| attr(s, "resend.class").is_some())
+        .map(|s| int(s, "server.port"))
+        .collect();
+    let (pa, pb) = (i64::from(a.addr().port()), i64::from(b.addr().port()));
+    assert!(
+        ports.contains(&Some(pa)) && ports.contains(&Some(pb)),
+        "{ports:?}"
+    );
+    assert!(
+        ports.iter().all(|p| *p == Some(pa) || *p == Some(pb)),
+        "{ports:?}"
+    );
+
+    let points = t.points_of("http.client.request.duration");
+    let seen: Vec<Option<&str>> = points.iter().map(|p| p.attr("server.port")).collect();
+    let (sa, sb) = (pa.to_string(), pb.to_string());
+    assert!(seen.contains(&Some(sa.as_str())), "{seen:?}");
+    assert!(seen.contains(&Some(sb.as_str())), "{seen:?}");
+    assert!(points
+        .iter()
+        .all(|p| p.attr("server.address") == Some("127.0.0.1")));
+}

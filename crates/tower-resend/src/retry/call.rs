@@ -94,7 +94,12 @@ impl<S, B, C> Call<S, B, C> {
         now: Instant,
     ) -> Box<Self> {
         let facts = RequestFacts::of(req);
-        let (span, attempt) = telemetry::spans(shared.upstream.as_deref(), &facts, replay_safe);
+        let (span, attempt) = telemetry::spans(
+            shared.upstream.as_deref(),
+            &facts,
+            replay_safe,
+            shared.fleet,
+        );
         // Boxed where it is made: the state is a few hundred bytes, and
         // boxing it in the caller moved it once more.
         Box::new(Self {

@@ -93,7 +93,8 @@ impl<S, B, C> Call<S, B, C> {
         let previous = self.history.len();
         announce(&mut req, previous, self.shared.attempt_header.as_ref());
         self.shared.metrics.waited(self.wait_reason, self.waited);
-        self.attempt = telemetry::attempt_span(&self.span, &self.head.facts(), previous);
+        let fleet = self.shared.fleet;
+        self.attempt = telemetry::attempt_span(&self.span, &self.head.facts(), previous, fleet);
         self.attempt_start = now;
         let _span = self.attempt.enter();
         Ok(service.call(req))

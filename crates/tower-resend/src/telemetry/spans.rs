@@ -21,12 +21,13 @@ pub(crate) fn spans(
     upstream: Option<&str>,
     facts: &RequestFacts<'_>,
     replay_safe: bool,
+    fleet: bool,
 ) -> (Span, Span) {
     if tracing::level_filters::LevelFilter::current() < tracing::Level::INFO {
         return (Span::none(), Span::none());
     }
     let call = call_span(upstream, facts, replay_safe);
-    let attempt = attempt_span(&call, facts, 0);
+    let attempt = attempt_span(&call, facts, 0, fleet);
     (call, attempt)
 }
 
@@ -50,9 +51,15 @@ fn call_span(upstream: Option<&str>, facts: &RequestFacts<'_>, replay_safe: bool
 /// The span of one physical attempt, a child of `call`, before it is sent;
 /// `previous` attempts came before it. Its fields are given at once (each
 /// later `record` is a call into the subscriber); nothing is computed
-/// unless the span is enabled.
+/// unless the span is enabled. Over a `fleet`, the server's address and
+/// port are left for the fleet layer, which knows the instance.
 #[inline]
-pub(crate) fn attempt_span(call: &Span, facts: &RequestFacts<'_>, previous: u32) -> Span {
+pub(crate) fn attempt_span(
+    call: &Span,
+    facts: &RequestFacts<'_>,
+    previous: u32,
+    fleet: bool,
+) -> Span {
     let uri = facts.uri();
     tracing::info_span!(
         target: "tower_resend",
@@ -62,8 +69,8 @@ pub(crate) fn attempt_span(call: &Span, facts: &RequestFacts<'_>, previous: u32)
         otel.kind = "client",
         otel.status_code = Empty,
         http.request.method = facts.method().as_str(),
-        server.address = uri.host().map(address),
-        server.port = port(uri).map(i64::from),
+        server.address = uri.host().filter(|_| !fleet).map(address),
+        server.port = port(uri).filter(|_| !fleet).map(i64::from),
         url.full = url_full(facts).as_deref(),
         http.request.resend_count = (previous > 0).then_some(i64::from(previous)),
         http.response.status_code = Empty,
