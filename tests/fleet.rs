@@ -464,3 +464,66 @@ async fn dns_resolves_before_the_first_call() {
     let none = FleetLayer::dns(http::uri::Scheme::HTTP, "no-such-host.invalid", 80, every).await;
     assert!(none.is_err());
 }
+
+/// The stack's circuit breaker over a fleet works per instance: A answers
+/// 503 to everything, and with outlier detection off its own circuit
+/// opens, so calls stop going there, while B and C keep answering and the
+/// upstream as a whole is never refused. With every instance failing,
+/// every circuit opens and calls fail at once, not sent.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_circuit_breaker_works_per_instance() {
+    use tower_resend::breaker::CircuitBreakerLayer;
+
+    let breaker = || {
+        CircuitBreakerLayer::new()
+            .min_throughput(10)
+            .break_duration(Duration::from_secs(30))
+    };
+    let a = server(Script::new().otherwise(Reply::status(503))).await;
+    let b = server(Script::new().otherwise(whole())).await;
+    let c = server(Script::new().otherwise(whole())).await;
+    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)])
+        .unwrap()
+        .outliers(Outliers::default().off());
+    let stack = tower_resend::stack()
+        .no_budget()
+        .circuit_breaker_with(breaker())
+        .fleet(fleet)
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    let made = gets(&stack, 300).await;
+    assert!(made.iter().all(|&n| n <= 2), "{made:?}");
+    let at_a = a.arrival_count();
+    // A's circuit opened after its first failures; the others carry on.
+    assert!((1..=30).contains(&at_a), "A: {at_a}");
+    assert!(b.arrival_count() + c.arrival_count() >= 300);
+
+    // Every instance failing: each opens its own circuit, then calls are
+    // refused at once.
+    let servers = [
+        server(Script::new().otherwise(Reply::status(503))).await,
+        server(Script::new().otherwise(Reply::status(503))).await,
+        server(Script::new().otherwise(Reply::status(503))).await,
+    ];
+    let fleet = FleetLayer::fixed(servers.iter().map(base))
+        .unwrap()
+        .outliers(Outliers::default().off());
+    let stack = tower_resend::stack()
+        .no_budget()
+        .circuit_breaker_with(breaker())
+        .fleet(fleet)
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    let mut refused = 0;
+    for n in 0..60 {
+        let req = Request::get(format!("http://upstream/{n}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        if let Err(e) = stack.clone().oneshot(req).await {
+            assert_eq!(e.kind(), tower_resend::ErrorKind::CircuitOpen, "{e}");
+            assert!(e.is_not_sent());
+            refused += 1;
+        }
+    }
+    let sent: usize = servers.iter().map(TestServer::arrival_count).sum();
+    assert!(refused >= 40, "refused {refused}, sent {sent}");
+    assert!(sent <= 3 * 12, "sent {sent}");
+}

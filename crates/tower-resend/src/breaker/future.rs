@@ -51,6 +51,14 @@ impl<F, K> ResponseFuture<F, K> {
         }
     }
 
+    /// Not counted here (the instances of a fleet have the circuits).
+    pub(super) fn uncounted(future: F) -> Self {
+        Self {
+            state: State::Called { future },
+            permit: None,
+        }
+    }
+
     pub(super) fn refused(error: Error) -> Self {
         Self {
             state: State::Refused { error: Some(error) },

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use super::per_instance::InstanceCircuits;
 use super::shared::{Breaker, Config};
 use super::state::{Classes, Rules};
 use super::CircuitBreaker;
@@ -238,6 +239,14 @@ impl<K> CircuitBreakerLayer<K> {
     /// True when no name was given.
     pub(crate) fn is_unnamed(&self) -> bool {
         self.config.upstream.is_none()
+    }
+
+    /// Over a fleet: a breaker that lets every call through, and the
+    /// circuits of the fleet's instances, one each, with this layer's rules.
+    pub(crate) fn into_instances<S>(self, inner: S) -> (CircuitBreaker<S, K>, InstanceCircuits) {
+        let circuits = InstanceCircuits::new(self.config.clone());
+        let breaker = Arc::new(Breaker::new(self.config, self.classifier));
+        (CircuitBreaker::per_instance(inner, breaker), circuits)
     }
 
     /// What `layer` makes, consuming the configuration (no `K: Clone` needed).

@@ -91,6 +91,7 @@
 
 mod future;
 mod layer;
+mod per_instance;
 mod service;
 mod shared;
 mod slot;

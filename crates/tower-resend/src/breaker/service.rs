@@ -17,6 +17,9 @@ use crate::error::BoxError;
 pub struct CircuitBreaker<S, K = HttpClassifier> {
     inner: S,
     breaker: Arc<Breaker<K>>,
+    /// Over a fleet, the circuits are the instances' own (the fleet layer
+    /// below holds them): this one lets every call through, uncounted.
+    per_instance: bool,
 }
 
 impl<S: Clone, K> Clone for CircuitBreaker<S, K> {
@@ -25,6 +28,7 @@ impl<S: Clone, K> Clone for CircuitBreaker<S, K> {
         Self {
             inner: self.inner.clone(),
             breaker: Arc::clone(&self.breaker),
+            per_instance: self.per_instance,
         }
     }
 }
@@ -52,11 +56,27 @@ impl<S> CircuitBreaker<S> {
 
 impl<S, K> CircuitBreaker<S, K> {
     pub(crate) fn from_shared(inner: S, breaker: Arc<Breaker<K>>) -> Self {
-        Self { inner, breaker }
+        Self {
+            inner,
+            breaker,
+            per_instance: false,
+        }
+    }
+
+    /// The breaker of a stack over a fleet: every call passes, and the
+    /// fleet's instances have the circuits.
+    pub(crate) fn per_instance(inner: S, breaker: Arc<Breaker<K>>) -> Self {
+        Self {
+            inner,
+            breaker,
+            per_instance: true,
+        }
     }
 
     /// The circuit's state. An open circuit whose break is over reports
     /// [`Open`](CircuitState::Open) until the next call, which is a probe.
+    /// In a stack over a [fleet](crate::fleet), each instance has its own
+    /// circuit, and this one stays closed.
     pub fn state(&self) -> CircuitState {
         self.breaker.state()
     }
@@ -92,6 +112,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        if self.per_instance {
+            return ResponseFuture::uncounted(self.inner.call(req));
+        }
         let breaker = &self.breaker;
         match breaker.admit(None) {
             Ok(ticket) => {

@@ -18,7 +18,7 @@ use crate::classify::{Classify, RequestFacts};
 use crate::error::{BoxError, Error};
 use crate::name::Name;
 use crate::telemetry::{BreakerMetrics, ClientMetrics};
-use crate::vocab::{percent, Why};
+use crate::vocab::{percent, Refusal, Why};
 
 /// The layer's settings, checked.
 #[derive(Clone, Debug)]
@@ -97,6 +97,13 @@ impl<K> Breaker<K> {
     /// `now` is the current instant when the caller has it at hand.
     #[inline]
     pub(crate) fn admit(&self, now: Option<Instant>) -> Result<Ticket, Error> {
+        self.try_admit(now)
+            .map_err(|refusal| Error::circuit_open(refusal, self.upstream.as_ref()))
+    }
+
+    /// Lets a call through, or says why it is refused.
+    #[inline]
+    pub(crate) fn try_admit(&self, now: Option<Instant>) -> Result<Ticket, Refusal> {
         let tag = self.tag.load(Ordering::Acquire);
         if tag & KIND == CLOSED {
             let now = now.unwrap_or_else(Instant::now);
@@ -110,7 +117,7 @@ impl<K> Breaker<K> {
     }
 
     #[cold]
-    fn admit_slow(&self) -> Result<Ticket, Error> {
+    fn admit_slow(&self) -> Result<Ticket, Refusal> {
         let now = Instant::now();
         let (action, change, tag) = {
             let mut m = self.lock();
@@ -126,7 +133,7 @@ impl<K> Breaker<K> {
         match action {
             Action::Call => Ok(ticket(false)),
             Action::Probe => Ok(ticket(true)),
-            Action::Refuse(refusal) => Err(Error::circuit_open(refusal, self.upstream.as_ref())),
+            Action::Refuse(refusal) => Err(refusal),
             // Not an answer to a call; let it through uncounted.
             Action::Nothing => Ok(ticket(false)),
         }
@@ -154,6 +161,11 @@ impl<K> Breaker<K> {
             Err(e) => self.classifier.classify_error(&facts, &**e).class(),
         };
         verdict(class, self.failing)
+    }
+
+    /// The classes it counts as failures.
+    pub(crate) fn failing(&self) -> Classes {
+        self.failing
     }
 
     /// Counts the outcome of the call let through with `ticket`.

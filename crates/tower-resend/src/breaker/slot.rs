@@ -1,7 +1,13 @@
 //! The circuit breaker's place in the composed stack: empty unless asked
 //! for, so that a stack without a breaker pays nothing for it.
+// The slots are sealed: their methods pass the crate's own types (the
+// fleet's roster), and no one outside the crate can name or call them.
+#![allow(private_interfaces)]
+
+use std::sync::Arc;
 
 use super::{CircuitBreaker, CircuitBreakerLayer};
+use crate::fleet::Roster;
 use crate::name::Name;
 use crate::retry::{Retry, RetryLayer};
 
@@ -26,12 +32,14 @@ pub(crate) mod sealed {
         type Service<S>;
 
         /// Wraps `inner`, naming the breaker `name` unless it has a name,
-        /// and puts `retry` around it.
+        /// and puts `retry` around it; over a `fleet`, the breaker's
+        /// circuits are the fleet's instances' own.
         fn wrap<S: Clone, C>(
             self,
             inner: S,
             name: Option<&crate::name::Name>,
             retry: RetryLayer<C>,
+            fleet: Option<&crate::fleet::Roster>,
         ) -> Retry<Self::Service<S>, C>;
     }
 }
@@ -44,6 +52,7 @@ impl sealed::Slot for NoBreaker {
         inner: S,
         _name: Option<&Name>,
         retry: RetryLayer<C>,
+        _fleet: Option<&Roster>,
     ) -> Retry<S, C> {
         retry.into_service(inner)
     }
@@ -59,12 +68,18 @@ impl<K> sealed::Slot for CircuitBreakerLayer<K> {
         inner: S,
         name: Option<&Name>,
         retry: RetryLayer<C>,
+        fleet: Option<&Roster>,
     ) -> Retry<CircuitBreaker<S, K>, C> {
         let breaker = match name {
             Some(name) if self.is_unnamed() => self.upstream(name.clone()),
             _ => self,
         };
-        retry.into_service(breaker.into_service(inner))
+        let Some(fleet) = fleet else {
+            return retry.into_service(breaker.into_service(inner));
+        };
+        let (breaker, circuits) = breaker.into_instances(inner);
+        fleet.set_circuits(Arc::new(circuits));
+        retry.into_service(breaker)
     }
 }
 

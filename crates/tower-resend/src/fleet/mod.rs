@@ -18,6 +18,10 @@
 //!   instance" eject it for a pause that doubles while it keeps failing,
 //!   never more than a share of the fleet at once; back from a pause, it is
 //!   on probation.
+//! - **circuits per instance**: a stack with a circuit breaker gives each
+//!   instance its own circuit, with the breaker's rules; an instance whose
+//!   circuit is open is passed over, and a call is refused only when every
+//!   instance's circuit refuses it.
 //! - **the retry layer knows**: a failure not sent (a refused connection)
 //!   is retried on another instance at once, and an overloaded answer's
 //!   wait (a 503's `Retry-After`, or the overload floor) is the instance's:

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use tokio::time::Instant;
 
-use crate::vocab::Elsewhere;
+use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
 
 /// When an instance that keeps failing is set aside, and for how long.
 ///
@@ -126,17 +126,45 @@ impl Instance {
 
 /// The fleet: its instances (replaced whole when discovery changes them)
 /// and the rules that set them aside.
-#[derive(Debug)]
 pub(crate) struct Roster {
     instances: RwLock<Arc<[Arc<Instance>]>>,
     outliers: RwLock<Outliers>,
     next_id: AtomicU64,
+    /// The instances' circuits, under a stack with a circuit breaker.
+    circuits: RwLock<Option<Arc<dyn Circuits>>>,
 }
 
-/// An attempt sent to an instance: counted in flight until it ends.
-#[derive(Debug)]
+impl std::fmt::Debug for Roster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Roster")
+            .field("instances", &self.instances())
+            .field("outliers", &self.outliers())
+            .finish_non_exhaustive()
+    }
+}
+
+/// An attempt sent to an instance: counted in flight until it ends, and
+/// let through its circuit, if it has one.
 pub(crate) struct Sent {
     pub(crate) instance: Arc<Instance>,
+    pub(crate) pass: Option<Box<dyn Pass>>,
+}
+
+impl std::fmt::Debug for Sent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sent")
+            .field("instance", &self.instance.authority)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why no instance was picked.
+#[derive(Debug)]
+pub(crate) enum Unpicked {
+    /// The fleet has none.
+    Empty,
+    /// Every instance's circuit refused; the last said this.
+    Refused(Refusal),
 }
 
 impl Drop for Sent {
@@ -151,6 +179,7 @@ impl Roster {
             instances: RwLock::new(Arc::from(Vec::new())),
             outliers: RwLock::new(outliers),
             next_id: AtomicU64::new(1),
+            circuits: RwLock::new(None),
         }
     }
 
@@ -200,42 +229,50 @@ impl Roster {
     /// picked at random among those in service it has not used, the one
     /// with fewer requests in flight; if it has used them all, the one in
     /// service with the fewest failures (then any, the least failing: when
-    /// every instance is set aside, calls still go somewhere). None only
-    /// when the fleet is empty.
-    pub(crate) fn pick(&self, used: &[u64], rng: &mut fastrand::Rng) -> Option<Sent> {
+    /// every instance is set aside, calls still go somewhere). With
+    /// circuits (a stack's breaker over the fleet), an instance whose
+    /// circuit refuses is passed over; when every one refuses, the call is
+    /// refused as its circuit said.
+    pub(crate) fn pick(&self, used: &[u64], rng: &mut fastrand::Rng) -> Result<Sent, Unpicked> {
         let all = self.instances();
+        let circuits = self.circuits();
         let now = Instant::now();
-        let fresh: Vec<&Arc<Instance>> = all
-            .iter()
-            .filter(|i| !used.contains(&i.id) && !i.ejected_at(now))
-            .collect();
-        let chosen = match fresh.len() {
-            0 => {
-                let in_service: Vec<&Arc<Instance>> =
-                    all.iter().filter(|i| !i.ejected_at(now)).collect();
-                let pool = if in_service.is_empty() {
-                    all.iter().collect()
-                } else {
-                    in_service
-                };
-                pool.into_iter()
-                    .min_by_key(|i| (i.health().failures, i.in_flight()))
-                    .cloned()
-            }
-            1 => Some(Arc::clone(fresh[0])),
-            n => {
-                let a = rng.usize(..n);
-                let b = (a + 1 + rng.usize(..n - 1)) % n;
-                let (a, b) = (fresh[a], fresh[b]);
-                Some(Arc::clone(if b.in_flight() < a.in_flight() {
-                    b
-                } else {
-                    a
-                }))
-            }
-        }?;
-        chosen.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(Sent { instance: chosen })
+        let mut refused: Vec<u64> = Vec::new();
+        let mut refusal = None;
+        while let Some(chosen) = choose(&all, used, &refused, now, rng) {
+            let pass = match &circuits {
+                None => None,
+                Some(c) => match c.admit(chosen.id, &chosen.authority) {
+                    Ok(pass) => Some(pass),
+                    Err(why) => {
+                        refused.push(chosen.id);
+                        refusal = Some(why);
+                        continue;
+                    }
+                },
+            };
+            chosen.in_flight.fetch_add(1, Ordering::Relaxed);
+            return Ok(Sent {
+                instance: chosen,
+                pass,
+            });
+        }
+        Err(refusal.map_or(Unpicked::Empty, Unpicked::Refused))
+    }
+
+    /// Over a stack with a circuit breaker: the circuits of the instances.
+    pub(crate) fn set_circuits(&self, circuits: Arc<dyn Circuits>) {
+        *self
+            .circuits
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(circuits);
+    }
+
+    fn circuits(&self) -> Option<Arc<dyn Circuits>> {
+        self.circuits
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// `instance` answered well: its failures are forgotten.
@@ -294,6 +331,53 @@ impl Roster {
     }
 }
 
+/// Two at random among the instances in service that the call has not
+/// used (and that no circuit `refused`), the one with fewer requests in
+/// flight; when there are none, the one with the fewest failures among
+/// those not refused, in service first.
+fn choose(
+    all: &[Arc<Instance>],
+    used: &[u64],
+    refused: &[u64],
+    now: Instant,
+    rng: &mut fastrand::Rng,
+) -> Option<Arc<Instance>> {
+    let fresh: Vec<&Arc<Instance>> = all
+        .iter()
+        .filter(|i| !used.contains(&i.id) && !refused.contains(&i.id) && !i.ejected_at(now))
+        .collect();
+    match fresh.len() {
+        0 => {
+            let open: Vec<&Arc<Instance>> =
+                all.iter().filter(|i| !refused.contains(&i.id)).collect();
+            let in_service: Vec<&Arc<Instance>> = open
+                .iter()
+                .copied()
+                .filter(|i| !i.ejected_at(now))
+                .collect();
+            let pool = if in_service.is_empty() {
+                open
+            } else {
+                in_service
+            };
+            pool.into_iter()
+                .min_by_key(|i| (i.health().failures, i.in_flight()))
+                .cloned()
+        }
+        1 => Some(Arc::clone(fresh[0])),
+        n => {
+            let a = rng.usize(..n);
+            let b = (a + 1 + rng.usize(..n - 1)) % n;
+            let (a, b) = (fresh[a], fresh[b]);
+            Some(Arc::clone(if b.in_flight() < a.in_flight() {
+                b
+            } else {
+                a
+            }))
+        }
+    }
+}
+
 impl Elsewhere for Roster {
     fn has_other(&self, used: &[u64]) -> bool {
         let now = Instant::now();
@@ -336,7 +420,7 @@ mod tests {
         assert!((1200..=1800).contains(&second[1]), "{second:?}");
         assert!((1200..=1800).contains(&second[2]), "{second:?}");
         // Used them all: still an instance.
-        assert!(r.pick(&ids, &mut rng).is_some());
+        assert!(r.pick(&ids, &mut rng).is_ok());
     }
 
     #[test]
@@ -389,10 +473,11 @@ mod tests {
         let only = &r.instances()[0];
         assert!(!r.failed(only), "the last instance is never set aside");
         let mut rng = fastrand::Rng::with_seed(1);
-        assert!(r.pick(&[only.id], &mut rng).is_some());
-        assert!(Roster::new(Outliers::default())
-            .pick(&[], &mut rng)
-            .is_none());
+        assert!(r.pick(&[only.id], &mut rng).is_ok());
+        assert!(matches!(
+            Roster::new(Outliers::default()).pick(&[], &mut rng),
+            Err(Unpicked::Empty)
+        ));
     }
 
     #[test]
@@ -407,5 +492,52 @@ mod tests {
         let after: Vec<u64> = r.instances().iter().map(|i| i.id).collect();
         assert_eq!(after[0], before[1]);
         assert!(!before.contains(&after[1]));
+    }
+
+    /// Circuits that refuse the instances listed in `open`.
+    struct Refusing(Vec<u64>);
+
+    struct Passed;
+
+    impl Pass for Passed {
+        fn settle(
+            self: Box<Self>,
+            _: crate::vocab::Class,
+            _: Option<&(dyn std::error::Error + 'static)>,
+        ) {
+        }
+    }
+
+    impl Circuits for Refusing {
+        fn admit(&self, id: u64, _: &Authority) -> Result<Box<dyn Pass>, Refusal> {
+            if self.0.contains(&id) {
+                Err(Refusal::Probing {
+                    probes: 1,
+                    wait: Duration::from_secs(1),
+                })
+            } else {
+                Ok(Box::new(Passed))
+            }
+        }
+    }
+
+    #[test]
+    fn an_instance_whose_circuit_refuses_is_passed_over() {
+        let r = roster(3, Outliers::default());
+        let ids: Vec<u64> = r.instances().iter().map(|i| i.id).collect();
+        r.set_circuits(Arc::new(Refusing(vec![ids[0]])));
+        let mut rng = fastrand::Rng::with_seed(2);
+        for _ in 0..100 {
+            assert_ne!(r.pick(&[], &mut rng).unwrap().instance.id, ids[0]);
+        }
+        // Even when the call has used the others.
+        let sent = r.pick(&ids[1..], &mut rng).unwrap();
+        assert_ne!(sent.instance.id, ids[0]);
+        // Every circuit refusing: the call is refused as they said.
+        r.set_circuits(Arc::new(Refusing(ids.clone())));
+        assert!(matches!(
+            r.pick(&[], &mut rng),
+            Err(Unpicked::Refused(Refusal::Probing { .. }))
+        ));
     }
 }

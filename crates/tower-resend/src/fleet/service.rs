@@ -8,7 +8,7 @@ use http::{HeaderMap, Method, Request, Response, Uri};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::roster::{Roster, Sent};
+use super::roster::{Roster, Sent, Unpicked};
 use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
 use crate::error::{BoxError, Error};
 use crate::vocab::{Elsewhere, Tried};
@@ -70,8 +70,16 @@ where
         let roster = &self.roster;
         let tried = req.extensions().get::<Tried>().cloned();
         let used = tried.as_ref().map(Tried::used).unwrap_or_default();
-        let Some(sent) = roster.pick(&used, &mut fastrand::Rng::new()) else {
-            return ResponseFuture::empty();
+        let sent = match roster.pick(&used, &mut fastrand::Rng::new()) {
+            Ok(sent) => sent,
+            Err(Unpicked::Empty) => {
+                let e = Error::connect("no instance of the upstream: its fleet is empty".into());
+                return ResponseFuture::failed(e);
+            }
+            // Every instance's circuit is open: not sent.
+            Err(Unpicked::Refused(why)) => {
+                return ResponseFuture::failed(Error::circuit_open(why, None));
+            }
         };
         let instance = &sent.instance;
         if let Some(tried) = &tried {
@@ -107,6 +115,7 @@ where
         ResponseFuture {
             inner: Some(self.inner.call(req)),
             picked: Some(sent),
+            failed: None,
         }
     }
 }
@@ -149,17 +158,20 @@ pin_project! {
     pub struct ResponseFuture<F, C> {
         #[pin]
         inner: Option<F>,
-        // Boxed: the future stays small (none when the fleet is empty).
+        // Boxed: the future stays small.
         picked: Option<Box<Picked<C>>>,
+        // Why nothing was sent, when nothing was.
+        failed: Option<Error>,
     }
 }
 
 impl<F, C> ResponseFuture<F, C> {
-    /// The fleet has no instance: nothing is sent.
-    fn empty() -> Self {
+    /// Nothing is sent: the call fails with `error`.
+    fn failed(error: Error) -> Self {
         Self {
             inner: None,
             picked: None,
+            failed: Some(error),
         }
     }
 }
@@ -185,8 +197,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Some(inner) = this.inner.as_pin_mut() else {
-            let e = Error::connect("no instance of the upstream: its fleet is empty".into());
-            return Poll::Ready(Err(e.into()));
+            let e = this.failed.take();
+            return Poll::Ready(Err(
+                e.map_or_else(|| "fleet future polled after completion".into(), Into::into)
+            ));
         };
         let result = std::task::ready!(inner.poll(cx)).map_err(Into::into);
         if let Some(p) = this.picked.take() {
@@ -199,6 +213,14 @@ where
                 Ok(resp) => p.classifier.classify_response(&facts, resp).class(),
                 Err(e) => p.classifier.classify_error(&facts, &**e).class(),
             };
+            let mut p = p;
+            if let Some(pass) = p.sent.pass.take() {
+                let error = result
+                    .as_ref()
+                    .err()
+                    .map(|e| &**e as &(dyn std::error::Error + 'static));
+                pass.settle(class, error);
+            }
             // Failures that say "this instance": not sent (refused, reset
             // before a byte), overloaded, a 5xx or a break whose outcome
             // is unknown, an attempt timeout.

@@ -1,5 +1,8 @@
 //! The fleet's place in the composed stack: empty unless a fleet is given,
 //! so that a stack of one upstream address pays nothing for it.
+// The slots are sealed: their methods pass the crate's own types (the
+// fleet's roster), and no one outside the crate can name or call them.
+#![allow(private_interfaces)]
 
 use std::sync::Arc;
 
@@ -29,6 +32,9 @@ pub(crate) mod sealed {
 
         /// Wraps `inner`, classifying its answers with `classifier`.
         fn wrap<S: Clone, C: Clone>(&self, inner: S, classifier: C) -> Self::Service<S, C>;
+
+        /// The fleet, if there is one (a breaker above gives it circuits).
+        fn roster(&self) -> Option<&crate::fleet::Roster>;
     }
 }
 
@@ -38,6 +44,10 @@ impl sealed::Slot for NoFleet {
 
     fn wrap<S: Clone, C: Clone>(&self, inner: S, _classifier: C) -> S {
         inner
+    }
+
+    fn roster(&self) -> Option<&crate::fleet::Roster> {
+        None
     }
 }
 
@@ -53,6 +63,10 @@ impl sealed::Slot for FleetLayer {
             roster: Arc::clone(&self.roster),
             classifier,
         }
+    }
+
+    fn roster(&self) -> Option<&crate::fleet::Roster> {
+        Some(&self.roster)
     }
 }
 

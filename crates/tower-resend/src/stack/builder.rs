@@ -458,7 +458,9 @@ impl<C, B, F> StackBuilder<C, B, F> {
         }
         let inner = hedge.layer(inner);
         // The breaker (if any) inside the retry layer, so it sees every attempt.
-        let inner = self.breaker.wrap(inner, self.name.as_ref(), retry);
+        let inner = self
+            .breaker
+            .wrap(inner, self.name.as_ref(), retry, self.fleet.roster());
         let inner = self.keys.layer(inner);
         // Every wait inside is bounded by the deadline (the attempt
         // timeout, the retry's backoff and readiness waits): the deadline

@@ -27,3 +27,24 @@ pub(crate) fn percent(failures: u32, calls: u32) -> u64 {
     let calls = u64::from(calls.max(1));
     (u64::from(failures) * 100 + calls / 2) / calls
 }
+
+/// The circuits of a fleet's instances, one each: the stack's circuit
+/// breaker, over a fleet, works per instance.
+pub(crate) trait Circuits: Send + Sync {
+    /// Lets an attempt to instance `id` (at `authority`) through: a pass to
+    /// settle with its outcome; or why its circuit refuses it.
+    fn admit(&self, id: u64, authority: &http::uri::Authority) -> Result<Box<dyn Pass>, Refusal>;
+}
+
+/// An attempt let through an instance's circuit. Dropped unsettled (the
+/// attempt was dropped), it counts as nothing, and a probe's place is
+/// given back.
+pub(crate) trait Pass: Send {
+    /// Settles with the attempt's `class`, and its error if it failed with
+    /// one (an error that says nothing of the instance counts as nothing).
+    fn settle(
+        self: Box<Self>,
+        class: super::Class,
+        error: Option<&(dyn std::error::Error + 'static)>,
+    );
+}

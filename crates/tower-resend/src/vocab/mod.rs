@@ -18,7 +18,7 @@ mod tried;
 pub(crate) use attempt_marker::RetryInCharge;
 pub(crate) use attempts::{write_ms, Readable};
 pub use attempts::{Attempt, Attempts, Stop};
-pub(crate) use breaker::{percent, Refusal, Why};
+pub(crate) use breaker::{percent, Circuits, Pass, Refusal, Why};
 pub use class::Class;
 pub(crate) use digits::parse_digits;
 pub use grpc::{GrpcCode, GRPC_STATUS};

@@ -1,0 +1,80 @@
+//! The circuit breaker over a fleet: a circuit per instance, with the
+//! layer's rules, so that one bad instance opens its own circuit and not
+//! the upstream's (the fleet then picks among the others).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::uri::Authority;
+
+use super::shared::{Breaker, Config, Ticket};
+use super::state::{observes_upstream, verdict, Outcome};
+use crate::name::Name;
+use crate::vocab::{Circuits, Class, Pass, Refusal};
+
+/// Every instance's circuit, made the first time an attempt goes there.
+pub(crate) struct InstanceCircuits {
+    config: Config,
+    circuits: Mutex<HashMap<u64, Arc<Breaker<()>>>>,
+}
+
+impl InstanceCircuits {
+    pub(crate) fn new(config: Config) -> Self {
+        Self {
+            config,
+            circuits: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn circuit(&self, id: u64, authority: &Authority) -> Arc<Breaker<()>> {
+        let mut circuits = self.circuits.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(circuits.entry(id).or_insert_with(|| {
+            // Named by the instance, in its errors and its metrics.
+            let mut config = self.config.clone();
+            config.upstream = Some(Name::from(authority.to_string()));
+            Arc::new(Breaker::new(config, ()))
+        }))
+    }
+}
+
+impl Circuits for InstanceCircuits {
+    fn admit(&self, id: u64, authority: &Authority) -> Result<Box<dyn Pass>, Refusal> {
+        let circuit = self.circuit(id, authority);
+        let ticket = circuit.try_admit(None)?;
+        Ok(Box::new(InstancePass {
+            circuit,
+            ticket,
+            settled: false,
+        }))
+    }
+}
+
+/// An attempt let through an instance's circuit.
+struct InstancePass {
+    circuit: Arc<Breaker<()>>,
+    ticket: Ticket,
+    settled: bool,
+}
+
+impl Pass for InstancePass {
+    fn settle(
+        mut self: Box<Self>,
+        class: Class,
+        error: Option<&(dyn std::error::Error + 'static)>,
+    ) {
+        self.settled = true;
+        let outcome = match error {
+            Some(e) if !observes_upstream(e) => Outcome::Ignored,
+            _ => verdict(class, self.circuit.failing()),
+        };
+        self.circuit.settle(self.ticket, outcome);
+    }
+}
+
+impl Drop for InstancePass {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.circuit.settle(self.ticket, Outcome::Ignored);
+        }
+    }
+}
