@@ -150,7 +150,9 @@ pub mod store;
 pub use axum::ClientErrorResponse;
 pub use body::MaybeBuffered;
 pub use deadline::{InboundDeadline, InboundDeadlineLayer};
-pub use idempotency::{Idempotency, IdempotencyLayer, IdempotencyStats, KeepResponse, NothingDone};
+pub use idempotency::{
+    Idempotency, IdempotencyLayer, IdempotencyStats, KeepResponse, NothingDone, EXCHANGE_HEADERS,
+};
 #[cfg(feature = "postgres")]
 pub use idempotency::{IdempotentTx, PostgresTransactional, TxConnection};
 pub use shed::{Shed, ShedLayer, ShedStats};

@@ -718,3 +718,74 @@ async fn a_renewal_that_finds_its_own_stored_response_is_no_lost_lease() {
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(h.runs(), 1);
 }
+
+/// A replay carries the first answer (status, body, its headers) but not
+/// what described that exchange alone: no `Date` (the server writes the
+/// replay's own), no request id, no rate-limit or timing headers, unless a
+/// header is named to be replayed. And a key sent as a structured-field
+/// string (`"k"`) is the same key as a bare `k`.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_replay_carries_the_answer_not_the_first_exchange() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let handler = tower::service_fn(move |_req: Request<MaybeBuffered<Full<Bytes>>>| {
+        let n = counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let resp = Response::builder()
+                .status(StatusCode::CREATED)
+                .header("date", "Sat, 05 Dec 2026 10:00:00 GMT")
+                .header("x-request-id", format!("req-{n}"))
+                .header("ratelimit-remaining", "99")
+                .header("server-timing", "db;dur=53")
+                .header("x-order", "o-1")
+                .body(Full::new(Bytes::from_static(b"created")))
+                .unwrap();
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(handler);
+    let post = |key: &str| {
+        Request::post("/orders")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+
+    let first = svc.clone().oneshot(post("k-1")).await.unwrap();
+    assert_eq!(first.headers()["x-request-id"], "req-0");
+    assert_eq!(first.headers()["date"], "Sat, 05 Dec 2026 10:00:00 GMT");
+
+    // The same key, quoted: a replay.
+    let again = svc.clone().oneshot(post("\"k-1\"")).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["x-order"], "o-1");
+    for gone in [
+        "date",
+        "x-request-id",
+        "ratelimit-remaining",
+        "server-timing",
+    ] {
+        assert!(again.headers().get(gone).is_none(), "{gone} was replayed");
+    }
+    let body = again.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"created");
+
+    // Named to be replayed, a header is.
+    let svc = IdempotencyLayer::new(MemoryStore::new())
+        .replayed_header(http::header::DATE)
+        .layer(tower::service_fn(
+            |_req: Request<MaybeBuffered<Full<Bytes>>>| async {
+                let resp = Response::builder()
+                    .header("date", "Sat, 05 Dec 2026 10:00:00 GMT")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(resp)
+            },
+        ));
+    svc.clone().oneshot(post("\"k-2\"")).await.unwrap();
+    let again = svc.oneshot(post("k-2")).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["date"], "Sat, 05 Dec 2026 10:00:00 GMT");
+}

@@ -85,7 +85,8 @@ pub(crate) struct Config {
     pub(crate) store_retry_for: Duration,
     pub(crate) scope: Scope,
     pub(crate) anonymous: Anonymous,
-    /// Response headers never stored for replay, besides `Set-Cookie`.
+    /// Response headers never stored for replay, besides `Set-Cookie`: the
+    /// exchange's own by default.
     pub(crate) per_caller: Arc<[HeaderName]>,
     pub(crate) require: Option<Arc<RequireFn>>,
     /// What every service made by one layer shares: the responses held for
@@ -179,7 +180,7 @@ impl Config {
                 api_keys: Arc::new([X_API_KEY]),
             },
             anonymous: Anonymous::Shared,
-            per_caller: Arc::new([]),
+            per_caller: Arc::new(super::response::EXCHANGE_HEADERS),
             require: None,
             held: Arc::default(),
             stats: IdempotencyStats::default(),

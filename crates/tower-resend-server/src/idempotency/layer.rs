@@ -173,13 +173,42 @@ impl<St: Backend> IdempotencyLayer<St> {
     }
 
     /// Never stores `header` for replay: a response header meant for the
-    /// first caller alone (a per-session token, say). `Set-Cookie` is never
-    /// stored whatever this says, nor are hop-by-hop headers.
+    /// first caller alone (a per-session token, say), besides the
+    /// [`EXCHANGE_HEADERS`](crate::EXCHANGE_HEADERS) left out by default.
+    /// `Set-Cookie` is never stored whatever this says, nor are hop-by-hop
+    /// headers.
     #[must_use]
     pub fn per_caller_header(mut self, header: HeaderName) -> Self {
         let mut all = self.config.per_caller.to_vec();
-        all.push(header);
+        if !all.contains(&header) {
+            all.push(header);
+        }
         self.config.per_caller = all.into();
+        self
+    }
+
+    /// Stores and replays `header` although it is one of the
+    /// [`EXCHANGE_HEADERS`](crate::EXCHANGE_HEADERS) left out by default
+    /// (a `Date` a client compares, say).
+    ///
+    /// ```
+    /// use tower_resend_server::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .replayed_header(http::header::DATE)
+    ///     .per_caller_header(http::HeaderName::from_static("x-session"));
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn replayed_header(mut self, header: HeaderName) -> Self {
+        let kept: Vec<HeaderName> = self
+            .config
+            .per_caller
+            .iter()
+            .filter(|h| **h != header)
+            .cloned()
+            .collect();
+        self.config.per_caller = kept.into();
         self
     }
 

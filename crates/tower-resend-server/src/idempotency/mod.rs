@@ -18,7 +18,9 @@
 //!   ever replayed another's response. Callers without credentials share one
 //!   scope, or are refused ([`Anonymous`]). `Set-Cookie` (and the
 //!   [per-caller headers](IdempotencyLayer::per_caller_header) you name) is
-//!   never stored for replay;
+//!   never stored for replay, nor by default are the headers of one
+//!   exchange ([`EXCHANGE_HEADERS`]: `Date`, request and trace ids,
+//!   rate limits, `Server-Timing`): a replay gets its own;
 //! - the body is read, up to a cap (a larger one: 413, nothing runs), and
 //!   handed on to the handler; the *fingerprint* is the method, path and
 //!   query and a hash of the body;
@@ -131,7 +133,7 @@ pub use request::{
     credential_scope, CREDENTIAL_HEADERS, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED,
     IDEMPOTENT_REPLAYED, X_IDEMPOTENCY_KEY,
 };
-pub use response::{IDEMPOTENT_KEEP, IDEMPOTENT_NOTHING_DONE};
+pub use response::{EXCHANGE_HEADERS, IDEMPOTENT_KEEP, IDEMPOTENT_NOTHING_DONE};
 pub use service::Idempotency;
 pub use stats::IdempotencyStats;
 #[cfg(feature = "postgres")]

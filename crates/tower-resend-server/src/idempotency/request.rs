@@ -65,9 +65,38 @@ pub(crate) fn key(parts: &Parts) -> Result<Option<Key>, &'static str> {
         (Some(k), _) | (None, Some(k)) => k,
         (None, None) => return Ok(None),
     };
-    tower_resend::idempotency::validate_key(k.as_bytes())
-        .map_err(|_| "an idempotency key must be 1 to 255 visible ASCII characters")?;
-    Ok(Some(Key(k.clone())))
+    let bad =
+        "an idempotency key must be 1 to 255 visible ASCII characters, bare or as a quoted string";
+    // The IETF draft's key is a structured-field string: `"k"` is the key
+    // `k`, as a bare `k` is.
+    let k = match unquote(k.as_bytes()) {
+        Some(inner) => HeaderValue::from_bytes(&inner).map_err(|_| bad)?,
+        None if k.as_bytes().first() == Some(&b'"') => return Err(bad),
+        None => k.clone(),
+    };
+    tower_resend::idempotency::validate_key(k.as_bytes()).map_err(|_| bad)?;
+    Ok(Some(Key(k)))
+}
+
+/// The inner text of a structured-field string (RFC 9651, 3.3.3): `"`,
+/// printable ASCII with `\"` and `\\` escaped, `"`; `None` if `value` is
+/// not one.
+fn unquote(value: &[u8]) -> Option<Vec<u8>> {
+    let inner = value.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let mut out = Vec::with_capacity(inner.len());
+    let mut bytes = inner.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(&e @ (b'"' | b'\\')) => out.push(e),
+                _ => return None,
+            },
+            b'"' => return None,
+            0x20..=0x7e => out.push(b),
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 /// A hash of method, path and query, and body: one SHA-256 pass over
@@ -236,6 +265,12 @@ mod tests {
         }
         let none = parts(Request::post("/").body(()).unwrap());
         assert_eq!(key_text(&none), Ok(None));
+        // A structured-field string is the key it quotes.
+        assert_eq!(key_text(&p("\"abc\"")), Ok(Some("abc".into())));
+        assert_eq!(key_text(&p(r#""a\"b""#)), Ok(Some("a\"b".into())));
+        for bad in ["\"", "\"\"", "\"abc", "\"a b\"", r#""a\x""#, r#""a"b""#] {
+            assert!(key(&p(bad)).is_err(), "{bad}");
+        }
         let utf8 = parts(
             Request::post("/")
                 .header(
