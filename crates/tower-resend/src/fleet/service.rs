@@ -95,6 +95,8 @@ where
                 .cloned()
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
         );
+        // (A scheme, an authority and a path from valid URIs make a valid
+        // URI: the request keeps its own only if they somehow do not.)
         if let Ok(uri) = Uri::from_parts(parts) {
             *req.uri_mut() = uri;
         }
@@ -105,7 +107,7 @@ where
         if let Some(port) = instance.authority.port_u16() {
             span.record("server.port", i64::from(port));
         }
-        let sent = Box::new(Picked {
+        let picked = Box::new(Picked {
             tried,
             facts: Facts::of(&req),
             sent,
@@ -114,7 +116,7 @@ where
         });
         ResponseFuture {
             inner: Some(self.inner.call(req)),
-            picked: Some(sent),
+            picked: Some(picked),
             failed: None,
         }
     }
@@ -203,7 +205,7 @@ where
             ));
         };
         let result = std::task::ready!(inner.poll(cx)).map_err(Into::into);
-        if let Some(p) = this.picked.take() {
+        if let Some(mut p) = this.picked.take() {
             if let Some(tried) = &p.tried {
                 tried.answered(Arc::clone(&p.sent.instance.authority));
             }
@@ -213,7 +215,6 @@ where
                 Ok(resp) => p.classifier.classify_response(&facts, resp).class(),
                 Err(e) => p.classifier.classify_error(&facts, &**e).class(),
             };
-            let mut p = p;
             if let Some(pass) = p.sent.pass.take() {
                 let error = result
                     .as_ref()
