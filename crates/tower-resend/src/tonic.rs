@@ -195,7 +195,9 @@ fn code(err: &Error) -> Code {
     match err.kind() {
         ErrorKind::DeadlineExceeded | ErrorKind::AttemptTimeout => Code::DeadlineExceeded,
         _ if err.is_not_sent() => Code::Unavailable,
-        ErrorKind::ConnectTimeout | ErrorKind::CircuitOpen => Code::Unavailable,
+        ErrorKind::ConnectTimeout | ErrorKind::CircuitOpen | ErrorKind::Throttled => {
+            Code::Unavailable
+        }
         ErrorKind::RetriesExhausted | ErrorKind::BudgetExhausted => last_grpc_code(err)
             .filter(|c| *c != GrpcCode::Ok)
             .map_or(Code::Unavailable, Code::from),

@@ -114,6 +114,9 @@ impl Error {
             ErrorKind::RetriesExhausted => f.write_str("retries exhausted")?,
             ErrorKind::BudgetExhausted => f.write_str("retry budget exhausted")?,
             ErrorKind::BodyNotReplayable => f.write_str("body not replayable")?,
+            ErrorKind::Throttled => f.write_str(
+                "throttled: the upstream has been rejecting most calls, this one was not sent",
+            )?,
             ErrorKind::CircuitOpen => {
                 write_circuit(f, i.circuit)?;
                 if i.attempts > 1 {

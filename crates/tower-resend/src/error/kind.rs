@@ -58,6 +58,11 @@ pub enum ErrorKind {
     /// back, or to send elsewhere); [`Error::retry_advice`](crate::Error::retry_advice) says to come back
     /// after the time it stays open ([`Error::limit`](crate::Error::limit)).
     CircuitOpen,
+    /// The [adaptive throttle](crate::retry::AdaptiveThrottle) turned the
+    /// attempt away: the upstream has been rejecting most calls, so this
+    /// one was not sent (a job runner can requeue it; it costs the
+    /// upstream nothing).
+    Throttled,
 }
 
 impl ErrorKind {
@@ -72,6 +77,7 @@ impl ErrorKind {
             Self::BudgetExhausted => "retry budget exhausted",
             Self::BodyNotReplayable => "body not replayable",
             Self::CircuitOpen => "circuit open",
+            Self::Throttled => "throttled",
         }
     }
 }

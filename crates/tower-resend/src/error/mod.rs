@@ -65,7 +65,10 @@ impl Error {
         Self {
             inner: Box::new(Inner {
                 kind,
-                not_sent: matches!(kind, ErrorKind::ConnectTimeout | ErrorKind::CircuitOpen),
+                not_sent: matches!(
+                    kind,
+                    ErrorKind::ConnectTimeout | ErrorKind::CircuitOpen | ErrorKind::Throttled
+                ),
                 phase: None,
                 limit: None,
                 upstream: None,
@@ -85,6 +88,11 @@ impl Error {
         e.inner.phase = Some(phase);
         e.inner.elapsed = Some(elapsed);
         e
+    }
+
+    /// The adaptive throttle turned an attempt away: not sent.
+    pub(crate) fn throttled() -> Self {
+        Self::new(ErrorKind::Throttled)
     }
 
     pub(crate) fn attempt_timeout(limit: Duration) -> Self {
@@ -410,6 +418,8 @@ impl Error {
             // Not sent, but sending again before the circuit closes fails
             // the same way.
             ErrorKind::CircuitOpen => RetryAdvice::After(self.inner.limit.unwrap_or(LATER)),
+            // Not sent, and the upstream is rejecting most calls: later.
+            ErrorKind::Throttled => RetryAdvice::After(LATER),
             _ if self.inner.not_sent => RetryAdvice::After(Duration::ZERO),
             ErrorKind::BodyNotReplayable => RetryAdvice::VerifyFirst,
             _ => match last.map(|a| a.class()) {

@@ -37,6 +37,15 @@ pub(crate) enum Next<R> {
     },
 }
 
+/// Why an attempt was not sent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Unsent {
+    /// The deadline had passed.
+    Deadline,
+    /// The adaptive throttle turned it away.
+    Throttled,
+}
+
 /// Everything a call needs to try again.
 pub(crate) struct Call<S, B, C> {
     /// The service for later attempts: made from the template on the first
@@ -154,6 +163,16 @@ impl<S, B, C> Call<S, B, C> {
         let took = now.saturating_duration_since(self.attempt_start);
         let c = self.classify(&result);
         let status = result.as_ref().ok().map(Response::status);
+        if let Some(throttle) = &self.shared.throttle {
+            // Overloaded and refused are the upstream's rejects (a circuit
+            // breaker's refusal never reached it).
+            let rejected = match c.class() {
+                Class::Overloaded => true,
+                Class::NotSent => !is_circuit_open(&result),
+                _ => false,
+            };
+            throttle.answered(now, !rejected);
+        }
         // The instance that answered, when the upstream is a fleet.
         let server = self.head.tried().and_then(Tried::take_answered);
         self.shared

@@ -19,11 +19,11 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::call::{Call, Next};
+use super::call::{Call, Next, Unsent};
 use super::run::TokenWait;
 use crate::body::Replay;
 use crate::classify::Classify;
-use crate::error::{BoxError, Phase};
+use crate::error::BoxError;
 
 pin_project! {
     /// Response future of [`Retry`](super::Retry).
@@ -53,8 +53,8 @@ pin_project! {
         // Making the service ready for the next attempt, until the
         // deadline (its timer armed once the service is not ready).
         Ready { deadline: Option<Pin<Box<Sleep>>> },
-        // The deadline passed before the first attempt was sent.
-        Expired,
+        // The first attempt was not sent, for this reason.
+        Unsent { why: Unsent },
         Done,
     }
 }
@@ -67,10 +67,10 @@ impl<F, S, B, C, R> ResponseFuture<F, S, B, C, R> {
         }
     }
 
-    pub(super) fn expired(call: Box<Call<S, B, C>>) -> Self {
+    pub(super) fn unsent(call: Box<Call<S, B, C>>, why: Unsent) -> Self {
         Self {
             call: Some(call),
-            state: State::Expired,
+            state: State::Unsent { why },
         }
     }
 
@@ -139,7 +139,7 @@ where
                     }
                     Err(end) => Next::Done(end),
                 },
-                StateProj::Expired => Next::Done(call.out_of_time(Phase::Start)),
+                StateProj::Unsent { why } => Next::Done(call.unsent(*why)),
                 StateProj::Done => return after_completion(),
             };
             let state = match next {
@@ -182,7 +182,7 @@ impl<F, S, B, C, R> std::fmt::Debug for ResponseFuture<F, S, B, C, R> {
             (_, State::Backoff { .. }) => "backoff",
             (_, State::Throttled { .. }) => "waiting for a budget token",
             (_, State::Ready { .. }) => "waiting for the service",
-            (_, State::Expired) => "expired before the first attempt",
+            (_, State::Unsent { .. }) => "not sent",
             (_, State::Done) => "done",
         };
         f.debug_struct("ResponseFuture")

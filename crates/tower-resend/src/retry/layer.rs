@@ -7,7 +7,7 @@ use http::HeaderName;
 use tower_layer::Layer;
 
 use super::policy::Policy;
-use super::{Backoff, Retry, RetryBudget};
+use super::{AdaptiveThrottle, Backoff, Retry, RetryBudget};
 use crate::classify::HttpClassifier;
 use crate::telemetry::{CallMetrics, ClientMetrics};
 
@@ -69,6 +69,7 @@ pub struct RetryLayer<C = HttpClassifier> {
     /// A fleet layer below picks instances: each call carries the record
     /// of those it used.
     pub(crate) fleet: bool,
+    throttle: Option<AdaptiveThrottle>,
 }
 
 /// What every clone of one retry service shares.
@@ -90,6 +91,8 @@ pub(crate) struct Shared<S, C> {
     /// The instruments the calls record on, if the layer was given a meter.
     pub(crate) metrics: CallMetrics,
     pub(crate) fleet: bool,
+    /// Client-side throttling, if on: gates every attempt.
+    pub(crate) throttle: Option<AdaptiveThrottle>,
 }
 
 impl<S, C: std::fmt::Debug> std::fmt::Debug for Shared<S, C> {
@@ -125,6 +128,7 @@ impl RetryLayer<HttpClassifier> {
             attempt_header: Some(RESEND_PREVIOUS_ATTEMPTS),
             metrics: ClientMetrics::OFF,
             fleet: false,
+            throttle: None,
         }
     }
 }
@@ -147,6 +151,7 @@ impl<C> RetryLayer<C> {
             attempt_header: self.attempt_header,
             metrics: self.metrics,
             fleet: self.fleet,
+            throttle: self.throttle,
         }
     }
 
@@ -277,6 +282,17 @@ impl<C> RetryLayer<C> {
         self
     }
 
+    /// Throttles on the client side with `throttle` (see
+    /// [`AdaptiveThrottle`]): when the upstream has been rejecting most
+    /// attempts, first attempts and retries alike are turned away here, not
+    /// sent, with [`ErrorKind::Throttled`](crate::ErrorKind::Throttled). Its
+    /// clones share one window. Default: off.
+    #[must_use]
+    pub fn adaptive_throttle(mut self, throttle: AdaptiveThrottle) -> Self {
+        self.throttle = Some(throttle);
+        self
+    }
+
     /// Names the upstream in errors and tracing. Default: unnamed.
     #[must_use]
     pub fn upstream(mut self, name: impl Into<Name>) -> Self {
@@ -334,6 +350,7 @@ impl<C> RetryLayer<C> {
                 upstream: self.upstream,
                 attempt_header: self.attempt_header,
                 fleet: self.fleet,
+                throttle: self.throttle,
             }),
         )
     }

@@ -76,6 +76,7 @@ mod layer;
 mod policy;
 mod run;
 mod service;
+mod throttle;
 
 pub use crate::vocab::{Attempt, Attempts, Stop};
 pub(crate) use announce::{announce, announced};
@@ -89,6 +90,7 @@ pub use policy::{
     DEFAULT_OVERLOAD_FLOOR, DEFAULT_WAIT_SPREAD,
 };
 pub use service::Retry;
+pub use throttle::{AdaptiveThrottle, DEFAULT_THROTTLE_RATIO, DEFAULT_THROTTLE_WINDOW};
 
 /// A request extension that sets, for this request alone, what the retry
 /// layer's configuration says for every call: the attempts in all, and the

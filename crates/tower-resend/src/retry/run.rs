@@ -12,7 +12,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::announce::announce;
-use super::call::Call;
+use super::call::{Call, Unsent};
 use super::{RetryBudget, Token};
 use crate::error::{BoxError, Error, Phase};
 use crate::telemetry::{self, WaitReason};
@@ -75,6 +75,19 @@ impl<S, B, C> Call<S, B, C> {
         result
     }
 
+    /// The call ends, its next attempt not sent (`why`).
+    pub(super) fn unsent<R>(&mut self, why: Unsent) -> Ended<R> {
+        match why {
+            Unsent::Deadline => self.out_of_time(Phase::Start),
+            Unsent::Throttled => {
+                let elapsed = self.start.elapsed();
+                let mut result = Err(Error::throttled().into());
+                self.finish(elapsed, &mut result, Stop::Throttled);
+                result
+            }
+        }
+    }
+
     /// Sends the next attempt through the service, now ready.
     fn send<R>(&mut self) -> Result<S::Future, Ended<R>>
     where
@@ -85,6 +98,9 @@ impl<S, B, C> Call<S, B, C> {
             // (A timeout layer below, seeing this layer in charge, does
             // not read the clock again to check.)
             return Err(self.out_of_time(Phase::Waiting));
+        }
+        if self.shared.throttle.as_ref().is_some_and(|t| !t.admit(now)) {
+            return Err(self.unsent(Unsent::Throttled));
         }
         let (Some(body), Some(service)) = (self.next_body.take(), self.service.as_mut()) else {
             return Err(Err("retry without a body or a service".into()));

@@ -5,7 +5,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::call::Call;
+use super::call::{Call, Unsent};
 use super::future::ResponseFuture;
 use super::layer::Shared;
 use super::{CallOptions, NoRetry, RetryLayer};
@@ -151,7 +151,10 @@ where
             // The deadline passed before the call began: nothing is sent.
             // (A timeout layer below, seeing this layer in charge, does
             // not read the clock again to check.)
-            return ResponseFuture::expired(call);
+            return ResponseFuture::unsent(call, Unsent::Deadline);
+        }
+        if call.shared.throttle.as_ref().is_some_and(|t| !t.admit(now)) {
+            return ResponseFuture::unsent(call, Unsent::Throttled);
         }
         // The layers below, and the transport, call inside the attempt's span.
         let future = {

@@ -174,6 +174,25 @@ impl<C, B, F> StackBuilder<C, B, F> {
         self
     }
 
+    /// Throttles on the client side, by the SRE rule with its defaults (an
+    /// upstream that rejects most calls receives about twice what it
+    /// accepts; see [`AdaptiveThrottle`](crate::retry::AdaptiveThrottle)):
+    /// attempts turned away fail at once, not sent, with
+    /// [`ErrorKind::Throttled`](crate::ErrorKind::Throttled). Shared by
+    /// every clone of the stack. Default: off.
+    #[must_use]
+    pub fn adaptive_throttling(self) -> Self {
+        self.adaptive_throttle(crate::retry::AdaptiveThrottle::new())
+    }
+
+    /// Throttles on the client side with `throttle` (its ratio and window
+    /// set; keep a clone to read its probability). Default: off.
+    #[must_use]
+    pub fn adaptive_throttle(mut self, throttle: crate::retry::AdaptiveThrottle) -> Self {
+        self.retry = self.retry.adaptive_throttle(throttle);
+        self
+    }
+
     /// Seeds the jitter, for tests. Default: seeded from the system.
     ///
     /// ```

@@ -245,6 +245,7 @@ pub(crate) const fn kind_str(kind: ErrorKind) -> &'static str {
         ErrorKind::BudgetExhausted => "budget_exhausted",
         ErrorKind::BodyNotReplayable => "body_not_replayable",
         ErrorKind::CircuitOpen => "circuit_open",
+        ErrorKind::Throttled => "throttled",
     }
 }
 
@@ -261,6 +262,7 @@ pub(crate) const fn stop_str(stop: Stop) -> &'static str {
         Stop::Replayed => "replayed",
         Stop::NotReplayable => "not_replayable",
         Stop::CircuitOpen => "circuit_open",
+        Stop::Throttled => "throttled",
     }
 }
 

@@ -177,6 +177,9 @@ pub enum Stop {
     Replayed,
     /// A circuit breaker refused the attempt: the upstream is unwell.
     CircuitOpen,
+    /// The adaptive throttle turned the next attempt away: the upstream has
+    /// been rejecting most calls.
+    Throttled,
 }
 
 impl fmt::Display for Stop {
@@ -192,6 +195,7 @@ impl fmt::Display for Stop {
             Self::NotReplayable => "body too large to resend",
             Self::Replayed => "a failure replayed by the server, the same for every retry",
             Self::CircuitOpen => "circuit open",
+            Self::Throttled => "throttled",
         })
     }
 }

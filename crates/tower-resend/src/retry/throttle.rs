@@ -1,0 +1,272 @@
+//! Client-side throttling, as Google's SRE book ("Handling Overload") and
+//! the gRPC clients do it: each client counts, over a recent window, the
+//! attempts it made and those the upstream accepted, and turns a new
+//! attempt away locally with probability
+//! `max(0, (requests - K * accepts) / (requests + padding))`.
+//!
+//! When an upstream rejects most calls for minutes, the retry budget bounds
+//! the retries but every first attempt still goes out; with the throttle,
+//! the upstream receives about `K` times what it accepts, and the calls
+//! turned away cost it nothing. As it recovers, accepts come back and the
+//! probability falls to zero within the window.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The default ratio `K`: an upstream receives about twice what it accepts.
+pub const DEFAULT_THROTTLE_RATIO: f64 = 2.0;
+/// The default window over which attempts and accepts are counted.
+pub const DEFAULT_THROTTLE_WINDOW: Duration = Duration::from_secs(30);
+/// The window's bins (grpc-go's: 100).
+const BINS: usize = 100;
+/// Added to the requests in the probability's denominator, so that a few
+/// early rejections do not turn calls away (grpc-go's padding).
+const PADDING: f64 = 8.0;
+
+/// Adaptive client-side throttling for a [`RetryLayer`](super::RetryLayer)
+/// or a stack ([`StackBuilder::adaptive_throttling`](crate::stack::StackBuilder::adaptive_throttling)):
+/// gates first attempts and retries alike. An attempt it turns away is not
+/// sent: the call fails at once with
+/// [`ErrorKind::Throttled`](crate::ErrorKind::Throttled), which a job
+/// runner can requeue. An attempt counts as accepted unless the upstream
+/// said it was overloaded or refused the connection (a 4xx the caller
+/// caused is an accept). Clones share one window.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_resend::retry::AdaptiveThrottle;
+///
+/// let throttle = AdaptiveThrottle::new().ratio(2.0).window(Duration::from_secs(30));
+/// let stack = tower_resend::stack().adaptive_throttle(throttle.clone());
+/// // Later: how likely an attempt is to be turned away now.
+/// assert_eq!(throttle.probability(), 0.0);
+/// # let _ = stack;
+/// ```
+#[derive(Clone)]
+pub struct AdaptiveThrottle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ratio: f64,
+    bin: Duration,
+    origin: Instant,
+    bins: Mutex<[Bin; BINS]>,
+    turned_away: AtomicU64,
+}
+
+/// One bin of the window: the requests and accepts of its `epoch`.
+#[derive(Clone, Copy, Default)]
+struct Bin {
+    epoch: u64,
+    requests: u32,
+    accepts: u32,
+}
+
+impl Default for AdaptiveThrottle {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for AdaptiveThrottle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdaptiveThrottle")
+            .field("ratio", &self.inner.ratio)
+            .field("window", &(self.inner.bin * BINS as u32))
+            .field("probability", &self.probability())
+            .field("turned_away", &self.turned_away())
+            .finish()
+    }
+}
+
+impl AdaptiveThrottle {
+    /// A throttle with the SRE rule's defaults: `K` = 2 over 30 s.
+    pub fn new() -> Self {
+        Self::build(DEFAULT_THROTTLE_RATIO, DEFAULT_THROTTLE_WINDOW)
+    }
+
+    fn build(ratio: f64, window: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ratio,
+                bin: window / BINS as u32,
+                origin: Instant::now(),
+                bins: Mutex::new([Bin::default(); BINS]),
+                turned_away: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// `K`: the upstream receives about `K` times the attempts it accepts
+    /// (at least 1; the SRE book's 2 by default, lower is more aggressive).
+    /// A value out of range is clamped; one that is not a number keeps the
+    /// default.
+    #[must_use]
+    pub fn ratio(self, k: f64) -> Self {
+        let k = if k.is_finite() {
+            k.clamp(1.0, 100.0)
+        } else {
+            DEFAULT_THROTTLE_RATIO
+        };
+        Self::build(k, self.window_len())
+    }
+
+    /// The window over which attempts and accepts are counted (at least
+    /// 1 s; 30 s by default).
+    #[must_use]
+    pub fn window(self, window: Duration) -> Self {
+        Self::build(self.inner.ratio, window.max(Duration::from_secs(1)))
+    }
+
+    fn window_len(&self) -> Duration {
+        self.inner.bin * BINS as u32
+    }
+
+    /// The probability that an attempt is turned away now.
+    pub fn probability(&self) -> f64 {
+        let (requests, accepts) = self.sums(Instant::now());
+        self.reject_probability(requests, accepts)
+    }
+
+    /// Attempts turned away so far.
+    pub fn turned_away(&self) -> u64 {
+        self.inner.turned_away.load(Ordering::Relaxed)
+    }
+
+    fn reject_probability(&self, requests: u64, accepts: u64) -> f64 {
+        let requests = requests as f64;
+        let excess = requests - self.inner.ratio * accepts as f64;
+        (excess / (requests + PADDING)).max(0.0)
+    }
+
+    fn epoch(&self, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.inner.origin);
+        u64::try_from(since.as_nanos() / self.inner.bin.as_nanos().max(1)).unwrap_or(u64::MAX)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, [Bin; BINS]> {
+        self.inner
+            .bins
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The requests and accepts of the window ending at `now`.
+    fn sums(&self, now: Instant) -> (u64, u64) {
+        let epoch = self.epoch(now);
+        let bins = self.lock();
+        bins.iter()
+            .filter(|b| b.epoch + BINS as u64 > epoch)
+            .fold((0, 0), |(r, a), b| {
+                (r + u64::from(b.requests), a + u64::from(b.accepts))
+            })
+    }
+
+    /// Adds to the bin of `now`.
+    fn count(&self, now: Instant, requests: u32, accepts: u32) {
+        let epoch = self.epoch(now);
+        let mut bins = self.lock();
+        let bin = &mut bins[(epoch % BINS as u64) as usize];
+        if bin.epoch != epoch {
+            *bin = Bin {
+                epoch,
+                ..Bin::default()
+            };
+        }
+        bin.requests = bin.requests.saturating_add(requests);
+        bin.accepts = bin.accepts.saturating_add(accepts);
+    }
+
+    /// An attempt about to go out at `now`: counted, and let through
+    /// (true) or turned away (false).
+    pub(crate) fn admit(&self, now: Instant) -> bool {
+        let (requests, accepts) = self.sums(now);
+        // The attempt counts as a request whether it goes out or not.
+        self.count(now, 1, 0);
+        let p = self.reject_probability(requests + 1, accepts);
+        if p > 0.0 && fastrand::f64() < p {
+            self.inner.turned_away.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// An attempt let through ended at `now`: `accepted` unless the
+    /// upstream was overloaded or refused it.
+    pub(crate) fn answered(&self, now: Instant, accepted: bool) {
+        if accepted {
+            self.count(now, 0, 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_probability_follows_the_sre_rule_over_the_window() {
+        let t = AdaptiveThrottle::new();
+        let now = Instant::now();
+        // Every attempt accepted: never throttled.
+        for _ in 0..100 {
+            assert!(t.admit(now));
+            t.answered(now, true);
+        }
+        assert_eq!(t.probability(), 0.0);
+
+        // 100 requests, 10 of them accepted.
+        let t = AdaptiveThrottle::new();
+        for i in 0..100 {
+            t.count(now, 1, u32::from(i % 10 == 0));
+        }
+        let p = t.probability();
+        let want = (100.0 - 2.0 * 10.0) / (100.0 + PADDING);
+        assert!((p - want).abs() < 1e-9, "{p} {want}");
+
+        // Rejections that are fed back move it; once they leave the
+        // window, it is back to zero.
+        tokio::time::advance(DEFAULT_THROTTLE_WINDOW).await;
+        assert_eq!(t.probability(), 0.0);
+    }
+
+    /// An upstream with capacity for a tenth of what the callers offer
+    /// (10 000 attempts a second, 1 000 accepted): throttled, it receives
+    /// about twice what it accepts.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_upstream_at_a_tenth_of_the_load_gets_about_k_times_its_accepts() {
+        let t = AdaptiveThrottle::new();
+        let (mut sent, mut accepted) = (0u32, 0u32);
+        for _slice in 0..200 {
+            // 10 ms: 100 attempts offered, room for 10.
+            let mut room = 10;
+            for _ in 0..100 {
+                let now = Instant::now();
+                if t.admit(now) {
+                    sent += 1;
+                    let ok = room > 0;
+                    room -= u32::from(ok);
+                    accepted += u32::from(ok);
+                    t.answered(now, ok);
+                }
+            }
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        let ratio = f64::from(sent) / f64::from(accepted);
+        assert!(ratio < 2.3, "sent {sent}, accepted {accepted}");
+        assert!(accepted > 1500, "the capacity is still used: {accepted}");
+        assert_eq!(u64::from(20_000 - sent), t.turned_away());
+    }
+
+    #[test]
+    fn settings_out_of_range_are_clamped() {
+        let t = AdaptiveThrottle::new().ratio(0.1).window(Duration::ZERO);
+        assert_eq!(t.inner.ratio, 1.0);
+        assert_eq!(t.window_len(), Duration::from_secs(1));
+        assert_eq!(AdaptiveThrottle::new().ratio(f64::NAN).inner.ratio, 2.0);
+    }
+}
