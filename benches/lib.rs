@@ -189,6 +189,14 @@ pub mod variants {
             .service(Instant200)
     }
 
+    /// [`stack`] with adaptive client-side throttling on.
+    pub fn stack_throttled() -> impl Variant {
+        tower_resend::stack()
+            .name("bench")
+            .adaptive_throttling()
+            .service(Instant200)
+    }
+
     /// [`stack`] with the circuit breaker on, with its defaults.
     pub fn stack_breaker() -> impl Variant {
         tower_resend::stack()

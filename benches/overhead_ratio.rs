@@ -55,7 +55,8 @@ fn main() {
         let stack = variants::stack();
         let breaker = variants::stack_breaker();
         let no_read_ahead = variants::stack_no_read_ahead();
-        const NAMES: [&str; 8] = [
+        let throttled = variants::stack_throttled();
+        const NAMES: [&str; 9] = [
             "tower Timeout",
             "tower Timeout + Deadline extension",
             "resend Deadline + AttemptTimeout",
@@ -64,6 +65,7 @@ fn main() {
             "tower_resend::stack()",
             "tower_resend::stack().circuit_breaker()",
             "tower_resend::stack().read_ahead(0)",
+            "tower_resend::stack().adaptive_throttling()",
         ];
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
         // Warm-up round, not counted.
@@ -79,7 +81,8 @@ fn main() {
                     4 => per_call(&retry_ext).await,
                     5 => per_call(&stack).await,
                     6 => per_call(&breaker).await,
-                    _ => per_call(&no_read_ahead).await,
+                    7 => per_call(&no_read_ahead).await,
+                    _ => per_call(&throttled).await,
                 };
             }
             if k > 0 {
@@ -122,6 +125,10 @@ fn main() {
         println!(
             "stack() - stack().read_ahead(0)                      : {:+.1} ns",
             median(times[5].iter().zip(&times[7]).map(|(x, y)| x - y).collect())
+        );
+        println!(
+            "stack().adaptive_throttling() - stack()              : {:+.1} ns",
+            median(times[8].iter().zip(&times[5]).map(|(x, y)| x - y).collect())
         );
     });
 }

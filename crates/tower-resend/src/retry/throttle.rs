@@ -54,16 +54,49 @@ struct Inner {
     ratio: f64,
     bin: Duration,
     origin: Instant,
-    bins: Mutex<[Bin; BINS]>,
+    window: Mutex<Window>,
     turned_away: AtomicU64,
 }
 
-/// One bin of the window: the requests and accepts of its `epoch`.
-#[derive(Clone, Copy, Default)]
-struct Bin {
-    epoch: u64,
-    requests: u32,
-    accepts: u32,
+/// The bins of the window, and their sums (kept as bins come and go, so
+/// that an attempt reads them without adding up the window).
+struct Window {
+    bins: [(u32, u32); BINS],
+    /// The newest bin's epoch: bins older than `BINS` epochs are out.
+    newest: u64,
+    requests: u64,
+    accepts: u64,
+}
+
+impl Window {
+    /// Moves the window on to `epoch`: the bins it leaves behind are
+    /// emptied, and their counts taken off the sums.
+    fn advance(&mut self, epoch: u64) {
+        if epoch <= self.newest {
+            return;
+        }
+        if epoch - self.newest >= BINS as u64 {
+            self.bins = [(0, 0); BINS];
+            (self.requests, self.accepts) = (0, 0);
+        } else {
+            for e in self.newest + 1..=epoch {
+                let (r, a) = std::mem::take(&mut self.bins[(e % BINS as u64) as usize]);
+                self.requests = self.requests.saturating_sub(u64::from(r));
+                self.accepts = self.accepts.saturating_sub(u64::from(a));
+            }
+        }
+        self.newest = epoch;
+    }
+
+    /// Adds to the bin of `epoch` (or of the newest, if time went back).
+    fn add(&mut self, epoch: u64, requests: u32, accepts: u32) {
+        self.advance(epoch);
+        let bin = &mut self.bins[(self.newest % BINS as u64) as usize];
+        bin.0 = bin.0.saturating_add(requests);
+        bin.1 = bin.1.saturating_add(accepts);
+        self.requests += u64::from(requests);
+        self.accepts += u64::from(accepts);
+    }
 }
 
 impl Default for AdaptiveThrottle {
@@ -95,7 +128,12 @@ impl AdaptiveThrottle {
                 ratio,
                 bin: window / BINS as u32,
                 origin: Instant::now(),
-                bins: Mutex::new([Bin::default(); BINS]),
+                window: Mutex::new(Window {
+                    bins: [(0, 0); BINS],
+                    newest: 0,
+                    requests: 0,
+                    accepts: 0,
+                }),
                 turned_away: AtomicU64::new(0),
             }),
         }
@@ -148,9 +186,9 @@ impl AdaptiveThrottle {
         u64::try_from(since.as_nanos() / self.inner.bin.as_nanos().max(1)).unwrap_or(u64::MAX)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, [Bin; BINS]> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
         self.inner
-            .bins
+            .window
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
@@ -158,36 +196,28 @@ impl AdaptiveThrottle {
     /// The requests and accepts of the window ending at `now`.
     fn sums(&self, now: Instant) -> (u64, u64) {
         let epoch = self.epoch(now);
-        let bins = self.lock();
-        bins.iter()
-            .filter(|b| b.epoch + BINS as u64 > epoch)
-            .fold((0, 0), |(r, a), b| {
-                (r + u64::from(b.requests), a + u64::from(b.accepts))
-            })
+        let mut w = self.lock();
+        w.advance(epoch);
+        (w.requests, w.accepts)
     }
 
     /// Adds to the bin of `now`.
     fn count(&self, now: Instant, requests: u32, accepts: u32) {
         let epoch = self.epoch(now);
-        let mut bins = self.lock();
-        let bin = &mut bins[(epoch % BINS as u64) as usize];
-        if bin.epoch != epoch {
-            *bin = Bin {
-                epoch,
-                ..Bin::default()
-            };
-        }
-        bin.requests = bin.requests.saturating_add(requests);
-        bin.accepts = bin.accepts.saturating_add(accepts);
+        self.lock().add(epoch, requests, accepts);
     }
 
     /// An attempt about to go out at `now`: counted, and let through
     /// (true) or turned away (false).
     pub(crate) fn admit(&self, now: Instant) -> bool {
-        let (requests, accepts) = self.sums(now);
+        let epoch = self.epoch(now);
         // The attempt counts as a request whether it goes out or not.
-        self.count(now, 1, 0);
-        let p = self.reject_probability(requests + 1, accepts);
+        let (requests, accepts) = {
+            let mut w = self.lock();
+            w.add(epoch, 1, 0);
+            (w.requests, w.accepts)
+        };
+        let p = self.reject_probability(requests, accepts);
         if p > 0.0 && fastrand::f64() < p {
             self.inner.turned_away.fetch_add(1, Ordering::Relaxed);
             return false;
