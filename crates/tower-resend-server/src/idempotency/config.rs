@@ -75,6 +75,35 @@ pub(crate) enum Scope {
     Custom(Arc<ScopeFn>),
 }
 
+/// Response headers that describe one exchange, not the answer, and are
+/// not replayed by default (a replay gets its own `Date` from the server,
+/// and ids, rate limits and timings of its own, or none):
+/// `Date`; request and trace ids (`X-Request-Id`, `X-Correlation-Id`,
+/// `Request-Id`, `traceparent`, `tracestate`); rate-limit headers
+/// (`RateLimit`, `RateLimit-Policy`, `RateLimit-Limit`,
+/// `RateLimit-Remaining`, `RateLimit-Reset`, and their `X-RateLimit-`
+/// forms); `Server-Timing` and `X-Runtime`. [`IdempotencyLayer::per_caller_header`](super::IdempotencyLayer::per_caller_header)
+/// adds to the list, [`IdempotencyLayer::replayed_header`](super::IdempotencyLayer::replayed_header)
+/// takes a name off it.
+pub const EXCHANGE_HEADERS: [HeaderName; 16] = [
+    http::header::DATE,
+    HeaderName::from_static("x-request-id"),
+    HeaderName::from_static("x-correlation-id"),
+    HeaderName::from_static("request-id"),
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
+    HeaderName::from_static("ratelimit"),
+    HeaderName::from_static("ratelimit-policy"),
+    HeaderName::from_static("ratelimit-limit"),
+    HeaderName::from_static("ratelimit-remaining"),
+    HeaderName::from_static("ratelimit-reset"),
+    HeaderName::from_static("x-ratelimit-limit"),
+    HeaderName::from_static("x-ratelimit-remaining"),
+    HeaderName::from_static("x-ratelimit-reset"),
+    HeaderName::from_static("server-timing"),
+    HeaderName::from_static("x-runtime"),
+];
+
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) ttl: Ttl,
@@ -180,7 +209,7 @@ impl Config {
                 api_keys: Arc::new([X_API_KEY]),
             },
             anonymous: Anonymous::Shared,
-            per_caller: Arc::new(super::response::EXCHANGE_HEADERS),
+            per_caller: Arc::new(EXCHANGE_HEADERS),
             require: None,
             held: Arc::default(),
             stats: IdempotencyStats::default(),
