@@ -12,6 +12,9 @@ use super::state::{observes_upstream, verdict, Outcome};
 use crate::name::Name;
 use crate::vocab::{Circuits, Class, Pass, Refusal};
 
+/// The most circuits kept.
+const KEEP: usize = 256;
+
 /// Every instance's circuit, made the first time an attempt goes there.
 pub(crate) struct InstanceCircuits {
     config: Config,
@@ -28,6 +31,13 @@ impl InstanceCircuits {
 
     fn circuit(&self, id: u64, authority: &Authority) -> Arc<Breaker<()>> {
         let mut circuits = self.circuits.lock().unwrap_or_else(PoisonError::into_inner);
+        if circuits.len() >= KEEP && !circuits.contains_key(&id) {
+            // Instances come and go (a DNS fleet's addresses): the oldest
+            // instance's circuit goes first (ids only grow).
+            if let Some(oldest) = circuits.keys().min().copied() {
+                circuits.remove(&oldest);
+            }
+        }
         Arc::clone(circuits.entry(id).or_insert_with(|| {
             // Named by the instance, in its errors and its metrics.
             let mut config = self.config.clone();
