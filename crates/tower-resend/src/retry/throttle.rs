@@ -211,11 +211,15 @@ impl AdaptiveThrottle {
     /// (true) or turned away (false).
     pub(crate) fn admit(&self, now: Instant) -> bool {
         let epoch = self.epoch(now);
-        // The attempt counts as a request whether it goes out or not.
+        // The window before this attempt decides (a client's first attempt
+        // is never turned away); the attempt then counts as a request
+        // whether it goes out or not.
         let (requests, accepts) = {
             let mut w = self.lock();
+            w.advance(epoch);
+            let before = (w.requests, w.accepts);
             w.add(epoch, 1, 0);
-            (w.requests, w.accepts)
+            before
         };
         let p = self.reject_probability(requests, accepts);
         if p > 0.0 && fastrand::f64() < p {
@@ -290,6 +294,20 @@ mod tests {
         assert!(ratio < 2.3, "sent {sent}, accepted {accepted}");
         assert!(accepted > 1500, "the capacity is still used: {accepted}");
         assert_eq!(u64::from(20_000 - sent), t.turned_away());
+    }
+
+    /// A fresh client's first attempts, each answered, are never turned
+    /// away (the padding keeps the first few from tipping it).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_fresh_clients_first_attempts_go_out() {
+        for _ in 0..1000 {
+            let t = AdaptiveThrottle::new();
+            let now = Instant::now();
+            for _ in 0..5 {
+                assert!(t.admit(now));
+                t.answered(now, true);
+            }
+        }
     }
 
     #[test]
