@@ -1,55 +1,65 @@
 use std::time::Duration;
 
 use http::header::HeaderName;
-use tower_layer::Layer;
 
-use super::{Stack, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
-use crate::breaker::{BreakerSlot, CircuitBreakerLayer, NoBreaker};
+use super::{DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_TOTAL};
+use crate::breaker::{CircuitBreakerLayer, NoBreaker};
 use crate::classify::HttpClassifier;
-use crate::deadline::{CallDeadlineLayer, DeadlineHeaderLayer};
-use crate::fleet::{FleetLayer, FleetSlot, NoFleet};
+use crate::deadline::DeadlineHeaderLayer;
+use crate::fleet::{FleetLayer, NoFleet};
 use crate::hedge::HedgeLayer;
 use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::name::Name;
-use crate::read_ahead::{ReadAhead, ReadAheadLayer, DEFAULT_READ_AHEAD};
+use crate::read_ahead::DEFAULT_READ_AHEAD;
 use crate::retry::{Backoff, RetryBudget, RetryLayer};
-use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 
 /// Builds a [`Stack`](crate::stack::Stack); see [`stack()`](crate::stack()). Every setting's default is stated on
 /// its method.
 ///
 /// `C` classifies attempts for the retry layer; `B` is the circuit
 /// breaker's place: [`NoBreaker`], or a [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) once
-/// [`circuit_breaker`](Self::circuit_breaker) put one there.
+/// [`circuit_breaker`](Self::circuit_breaker) put one there; `F` is the
+/// fleet's place: [`NoFleet`], or a [`FleetLayer`] once
+/// [`fleet`](Self::fleet) put one there. How the settings become a stack
+/// is in `compose.rs`.
 #[derive(Clone, Debug)]
 pub struct StackBuilder<C = HttpClassifier, B = NoBreaker, F = NoFleet> {
-    name: Option<Name>,
-    total: Duration,
-    attempt_timeout: Duration,
-    retry: RetryLayer<C>,
-    keys: SetIdempotencyKeyLayer,
-    header: DeadlineHeaderLayer,
-    breaker: B,
-    read_ahead_cap: usize,
-    idle: Option<Duration>,
-    hedge: HedgeLayer<()>,
-    fleet: F,
+    pub(super) settings: Settings,
+    pub(super) retry: RetryLayer<C>,
+    pub(super) breaker: B,
+    pub(super) fleet: F,
+}
+
+/// The settings whose types do not change with the classifier, the
+/// breaker or the fleet.
+#[derive(Clone, Debug)]
+pub(super) struct Settings {
+    pub(super) name: Option<Name>,
+    pub(super) total: Duration,
+    pub(super) attempt_timeout: Duration,
+    pub(super) keys: SetIdempotencyKeyLayer,
+    pub(super) header: DeadlineHeaderLayer,
+    pub(super) read_ahead_cap: usize,
+    pub(super) idle: Option<Duration>,
+    pub(super) hedge: HedgeLayer<()>,
 }
 
 impl StackBuilder {
     /// The defaults; see [`stack()`](crate::stack()).
     pub fn new() -> Self {
         Self {
-            name: None,
-            total: DEFAULT_TOTAL,
-            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+            settings: Settings {
+                name: None,
+                total: DEFAULT_TOTAL,
+                attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+                keys: SetIdempotencyKeyLayer::disabled(),
+                header: DeadlineHeaderLayer::new(),
+                read_ahead_cap: DEFAULT_READ_AHEAD,
+                idle: None,
+                hedge: HedgeLayer::new(Duration::ZERO).max_copies(1).classifier(()),
+            },
             retry: RetryLayer::new(),
-            keys: SetIdempotencyKeyLayer::disabled(),
-            header: DeadlineHeaderLayer::new(),
             breaker: NoBreaker,
-            read_ahead_cap: DEFAULT_READ_AHEAD,
-            idle: None,
-            hedge: HedgeLayer::new(Duration::ZERO).max_copies(1).classifier(()),
             fleet: NoFleet,
         }
     }
@@ -80,8 +90,8 @@ impl<C, B, F> StackBuilder<C, B, F> {
     pub fn name(mut self, name: impl Into<Name>) -> Self {
         let name = name.into();
         self.retry = self.retry.upstream(name.clone());
-        self.keys = self.keys.upstream(name.clone());
-        self.name = Some(name);
+        self.settings.keys = self.settings.keys.upstream(name.clone());
+        self.settings.name = Some(name);
         self
     }
 
@@ -104,7 +114,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// ```
     #[must_use]
     pub fn total(mut self, total: Duration) -> Self {
-        self.total = total;
+        self.settings.total = total;
         self
     }
 
@@ -129,7 +139,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// ```
     #[must_use]
     pub fn attempt_timeout(mut self, per_attempt: Duration) -> Self {
-        self.attempt_timeout = per_attempt;
+        self.settings.attempt_timeout = per_attempt;
         self
     }
 
@@ -213,16 +223,9 @@ impl<C, B, F> StackBuilder<C, B, F> {
         f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>,
     ) -> StackBuilder<C2, B, F> {
         StackBuilder {
-            name: self.name,
-            total: self.total,
-            attempt_timeout: self.attempt_timeout,
+            settings: self.settings,
             retry: f(self.retry),
-            keys: self.keys,
-            header: self.header,
             breaker: self.breaker,
-            read_ahead_cap: self.read_ahead_cap,
-            idle: self.idle,
-            hedge: self.hedge,
             fleet: self.fleet,
         }
     }
@@ -260,19 +263,12 @@ impl<C, B, F> StackBuilder<C, B, F> {
         self,
         layer: CircuitBreakerLayer<K>,
     ) -> StackBuilder<C, CircuitBreakerLayer<K>, F> {
+        // The stack's meter, if it has one, counts the breaker's changes
+        // too (unless the layer has its own).
         StackBuilder {
-            name: self.name,
-            total: self.total,
-            attempt_timeout: self.attempt_timeout,
-            // The stack's meter, if it has one, counts the breaker's changes
-            // too (unless the layer has its own).
+            settings: self.settings,
             breaker: layer.or_metrics(self.retry.metrics()),
             retry: self.retry,
-            keys: self.keys,
-            header: self.header,
-            read_ahead_cap: self.read_ahead_cap,
-            idle: self.idle,
-            hedge: self.hedge,
             fleet: self.fleet,
         }
     }
@@ -298,7 +294,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// ```
     #[must_use]
     pub fn idempotency_keys(mut self) -> Self {
-        self.keys = match &self.name {
+        self.settings.keys = match &self.settings.name {
             Some(name) => SetIdempotencyKeyLayer::new().upstream(name.clone()),
             None => SetIdempotencyKeyLayer::new(),
         };
@@ -321,7 +317,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// ```
     #[must_use]
     pub fn read_ahead(mut self, bytes: usize) -> Self {
-        self.read_ahead_cap = bytes;
+        self.settings.read_ahead_cap = bytes;
         self
     }
 
@@ -338,7 +334,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// ```
     #[must_use]
     pub fn idle_timeout(mut self, idle: Duration) -> Self {
-        self.idle = Some(idle);
+        self.settings.idle = Some(idle);
         self
     }
 
@@ -356,7 +352,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// ```
     #[must_use]
     pub fn hedge(mut self, after: Duration) -> Self {
-        self.hedge = HedgeLayer::new(after).classifier(());
+        self.settings.hedge = HedgeLayer::new(after).classifier(());
         self
     }
 
@@ -365,7 +361,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// (say 0.95), and at least `at_least`.
     #[must_use]
     pub fn hedge_at_percentile(mut self, p: f64, at_least: Duration) -> Self {
-        self.hedge = HedgeLayer::at_percentile(p, at_least).classifier(());
+        self.settings.hedge = HedgeLayer::at_percentile(p, at_least).classifier(());
         self
     }
 
@@ -373,7 +369,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// hedging is on. Default 2.
     #[must_use]
     pub fn hedge_copies(mut self, n: u32) -> Self {
-        self.hedge = self.hedge.max_copies(n);
+        self.settings.hedge = self.settings.hedge.max_copies(n);
         self
     }
 
@@ -382,7 +378,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// [`HedgeLayer::max_share`]). Default 0.1.
     #[must_use]
     pub fn hedge_share(mut self, share: f64) -> Self {
-        self.hedge = self.hedge.max_share(share);
+        self.settings.hedge = self.settings.hedge.max_share(share);
         self
     }
 
@@ -405,16 +401,9 @@ impl<C, B, F> StackBuilder<C, B, F> {
     #[must_use]
     pub fn fleet<C2>(self, fleet: FleetLayer<C2>) -> StackBuilder<C, B, FleetLayer> {
         StackBuilder {
-            name: self.name,
-            total: self.total,
-            attempt_timeout: self.attempt_timeout,
+            settings: self.settings,
             retry: self.retry,
-            keys: self.keys,
-            header: self.header,
             breaker: self.breaker,
-            read_ahead_cap: self.read_ahead_cap,
-            idle: self.idle,
-            hedge: self.hedge,
             // (The stack classifies with its retry classifier.)
             fleet: fleet.classifier(HttpClassifier::new()),
         }
@@ -424,101 +413,8 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// (gRPC requests always carry `grpc-timeout`). Default: none.
     #[must_use]
     pub fn deadline_header(mut self, name: HeaderName) -> Self {
-        self.header = self.header.http_header(name);
+        self.settings.header = self.settings.header.http_header(name);
         self
-    }
-
-    /// Wraps `transport` (a hyper-util client, a reqwest adapter, a tonic
-    /// channel) in the stack.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    ///
-    /// let client = tower_resend::hyper_client(Duration::from_secs(2));
-    /// let inventory: tower_resend::stack::Stack<tower_resend::connect::HyperClient> =
-    ///     tower_resend::stack().name("inventory").service(client);
-    /// # let _ = inventory;
-    /// ```
-    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B, F>
-    where
-        B: BreakerSlot,
-        F: FleetSlot,
-        F::Service<AttemptTimeout<ReadAhead<S>>, C>: Clone,
-        C: Clone,
-    {
-        let replay_cap = self.retry.kept_bytes();
-        let total = match &self.name {
-            Some(n) => CallDeadlineLayer::new(self.total).upstream(n.clone()),
-            None => CallDeadlineLayer::new(self.total),
-        };
-        // Small bodies read ahead under the attempt timeout (which then
-        // covers them too) and the breaker (which counts their breaks).
-        let mut read_ahead = ReadAheadLayer::new(self.read_ahead_cap);
-        if let Some(idle) = self.idle {
-            read_ahead = read_ahead.idle_timeout(idle);
-        }
-        let inner = read_ahead.layer(transport);
-        let inner = AttemptTimeoutLayer::new(self.attempt_timeout).layer(inner);
-        // Each attempt and each hedged copy picks its instance, if the
-        // upstream is a fleet; the retry layer then carries each call's
-        // record of the instances it used.
-        let inner = self.fleet.wrap(inner, self.retry.classifier.clone());
-        let mut retry = self.retry;
-        retry.fleet = F::IS_FLEET;
-        let inner = self.header.layer(inner);
-        // Hedged copies below the breaker, which sees them as one call.
-        let mut hedge = self
-            .hedge
-            .classifier(retry.classifier.clone())
-            .metrics(retry.metrics().clone(), self.name.clone())
-            .attempt_header(retry.attempt_header.clone());
-        if let Some(budget) = retry.budget.clone() {
-            hedge = hedge.budget(budget);
-        }
-        let inner = hedge.layer(inner);
-        // The breaker (if any) inside the retry layer, so it sees every attempt.
-        let inner = self
-            .breaker
-            .wrap(inner, self.name.as_ref(), retry, self.fleet.roster());
-        let inner = self.keys.layer(inner);
-        // Every wait inside is bounded by the deadline (the attempt
-        // timeout, the retry's backoff and readiness waits): the deadline
-        // layer arms no timer of its own.
-        Stack::new(total.layer(inner).woken_inside(), replay_cap)
-    }
-}
-
-/// The builder is a [`Layer`]: the same stack, with the same options and
-/// the same [`tower_resend::Error`](crate::Error), in any `ServiceBuilder`.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower::{service_fn, ServiceBuilder, ServiceExt};
-///
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-/// let upstream = service_fn(|_: http::Request<String>| async {
-///     Ok::<_, tower_resend::BoxError>(http::Response::builder().status(503).body(String::new()).unwrap())
-/// });
-/// let svc = ServiceBuilder::new()
-///     .map_request(|req: http::Request<String>| req) // any layers of yours
-///     .layer(tower_resend::stack().name("shipping").max_attempts(2).total(Duration::from_secs(5)))
-///     .service(upstream);
-/// let resp = svc.oneshot(http::Request::new(String::new())).await.unwrap();
-/// assert_eq!(resp.extensions().get::<tower_resend::retry::Attempts>().unwrap().len(), 2);
-/// # }
-/// ```
-impl<S, C, B, F> Layer<S> for StackBuilder<C, B, F>
-where
-    S: Clone,
-    C: Clone,
-    B: BreakerSlot + Clone,
-    F: FleetSlot + Clone,
-    F::Service<AttemptTimeout<ReadAhead<S>>, C>: Clone,
-{
-    type Service = Stack<S, C, B, F>;
-
-    fn layer(&self, transport: S) -> Stack<S, C, B, F> {
-        self.clone().service(transport)
     }
 }
 

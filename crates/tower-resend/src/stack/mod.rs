@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 mod builder;
+mod compose;
 mod future;
 mod service;
 #[cfg(test)]
