@@ -29,7 +29,7 @@ use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PendingRequestsDiscover};
 use tower::{Service, ServiceExt};
 use tower_resend::fleet::FleetLayer;
-use tower_resend_benches::{carried, send_batch, CloneAndRetry};
+use tower_resend_benches::{carried, median, send_batch, CloneAndRetry};
 use tower_resend_testkit::{Reply, Script, TestServer};
 
 const CONCURRENCY: usize = 16;
@@ -98,11 +98,6 @@ fn balanced(
     let discover =
         PendingRequestsDiscover::new(ServiceList::new(list), CompleteOnResponse::default());
     Buffer::new(Balance::new(discover), 1024)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -206,6 +206,12 @@ pub mod variants {
     }
 }
 
+/// The median of `v` (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Sends `concurrency * per_task` GETs to `uri` through clones of `svc`
 /// (`concurrency` tasks, each `per_task` requests in turn, every body read
 /// in full) and returns how long it took.

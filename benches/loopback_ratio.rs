@@ -20,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Service;
-use tower_resend_benches::{carried, send_batch, CloneAndRetry};
+use tower_resend_benches::{carried, median, send_batch, CloneAndRetry};
 use tower_resend_testkit::{Script, TestServer};
 
 const CONCURRENCY: usize = 16;
@@ -38,11 +38,6 @@ where
 {
     let took = send_batch(svc, uri, CONCURRENCY, PER_TASK).await;
     (CONCURRENCY * PER_TASK) as f64 / took.as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

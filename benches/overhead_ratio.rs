@@ -14,7 +14,7 @@ use http::Request;
 use tower::ServiceExt;
 
 use tower_resend_benches::variants::{self, Variant};
-use tower_resend_benches::Body;
+use tower_resend_benches::{median, Body};
 
 /// Calls per variant per round.
 const CALLS: u32 = 20_000;
@@ -30,11 +30,6 @@ async fn per_call<S: Variant>(svc: &S) -> f64 {
         std::hint::black_box(resp.expect("answered"));
     }
     start.elapsed().as_nanos() as f64 / f64::from(CALLS)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

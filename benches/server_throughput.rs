@@ -28,6 +28,7 @@ use http_body_util::Full;
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_resend_benches::keyed::{serve, Load};
+use tower_resend_benches::median;
 use tower_resend_server::store::{Begin, Claim, LeaseState, StoredResponse, Ttl};
 use tower_resend_server::{IdempotencyLayer, MemoryStore, Store, StoreError};
 
@@ -163,11 +164,6 @@ struct Cpu {
     user: f64,
     /// In all, client and server.
     total: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -46,6 +46,7 @@ use bytes::Bytes;
 use sqlx::PgPool;
 use tokio::time::Instant;
 use tower_resend_benches::keyed::{serve, Load};
+use tower_resend_benches::median;
 use tower_resend_server::{IdempotencyLayer, IdempotentTx, PostgresStore};
 
 const CONCURRENCY: usize = 16;
@@ -219,11 +220,6 @@ async fn load(client: &Client, url: &str, warmup: Duration, measure: Duration) -
     let secs = start.elapsed().as_secs_f64();
     load.stop().await;
     done as f64 / secs
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_resend_benches::median;
 use tower_resend_server::ShedLayer;
 
 const CALLS: u32 = 50_000;
@@ -46,11 +47,6 @@ where
         std::hint::black_box(resp.expect("answered"));
     }
     start.elapsed().as_nanos() as f64 / f64::from(CALLS)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {
