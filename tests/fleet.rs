@@ -28,6 +28,22 @@ fn base(s: &TestServer) -> String {
     format!("http://{}", s.addr())
 }
 
+/// Three instances: A follows `a`, B and C answer `others`.
+async fn three(a: Script, others: Reply) -> [TestServer; 3] {
+    [
+        server(a).await,
+        server(Script::new().otherwise(others.clone())).await,
+        server(Script::new().otherwise(others)).await,
+    ]
+}
+
+/// The fleet of `servers`, setting instances aside by `outliers`.
+fn fleet_of(servers: &[TestServer], outliers: Outliers) -> FleetLayer {
+    FleetLayer::fixed(servers.iter().map(base))
+        .unwrap()
+        .outliers(outliers)
+}
+
 /// Arrivals at `s` that were the call's second attempt (or copy).
 fn second_attempts(s: &TestServer) -> usize {
     s.arrivals()
@@ -99,12 +115,9 @@ async fn one_bad(
         FleetLayer,
     >,
 ) {
-    let a = server(Script::new().otherwise(Reply::status(503))).await;
-    let b = server(Script::new().otherwise(Reply::ok())).await;
-    let c = server(Script::new().otherwise(Reply::ok())).await;
-    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)])
-        .unwrap()
-        .outliers(outliers);
+    let servers = three(Script::new().otherwise(Reply::status(503)), Reply::ok()).await;
+    let fleet = fleet_of(&servers, outliers);
+    let [a, b, c] = servers;
     let stack = tower_resend::stack()
         .name("inventory")
         .fleet(fleet)
@@ -220,10 +233,13 @@ async fn when_every_instance_is_bad_calls_still_try() {
 /// a second on every call, B and C answer at once.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_hedged_copy_goes_to_another_instance() {
-    let a = server(Script::new().otherwise(Reply::ok().delay(Duration::from_secs(1)))).await;
-    let b = server(Script::new().otherwise(Reply::ok())).await;
-    let c = server(Script::new().otherwise(Reply::ok())).await;
-    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)]).unwrap();
+    let servers = three(
+        Script::new().otherwise(Reply::ok().delay(Duration::from_secs(1))),
+        Reply::ok(),
+    )
+    .await;
+    let fleet = fleet_of(&servers, Outliers::default());
+    let [a, _b, _c] = servers;
     let stack = tower_resend::stack()
         .hedge(Duration::from_millis(10))
         .hedge_share(1.0)
@@ -339,12 +355,13 @@ async fn a_black_hole_is_set_aside_and_let_back() {
 /// it fails over to another instance and gets the whole body.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_reset_after_the_head_fails_over() {
-    let a = server(Script::new().otherwise(Reply::ok().reset_mid_stream("whole"))).await;
-    let b = server(Script::new().otherwise(whole())).await;
-    let c = server(Script::new().otherwise(whole())).await;
-    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)])
-        .unwrap()
-        .outliers(Outliers::default().off());
+    let servers = three(
+        Script::new().otherwise(Reply::ok().reset_mid_stream("whole")),
+        whole(),
+    )
+    .await;
+    let fleet = fleet_of(&servers, Outliers::default().off());
+    let [a, _b, _c] = servers;
     let stack = tower_resend::stack()
         .no_budget()
         .fleet(fleet)
@@ -360,10 +377,9 @@ async fn a_reset_after_the_head_fails_over() {
 /// wait, and, as the decision table's row test shows, no retry token).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_killed_instance_costs_no_call() {
-    let a = server(Script::new().otherwise(whole())).await;
-    let b = server(Script::new().otherwise(whole())).await;
-    let c = server(Script::new().otherwise(whole())).await;
-    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)]).unwrap();
+    let servers = three(Script::new().otherwise(whole()), whole()).await;
+    let fleet = fleet_of(&servers, Outliers::default());
+    let [a, _b, _c] = servers;
     let stack = tower_resend::stack()
         .fleet(fleet)
         .service(tower_resend::hyper_client(Duration::from_secs(1)));
@@ -479,12 +495,9 @@ async fn the_circuit_breaker_works_per_instance() {
             .min_throughput(10)
             .break_duration(Duration::from_secs(30))
     };
-    let a = server(Script::new().otherwise(Reply::status(503))).await;
-    let b = server(Script::new().otherwise(whole())).await;
-    let c = server(Script::new().otherwise(whole())).await;
-    let fleet = FleetLayer::fixed([base(&a), base(&b), base(&c)])
-        .unwrap()
-        .outliers(Outliers::default().off());
+    let servers = three(Script::new().otherwise(Reply::status(503)), whole()).await;
+    let fleet = fleet_of(&servers, Outliers::default().off());
+    let [a, b, c] = servers;
     let stack = tower_resend::stack()
         .no_budget()
         .circuit_breaker_with(breaker())
@@ -504,9 +517,7 @@ async fn the_circuit_breaker_works_per_instance() {
         server(Script::new().otherwise(Reply::status(503))).await,
         server(Script::new().otherwise(Reply::status(503))).await,
     ];
-    let fleet = FleetLayer::fixed(servers.iter().map(base))
-        .unwrap()
-        .outliers(Outliers::default().off());
+    let fleet = fleet_of(&servers, Outliers::default().off());
     let stack = tower_resend::stack()
         .no_budget()
         .circuit_breaker_with(breaker())
