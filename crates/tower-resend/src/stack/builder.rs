@@ -322,7 +322,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     }
 
     /// Fails a response body that sends nothing for `idle` (reqwest's
-    /// `read_timeout`; see [`ReadAheadLayer::idle_timeout`]): while it is read ahead,
+    /// `read_timeout`; see [`ReadAheadLayer::idle_timeout`](crate::read_ahead::ReadAheadLayer::idle_timeout)): while it is read ahead,
     /// that fails the attempt, which a replay-safe request retries; later,
     /// the caller's read fails. Default: none (the attempt timeout and the
     /// deadline still bound what is read ahead).
