@@ -160,6 +160,10 @@
 //!   classifier applies them to gRPC requests, and
 //!   [`classify::GrpcClassifier`] adds an
 //!   allowlist of idempotent methods.
+//! - `service-config`: [`service_config`], gRPC's service config JSON
+//!   (`methodConfig` timeouts, retry and hedging policies, `retryThrottling`)
+//!   applied per method; and route tables ([`routes::Routes`], which need no
+//!   feature) read from JSON or any serde format.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -177,6 +181,10 @@ pub mod read_ahead;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 pub mod retry;
+pub mod routes;
+#[cfg(feature = "service-config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]
+pub mod service_config;
 pub mod stack;
 pub mod telemetry;
 pub mod timeout;

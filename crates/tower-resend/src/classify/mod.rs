@@ -118,7 +118,7 @@ use std::time::Duration;
 
 use ::http::{HeaderMap, Method, Request, Response, Uri};
 
-#[cfg(feature = "tonic")]
+#[cfg(any(feature = "tonic", feature = "service-config"))]
 pub(crate) use self::grpc::proves_not_sent as grpc_proves_not_sent;
 pub use self::grpc::{GrpcClassifier, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 pub use self::http::HttpClassifier;

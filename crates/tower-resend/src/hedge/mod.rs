@@ -144,6 +144,16 @@ impl<C> HedgeLayer<C> {
         self
     }
 
+    /// Backups spend tokens of `share` instead of the layer's share of the
+    /// calls (a gRPC hedging policy hedges every call:
+    /// [`RetryBudget::every_call`]).
+    #[must_use]
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    pub(crate) fn share_budget(mut self, share: RetryBudget) -> Self {
+        self.share = share;
+        self
+    }
+
     /// Backup copies of HTTP requests say how many copies came before them
     /// on `name` (gRPC requests always use `grpc-previous-rpc-attempts`).
     /// Default [`RESEND_PREVIOUS_ATTEMPTS`]; a stack gives its retry

@@ -106,6 +106,36 @@ struct Inner {
     state: Mutex<State>,
     /// Retries waiting for a token are woken when one is given back.
     returned: Arc<tokio::sync::Notify>,
+    /// gRPC's `retryThrottling` instead of the share of calls: see
+    /// [`RetryBudget::grpc_throttling`]. Read on the slow path only
+    /// (`withdraw` and what follows a retry), never by `deposit`.
+    bucket: Option<TokenBucket>,
+}
+
+/// gRPC's retry throttling (gRFC A6): a count of tokens, in thousandths,
+/// that starts full; an attempt that fails with a code its method's policy
+/// retries (or does not find fatal) takes one, a success gives back
+/// `ratio`; retries and hedges go out only while more than half is left.
+#[derive(Debug)]
+pub(crate) struct TokenBucket {
+    /// Thousandths of a token.
+    tokens: AtomicU64,
+    max: u64,
+    ratio: u64,
+}
+
+impl TokenBucket {
+    /// Half the tokens or fewer left: no retry, no hedge.
+    fn open(&self) -> bool {
+        self.tokens.load(Ordering::Relaxed) * 2 > self.max
+    }
+
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    fn update(&self, f: impl Fn(u64) -> u64) {
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(f(t)));
+    }
 }
 
 struct State {
@@ -201,8 +231,57 @@ impl RetryBudget {
                     recovery: 0.0,
                 }),
                 returned: Arc::new(tokio::sync::Notify::new()),
+                bucket: None,
             }),
         }
+    }
+
+    /// gRPC's `retryThrottling`: `max_tokens` (thousandths of a token, as
+    /// gRPC counts them) to start with, `ratio` thousandths given back by
+    /// each success. Nothing but [`failed_attempt`](Self::failed_attempt)
+    /// and [`succeeded`](Self::succeeded) moves the count (the service
+    /// config's transport wrapper calls them for every attempt); a
+    /// withdrawal takes nothing, and finds a token while more than half of
+    /// `max_tokens` is left.
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    pub(crate) fn grpc_throttling(max_tokens: u64, ratio: u64) -> Self {
+        let mut budget = Self::build(0.0, 0.0, Duration::from_secs(10));
+        if let Some(inner) = Arc::get_mut(&mut budget.inner) {
+            inner.bucket = Some(TokenBucket {
+                tokens: AtomicU64::new(max_tokens),
+                max: max_tokens,
+                ratio,
+            });
+        }
+        budget
+    }
+
+    /// gRPC throttling: an attempt failed with a code its policy retries.
+    /// (Nothing for a budget of the other kind.)
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    pub(crate) fn failed_attempt(&self) {
+        if let Some(b) = &self.inner.bucket {
+            b.update(|t| t.saturating_sub(1000));
+        }
+    }
+
+    /// gRPC throttling: a call succeeded. (Nothing for a budget of the
+    /// other kind.)
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    pub(crate) fn succeeded(&self) {
+        if let Some(b) = &self.inner.bucket {
+            b.update(|t| t.saturating_add(b.ratio).min(b.max));
+        }
+    }
+
+    /// gRPC throttling: the tokens left, in thousandths; `None` for a
+    /// budget of the other kind.
+    #[cfg(test)]
+    pub(crate) fn tokens(&self) -> Option<u64> {
+        self.inner
+            .bucket
+            .as_ref()
+            .map(|b| b.tokens.load(Ordering::Relaxed))
     }
 
     /// Records one logical call. Lock-free: one relaxed atomic add, on this
@@ -214,6 +293,9 @@ impl RetryBudget {
     /// Takes one retry token, if there is one, and says where from.
     pub(crate) fn withdraw(&self) -> Option<Token> {
         let i = &*self.inner;
+        if let Some(bucket) = &i.bucket {
+            return bucket.open().then_some(Token::Balance);
+        }
         let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let dt = now.saturating_duration_since(st.last).as_secs_f64();
@@ -251,6 +333,9 @@ impl RetryBudget {
     /// then a probe now and then, not a retry a second.
     pub(crate) fn floor_failed(&self) {
         let i = &*self.inner;
+        if i.bucket.is_some() {
+            return;
+        }
         let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         if !st.probing && st.floor >= WHOLE {
             return;
@@ -272,7 +357,7 @@ impl RetryBudget {
     /// upstream comes back — a slow start, never a burst — and a failing
     /// upstream earns nothing. A retry waiting for a token is woken.
     pub(crate) fn give_back(&self) {
-        {
+        if self.inner.bucket.is_none() {
             let i = &*self.inner;
             let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
             st.floor_paused_until = st.last;
@@ -287,6 +372,9 @@ impl RetryBudget {
     /// slows to half (and stops below its first rate).
     pub(crate) fn failed(&self) {
         let i = &*self.inner;
+        if i.bucket.is_some() {
+            return;
+        }
         let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         st.recovery_rate /= 2.0;
         if st.recovery_rate < RECOVERY_START {
@@ -299,6 +387,10 @@ impl RetryBudget {
     /// `None` if neither refills.
     pub(crate) fn next_refill(&self) -> Option<Duration> {
         let i = &*self.inner;
+        if i.bucket.is_some() {
+            // Only successes refill it, and they are not timed.
+            return None;
+        }
         let st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         let floor = (i.min_per_sec > 0.0).then(|| {
             let missing = (1.0 - st.floor).max(0.0);
@@ -348,6 +440,15 @@ impl RetryBudget {
     }
 }
 
+impl RetryBudget {
+    /// No limit to speak of (a billion tokens a call): the hedge layer's
+    /// share when a gRPC hedging policy hedges every call.
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    pub(crate) fn every_call() -> Self {
+        Self::build(1e9, 0.0, Duration::from_secs(10))
+    }
+}
+
 /// The share of calls that may send a backup copy, by default.
 pub(crate) const DEFAULT_HEDGE_SHARE: f64 = 0.1;
 
@@ -360,6 +461,14 @@ impl Default for RetryBudget {
 
 impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(b) = &self.inner.bucket {
+            return f
+                .debug_struct("RetryBudget")
+                .field("grpc_max_tokens", &b.max)
+                .field("grpc_token_ratio", &b.ratio)
+                .field("grpc_tokens", &b.tokens.load(Ordering::Relaxed))
+                .finish();
+        }
         f.debug_struct("RetryBudget")
             .field("ratio", &self.inner.ratio)
             .field("min_per_sec", &self.inner.min_per_sec)
@@ -541,6 +650,38 @@ mod tests {
         assert_eq!(drain(&b), 1);
         let none = RetryBudget::new(0.2, 0.0, Duration::from_secs(10)).unwrap();
         assert_eq!(none.next_refill(), None);
+    }
+
+    /// gRPC's retry throttling: a retry or hedge finds a token while more
+    /// than half the tokens are left; failed attempts take one, successes
+    /// give `ratio` back, up to the maximum.
+    #[test]
+    fn grpc_throttling_opens_above_half_its_tokens() {
+        let b = RetryBudget::grpc_throttling(10_000, 100);
+        assert_eq!(b.withdraw(), Some(Token::Balance));
+        // Withdrawals take nothing.
+        assert_eq!(b.tokens(), Some(10_000));
+        for _ in 0..4 {
+            b.failed_attempt();
+            assert!(b.withdraw().is_some());
+        }
+        b.failed_attempt(); // 5 of 10 left: not more than half
+        assert_eq!(b.withdraw(), None);
+        b.succeeded(); // 5.1
+        assert!(b.withdraw().is_some());
+        for _ in 0..100 {
+            b.succeeded();
+        }
+        assert_eq!(b.tokens(), Some(10_000));
+        for _ in 0..20 {
+            b.failed_attempt();
+        }
+        assert_eq!(b.tokens(), Some(0));
+        // The other kind of budget ignores the gRPC calls.
+        let other = RetryBudget::new(0.0, 0.0, Duration::from_secs(1)).unwrap();
+        other.failed_attempt();
+        other.succeeded();
+        assert_eq!(other.tokens(), None);
     }
 
     #[test]

@@ -382,6 +382,19 @@ impl<C, B, F> StackBuilder<C, B, F> {
         self
     }
 
+    /// Every call may hedge, as a gRPC hedging policy says (no share of
+    /// the calls; the copies, the deadline and the retry budget, if any,
+    /// still limit them). After [`hedge`](Self::hedge).
+    #[must_use]
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    pub(crate) fn hedge_every_call(mut self) -> Self {
+        self.settings.hedge = self
+            .settings
+            .hedge
+            .share_budget(crate::retry::RetryBudget::every_call());
+        self
+    }
+
     /// Sends each attempt to one instance of a fleet (see
     /// [`fleet`](crate::fleet)): a retry or a hedged copy goes to another
     /// instance than the ones this call used, instances that keep failing

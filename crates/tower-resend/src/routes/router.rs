@@ -1,0 +1,196 @@
+//! The router: one fully built service per route, picked per request.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use http::Request;
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::http::HttpTable;
+
+/// How a [`Router`] picks a route for a request: by method and path
+/// prefix (an HTTP [route table](super::Routes)), or by gRPC service and
+/// method (a [service config](crate::service_config)).
+#[derive(Debug)]
+pub(crate) enum Picker {
+    /// Routes by method and path prefix.
+    Http(HttpTable),
+    /// Routes by `/service/method`.
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    Grpc(GrpcTable),
+}
+
+/// The routes of a gRPC service config: `/service/method` first, then
+/// `/service/`, then the default, as gRPC matches them.
+#[derive(Debug, Default)]
+pub(crate) struct GrpcTable {
+    /// `service/method` → route.
+    pub(crate) methods: HashMap<Box<str>, usize>,
+    /// `service` → route, for every method of it.
+    pub(crate) services: HashMap<Box<str>, usize>,
+    /// The route of every other method, if the config has a default.
+    pub(crate) default: Option<usize>,
+}
+
+impl GrpcTable {
+    fn pick(&self, path: &str) -> Option<usize> {
+        let full = path.strip_prefix('/').unwrap_or(path);
+        let service = full.split_once('/').map_or(full, |(s, _)| s);
+        self.methods
+            .get(full)
+            .or_else(|| self.services.get(service))
+            .copied()
+            .or(self.default)
+    }
+}
+
+impl Picker {
+    /// The route of a request, if one matches.
+    fn pick<B>(&self, req: &Request<B>) -> Option<usize> {
+        match self {
+            Self::Http(table) => table.pick(req.method(), req.uri().path()),
+            Self::Grpc(table) => table.pick(req.uri().path()),
+        }
+    }
+}
+
+/// One service per route, and a fallback for the requests no route
+/// matches: the request's route is picked per call, and the call goes
+/// through a clone of that route's service (as axum's `Router` and tower's
+/// `Steer` do). Built by [`Routes::service`](super::Routes::service) and
+/// [`ServiceConfig::service`](crate::service_config::ServiceConfig::service);
+/// its error is the routes' (a [`tower_resend::Error`](crate::Error) for
+/// stacks).
+///
+/// Readiness is checked per call, on the route's own clone:
+/// [`poll_ready`](Service::poll_ready) is always ready, and the call's
+/// future makes the clone ready before it sends, so a route whose
+/// transport is busy never holds up another.
+pub struct Router<S> {
+    picker: Arc<Picker>,
+    /// One per route, then the fallback.
+    services: Arc<[S]>,
+}
+
+impl<S> Clone for Router<S> {
+    fn clone(&self) -> Self {
+        Self {
+            picker: Arc::clone(&self.picker),
+            services: Arc::clone(&self.services),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for Router<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("picker", &self.picker)
+            .field("routes", &(self.services.len() - 1))
+            .finish()
+    }
+}
+
+impl<S> Router<S> {
+    /// A router over `routes` (in the order the picker numbers them) and
+    /// `fallback`.
+    pub(crate) fn new(picker: Picker, routes: Vec<S>, fallback: S) -> Self {
+        let mut services = routes;
+        services.push(fallback);
+        Self {
+            picker: Arc::new(picker),
+            services: services.into(),
+        }
+    }
+
+    /// The service of the request's route, or the fallback's.
+    fn service_for<B>(&self, req: &Request<B>) -> &S {
+        let last = self.services.len() - 1;
+        let i = self.picker.pick(req).unwrap_or(last);
+        &self.services[i.min(last)]
+    }
+}
+
+impl<S, B> Service<Request<B>> for Router<S>
+where
+    S: Service<Request<B>> + Clone,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Request<B>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let svc = self.service_for(&req).clone();
+        ResponseFuture {
+            state: State::NotReady {
+                svc,
+                req: Some(req),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`Router`]: makes the route's clone ready, then
+    /// its call.
+    pub struct ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req>
+    where
+        S: Service<Req>,
+    {
+        NotReady { svc: S, req: Option<Req> },
+        Called { #[pin] fut: S::Future },
+    }
+}
+
+impl<S, Req> std::fmt::Debug for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, Req> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+{
+    type Output = Result<S::Response, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::NotReady { svc, req } => {
+                    ready!(svc.poll_ready(cx))?;
+                    let Some(req) = req.take() else {
+                        // (Polled again after it ended: cannot happen
+                        // through `Called`.)
+                        return Poll::Pending;
+                    };
+                    let fut = svc.call(req);
+                    this.state.set(State::Called { fut });
+                }
+                StateProj::Called { fut } => return fut.poll(cx),
+            }
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! gRPC's service config (feature `service-config`): the `methodConfig`
+//! timeouts, retry and hedging policies and the channel's
+//! `retryThrottling`, as grpc-go, grpc-java and C-core read them, applied
+//! per method to a stack of tower-resend.
+//!
+//! [`ServiceConfig::from_json`] reads the JSON and validates it as gRPC's
+//! retry design (gRFC A6) says, every invalid field an [`InvalidConfig`]
+//! that names it; [`ServiceConfig::service`] builds one
+//! [stack](crate::stack) per methodConfig over one transport and a
+//! [`Router`](crate::routes::Router) that sends each call through its
+//! method's (see [`routes`](crate::routes) for why a router and not
+//! per-request overrides: a stack without a config pays nothing).
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::Request;
+//! use tower_resend::service_config::ServiceConfig;
+//! use tower::{service_fn, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), tower_resend::BoxError> {
+//! let config = ServiceConfig::from_json(r#"{
+//!   "methodConfig": [{
+//!     "name": [{"service": "shop.Catalog", "method": "GetItem"}],
+//!     "timeout": "2s",
+//!     "retryPolicy": {
+//!       "maxAttempts": 4,
+//!       "initialBackoff": "0.1s",
+//!       "maxBackoff": "1s",
+//!       "backoffMultiplier": 2,
+//!       "retryableStatusCodes": ["UNAVAILABLE"]
+//!     }
+//!   }],
+//!   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+//! }"#)?;
+//!
+//! // Stands in for `TonicTransport::new(channel)`: always UNAVAILABLE.
+//! let channel = service_fn(|_req: Request<String>| async {
+//!     let resp = http::Response::builder().header("grpc-status", "14").body(String::new())?;
+//!     Ok::<_, tower_resend::BoxError>(resp)
+//! });
+//! let catalog = config.service(tower_resend::stack().name("catalog"), channel);
+//!
+//! let call = |path: &str| Request::post(path).header("content-type", "application/grpc").body(String::new()).unwrap();
+//! let attempts = |resp: http::Response<_>| resp.extensions().get::<tower_resend::retry::Attempts>().unwrap().len();
+//! // GetItem is retried on UNAVAILABLE; other methods are not.
+//! assert_eq!(attempts(catalog.clone().oneshot(call("/shop.Catalog/GetItem")).await?), 4);
+//! assert_eq!(attempts(catalog.clone().oneshot(call("/shop.Catalog/ListItems")).await?), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! How gRPC's fields map onto the stack is on [`ServiceConfig::service`].
+//! Where it differs from gRPC's own clients: a `backoffMultiplier` below 1
+//! counts as 1 (waits never shrink); the throttle counts what the stack
+//! sees of each attempt, its headers (a status in the trailers is a
+//! success, and an attempt cut by the attempt timeout is not counted).
+
+mod apply;
+mod classify;
+mod count;
+pub(crate) mod duration;
+mod error;
+pub(crate) mod parse;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+pub use self::apply::ConfiguredStack;
+pub use self::classify::MethodClassifier;
+pub use self::count::{CountAttempts, CountFuture};
+pub use self::error::InvalidConfig;
+use crate::classify::GrpcCode;
+
+/// A gRPC service config: its `methodConfig` list and its
+/// `retryThrottling`; the rest of the document (load balancing, health
+/// checks) is not read.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ServiceConfig {
+    /// `methodConfig`, in order.
+    pub methods: Vec<MethodConfig>,
+    /// `retryThrottling`.
+    pub retry_throttling: Option<RetryThrottling>,
+}
+
+impl ServiceConfig {
+    /// Reads and validates a service config (JSON): the first invalid
+    /// field is the error, named by its path.
+    ///
+    /// ```
+    /// use tower_resend::service_config::ServiceConfig;
+    ///
+    /// let err = ServiceConfig::from_json(r#"{"methodConfig": [{
+    ///     "name": [{"service": "a.B"}],
+    ///     "retryPolicy": {"maxAttempts": 1, "initialBackoff": "1s", "maxBackoff": "1s",
+    ///                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+    /// }]}"#).unwrap_err();
+    /// assert_eq!(err.to_string(), "methodConfig[0].retryPolicy.maxAttempts: must be an integer greater than 1");
+    /// ```
+    pub fn from_json(json: &str) -> Result<Self, InvalidConfig> {
+        let v: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| InvalidConfig::new("", format!("not JSON: {e}")))?;
+        Self::from_value(&v)
+    }
+
+    /// Reads and validates a service config already parsed.
+    pub fn from_value(value: &serde_json::Value) -> Result<Self, InvalidConfig> {
+        parse::service_config(value)
+    }
+}
+
+/// One `methodConfig`: the methods it names and what they get.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct MethodConfig {
+    /// `name`: the methods (or services, or the default) it applies to.
+    pub names: Vec<MethodName>,
+    /// `timeout`: the deadline of a call.
+    pub timeout: Option<Duration>,
+    /// `retryPolicy` or `hedgingPolicy` (a method has one or neither).
+    pub policy: Option<MethodPolicy>,
+}
+
+/// A `name` of a methodConfig: a method of a service, every method of a
+/// service (`method` empty), or every method (both empty: the default).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct MethodName {
+    /// `service`: `package.Service`; `None` when empty or absent.
+    pub service: Option<String>,
+    /// `method`; `None` when empty or absent.
+    pub method: Option<String>,
+}
+
+/// A method's policy.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum MethodPolicy {
+    /// `retryPolicy`.
+    Retry(RetryPolicy),
+    /// `hedgingPolicy`.
+    Hedging(HedgingPolicy),
+}
+
+/// `retryPolicy`.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// `maxAttempts`, the first included, at most 5.
+    pub max_attempts: u32,
+    /// `initialBackoff`.
+    pub initial_backoff: Duration,
+    /// `maxBackoff`.
+    pub max_backoff: Duration,
+    /// `backoffMultiplier`.
+    pub backoff_multiplier: f64,
+    /// `retryableStatusCodes`, each once.
+    pub retryable_status_codes: Vec<GrpcCode>,
+    /// `perAttemptRecvTimeout`.
+    pub per_attempt_recv_timeout: Option<Duration>,
+}
+
+/// `hedgingPolicy`.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct HedgingPolicy {
+    /// `maxAttempts`, the first included, at most 5.
+    pub max_attempts: u32,
+    /// `hedgingDelay` (zero: every copy at once).
+    pub hedging_delay: Duration,
+    /// `nonFatalStatusCodes`, each once.
+    pub non_fatal_status_codes: Vec<GrpcCode>,
+}
+
+/// `retryThrottling`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RetryThrottling {
+    /// `maxTokens`, 1 to 1000.
+    pub max_tokens: u32,
+    /// `tokenRatio` (three decimals are used).
+    pub token_ratio: f64,
+}
