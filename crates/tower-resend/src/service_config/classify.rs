@@ -42,6 +42,25 @@ pub(crate) fn answer_code<B>(resp: &Response<B>) -> Option<GrpcCode> {
     }
 }
 
+/// The gRPC status of a failure of the transport: DEADLINE_EXCEEDED when
+/// time ran out (the channel's own `grpc-timeout`, an attempt timeout),
+/// else UNAVAILABLE, as gRPC reports a broken connection.
+pub(crate) fn error_code(err: &(dyn std::error::Error + 'static)) -> GrpcCode {
+    let timed_out = std::iter::successors(Some(err), |e| e.source()).any(|e| {
+        e.downcast_ref::<Error>().is_some_and(|e| {
+            matches!(
+                e.kind(),
+                ErrorKind::DeadlineExceeded | ErrorKind::AttemptTimeout
+            )
+        })
+    });
+    if timed_out {
+        GrpcCode::DeadlineExceeded
+    } else {
+        GrpcCode::Unavailable
+    }
+}
+
 /// Classifies the attempts of a method by its service config policy: a
 /// status in the policy's codes (`retryableStatusCodes`,
 /// `nonFatalStatusCodes`) may be sent again (after
@@ -52,7 +71,8 @@ pub(crate) fn answer_code<B>(resp: &Response<B>) -> Option<GrpcCode> {
 /// Errors: a refused connection was not sent, and is sent again whatever
 /// the policy (gRPC's transparent retries); an attempt cut by
 /// `perAttemptRecvTimeout` is retried under a retry policy (as gRPC's C
-/// core does); any other failure of the transport counts as UNAVAILABLE.
+/// core does); time running out otherwise counts as DEADLINE_EXCEEDED, and
+/// any other failure of the transport as UNAVAILABLE.
 ///
 /// The stacks that [`ServiceConfig::service`](super::ServiceConfig::service)
 /// builds classify with it; it is not built by hand.
@@ -113,7 +133,7 @@ impl<B> Classify<B> for MethodClassifier {
         let timeout = err
             .downcast_ref::<Error>()
             .is_some_and(|e| e.kind() == ErrorKind::AttemptTimeout);
-        if (timeout && self.retry_timeouts) || self.codes.contains(GrpcCode::Unavailable) {
+        if (timeout && self.retry_timeouts) || self.codes.contains(error_code(err)) {
             Classification::new(Class::Unknown)
         } else {
             // Not one of the policy's codes: final, though it may have run.

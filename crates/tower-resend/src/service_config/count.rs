@@ -9,7 +9,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::classify::{answer_code, CodeSet};
+use super::classify::{answer_code, error_code, CodeSet};
 use crate::classify::{grpc_proves_not_sent, GrpcCode};
 use crate::error::BoxError;
 use crate::retry::RetryBudget;
@@ -87,8 +87,8 @@ where
                 },
                 // Not sent: a transparent retry, not counted.
                 Err(e) if grpc_proves_not_sent(&**e) => {}
-                // A transport failure is UNAVAILABLE.
-                Err(_) if codes.contains(GrpcCode::Unavailable) => tokens.failed_attempt(),
+                // A transport failure as the status gRPC gives it.
+                Err(e) if codes.contains(error_code(&**e)) => tokens.failed_attempt(),
                 Err(_) => {}
             }
         }
