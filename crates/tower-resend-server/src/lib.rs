@@ -155,7 +155,7 @@ pub use idempotency::{
 };
 #[cfg(feature = "postgres")]
 pub use idempotency::{IdempotentTx, PostgresTransactional, TxConnection};
-pub use shed::{Shed, ShedLayer, ShedStats};
+pub use shed::{AdaptiveLimit, Shed, ShedLayer, ShedStats};
 #[cfg(feature = "postgres")]
 pub use store::PostgresStore;
 #[cfg(feature = "redis")]

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_resend::retry::Attempts;
-use tower_resend_server::{InboundDeadlineLayer, MaybeBuffered, ShedLayer};
+use tower_resend_server::{AdaptiveLimit, InboundDeadlineLayer, MaybeBuffered, ShedLayer};
 
 const WORK: Duration = Duration::from_millis(20);
 const CAPACITY: usize = 64;
@@ -47,13 +47,18 @@ fn busy_server(done: Arc<AtomicUsize>) -> Server {
     }))
 }
 
-/// The same server behind a `ShedLayer` of its capacity.
+/// The same server behind `shed`.
 fn shedding(done: Arc<AtomicUsize>, shed: &ShedLayer) -> Server {
+    shedding_on(busy_server(done), shed)
+}
+
+/// `server` behind `shed`.
+fn shedding_on(server: Server, shed: &ShedLayer) -> Server {
     BoxCloneService::new(
         ServiceBuilder::new()
             .layer(InboundDeadlineLayer::new(Duration::from_secs(30)))
             .layer(shed.clone())
-            .service(busy_server(done))
+            .service(server)
             .map_response(|r| r.map(|b| Full::new(collect_now(b)))),
     )
 }
@@ -427,4 +432,222 @@ async fn at_capacity_a_hedged_copy_is_shed_before_a_first_attempt() {
         (2, 2, 0),
         "{stats:?}"
     );
+}
+
+/// What the server behind a layer answered: when (since the run began),
+/// after how long (the layer's queue and the work), OK or not, and whether
+/// to a retry or hedge.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    at: Duration,
+    took: Duration,
+    ok: bool,
+    retry: bool,
+}
+
+type Log = Arc<std::sync::Mutex<Vec<Answer>>>;
+
+/// `server` with every answer it gives written in `log`.
+fn logged(server: Server, log: Log, start: Instant) -> Server {
+    BoxCloneService::new(service_fn(move |req: Request<Body>| {
+        let (server, log) = (server.clone(), Arc::clone(&log));
+        let retry = req.headers().contains_key("resend-previous-attempts");
+        async move {
+            let arrived = Instant::now();
+            let resp = server.oneshot(req).await?;
+            log.lock().unwrap().push(Answer {
+                at: arrived.duration_since(start),
+                took: arrived.elapsed(),
+                ok: resp.status() == StatusCode::OK,
+                retry,
+            });
+            Ok(resp)
+        }
+    }))
+}
+
+/// Slots of [`WORK`] that can be taken away and given back: `busy_server`
+/// whose capacity changes.
+#[derive(Clone)]
+struct Capacity {
+    workers: Arc<Semaphore>,
+    held: Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>,
+}
+
+impl Capacity {
+    fn new() -> Self {
+        Self {
+            workers: Arc::new(Semaphore::new(CAPACITY)),
+            held: Arc::default(),
+        }
+    }
+
+    /// The server as `busy_server`, on these slots.
+    fn server(&self) -> Server {
+        let workers = Arc::clone(&self.workers);
+        BoxCloneService::new(service_fn(move |_: Request<Body>| {
+            let workers = Arc::clone(&workers);
+            async move {
+                let work = tokio::spawn(async move {
+                    let _worker = workers.acquire_owned().await;
+                    tokio::time::sleep(WORK).await;
+                });
+                let _ = work.await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+            }
+        }))
+    }
+
+    /// Takes `n` slots away (once the work in them is done) until
+    /// `give_back`.
+    fn take(&self, n: u32) {
+        let (workers, held) = (Arc::clone(&self.workers), Arc::clone(&self.held));
+        tokio::spawn(async move {
+            let permits = workers.acquire_many_owned(n).await.unwrap();
+            *held.lock().unwrap() = Some(permits);
+        });
+    }
+
+    fn give_back(&self) {
+        self.held.lock().unwrap().take();
+    }
+}
+
+/// The calls of `offer` (`rate` a second for `secs`, clients of up to 3
+/// attempts), with the capacity taken down to 32 slots `secs / 3` in and
+/// given back at `2 * secs / 3`; the limit sampled every 100 ms.
+async fn offer_changing(
+    server: Server,
+    capacity: &Capacity,
+    shed: &ShedLayer,
+    rate: u32,
+    secs: u32,
+) -> Vec<(Duration, usize)> {
+    let start = Instant::now();
+    let phase = Duration::from_secs(u64::from(secs)) / 3;
+    let (capacity, shed) = (capacity.clone(), shed.clone());
+    let watch = tokio::spawn(async move {
+        let mut limits = Vec::new();
+        let mut tick = tokio::time::interval_at(start, Duration::from_millis(100));
+        let (mut taken, mut given) = (false, false);
+        loop {
+            let now = tick.tick().await - start;
+            if now >= phase && !taken {
+                capacity.take(CAPACITY as u32 / 2);
+                taken = true;
+            }
+            if now >= 2 * phase && !given {
+                capacity.give_back();
+                given = true;
+            }
+            if now >= 3 * phase {
+                return limits;
+            }
+            limits.push((now, shed.stats().limit));
+        }
+    });
+    let done = Arc::new(AtomicUsize::new(0));
+    offer(server, done, rate, secs).await;
+    watch.await.unwrap()
+}
+
+/// The p-th quantile of `xs`.
+fn quantile(mut xs: Vec<Duration>, p: f64) -> Duration {
+    xs.sort();
+    xs.get(((xs.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or_default()
+}
+
+/// A server of 64 slots of 20 ms, then 32, then 64 again (5 s each),
+/// offered 1.5x of 64 slots' capacity by callers of up to 3 attempts,
+/// behind an adaptive `ShedLayer`: the limit follows each change within
+/// 2 s (it stays between 0.9 and 1.8 times the capacity); the server's
+/// goodput is at least 0.85 of each phase's capacity; the p99 of accepted
+/// work (the layer's queue and the work) is at most 3 times the work's
+/// own 20 ms; and first attempts are preferred: retries are more than
+/// 30 % of the requests, and under 15 % (and under a third of their share
+/// of the requests) of the work admitted.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_adaptive_limit_follows_a_capacity_that_changes() {
+    const SECS: u32 = 15;
+    let full = (CAPACITY as f64) / WORK.as_secs_f64();
+    let rate = (full * 1.5) as u32;
+    let capacity = Capacity::new();
+    let shed = ShedLayer::adaptive(AdaptiveLimit::new());
+    let log = Log::default();
+    let server = shedding_on(capacity.server(), &shed);
+    let server = logged(server, Arc::clone(&log), Instant::now());
+    let limits = offer_changing(server, &capacity, &shed, rate, SECS).await;
+    let answers = log.lock().unwrap().clone();
+    let stats = shed.stats();
+
+    let phase = Duration::from_secs(u64::from(SECS) / 3);
+    let slots = [CAPACITY, CAPACITY / 2, CAPACITY];
+    let mut report = String::new();
+    for (i, slots) in slots.into_iter().enumerate() {
+        let (from, to) = (phase * i as u32, phase * (i as u32 + 1));
+        let in_phase = |at: Duration| at >= from && at < to;
+        let settled: Vec<usize> = limits
+            .iter()
+            .filter(|(at, _)| *at >= from + Duration::from_secs(2) && in_phase(*at))
+            .map(|&(_, l)| l)
+            .collect();
+        let ok = answers.iter().filter(|a| a.ok && in_phase(a.at)).count();
+        let goodput = ok as f64 / phase.as_secs_f64() / (slots as f64 / WORK.as_secs_f64());
+        report += &format!(
+            "phase {i}: {slots} slots, goodput {goodput:.2}, limit from 2 s in {:?}..={:?}\n",
+            settled.iter().min(),
+            settled.iter().max()
+        );
+        assert!(goodput >= 0.85, "{report}");
+        assert!(
+            settled
+                .iter()
+                .all(|&l| (l as f64) >= slots as f64 * 0.9 && (l as f64) <= slots as f64 * 1.8),
+            "{report}{limits:?}"
+        );
+    }
+    let accepted: Vec<Duration> = answers.iter().filter(|a| a.ok).map(|a| a.took).collect();
+    let p99 = quantile(accepted, 0.99);
+    let admitted_retries = answers.iter().filter(|a| a.ok && a.retry).count();
+    let retries = answers.iter().filter(|a| a.retry).count();
+    let admitted = answers.iter().filter(|a| a.ok).count();
+    eprintln!(
+        "{report}p99 {p99:?}; {stats:?}; {admitted_retries} retries of {admitted} admitted, \
+         {retries} of {} sent",
+        answers.len()
+    );
+    assert!(p99 <= WORK * 3, "p99 {p99:?}");
+    // Retries are near half of what is sent, a tenth of what runs.
+    let share_sent = retries as f64 / answers.len() as f64;
+    let share_run = admitted_retries as f64 / admitted as f64;
+    assert!(share_sent > 0.3, "{share_sent}");
+    assert!(
+        share_run < 0.15 && share_run < share_sent / 3.0,
+        "{share_run} {share_sent}"
+    );
+}
+
+/// At 0.5x of its capacity, from a cold start (the initial limit 20, under
+/// the 32 at once the load needs), the adaptive layer sheds nothing and
+/// every call succeeds at its first attempt.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_adaptive_limit_sheds_nothing_at_half_load() {
+    let capacity = (CAPACITY as f64) / WORK.as_secs_f64();
+    let done = Arc::new(AtomicUsize::new(0));
+    let shed = ShedLayer::adaptive(AdaptiveLimit::new());
+    let light = offer(
+        shedding(Arc::clone(&done), &shed),
+        done,
+        (capacity * 0.5) as u32,
+        5,
+    )
+    .await;
+    let stats = shed.stats();
+    assert_eq!(stats.shed(), 0, "{stats:?}");
+    // Every call done, each in one attempt.
+    assert_eq!(light.ok_all, light.calls);
+    assert_eq!(stats.admitted, light.calls as u64, "{stats:?}");
+    assert!(stats.limit >= 32, "{stats:?}");
 }

@@ -505,3 +505,53 @@ mod transactional {
         assert_eq!(handlers[0].parent_span_id, spans[0].span_context.span_id());
     }
 }
+
+/// The shedding layer's metrics: its limit as a gauge, what it let through
+/// and what it refused (by reason) as counters, read from its stats at each
+/// collection.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_shed_layer_s_limit_and_counts_are_metrics() {
+    use tower_resend_server::ShedLayer;
+
+    let t = Telemetry::start();
+    let shed = ShedLayer::new(3).max_queue(0).meter(&t.meter());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let opened = Arc::clone(&gate);
+    let svc = shed.layer(service_fn(move |_: Request<()>| {
+        let gate = Arc::clone(&opened);
+        async move {
+            let _pass = gate.acquire().await;
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        }
+    }));
+    let running: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(svc.clone().oneshot(Request::new(()))))
+        .collect();
+    tokio::task::yield_now().await;
+    let refused = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let retry = Request::builder()
+        .header("resend-previous-attempts", "1")
+        .body(())
+        .unwrap();
+    svc.clone().oneshot(retry).await.unwrap();
+    gate.add_permits(3);
+    for r in running {
+        r.await.unwrap().unwrap();
+    }
+
+    assert_eq!(sum_of(&t, "resend.server.shed.limit", None), 3.0);
+    assert_eq!(sum_of(&t, "resend.server.shed.admitted", None), 3.0);
+    let refused = |reason| {
+        sum_of(
+            &t,
+            "resend.server.shed.refused",
+            Some(("resend.shed.reason", reason)),
+        )
+    };
+    assert_eq!(
+        (refused("first"), refused("retry"), refused("deadline")),
+        (1.0, 1.0, 0.0)
+    );
+    assert_eq!(shed.stats().limit, 3);
+}
