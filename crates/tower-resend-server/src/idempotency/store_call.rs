@@ -21,7 +21,10 @@ pub(crate) async fn with_timeout<T>(
     if let Some(answered) = fut.as_mut().now_or_never() {
         return answered;
     }
-    match tokio::time::timeout(limit, fut).await {
+    // Boxed: the timer is for a store across a network, whose answer takes
+    // far longer than the allocation; the memory store's calls, which
+    // answer at once, keep no room for it in their futures.
+    match Box::pin(tokio::time::timeout(limit, fut)).await {
         Ok(answered) => answered,
         Err(_) => Err(StoreError::new(format!("no answer within {limit:?}"))),
     }

@@ -91,7 +91,11 @@ impl<St: Backend> Work<St> {
     {
         // Boxed: an async fn's future is as large as its largest state; a
         // box is moved as one pointer, into a task too.
-        to_its_end(Box::pin(self.run(hold, handler))).await
+        // (Made in a statement of its own: a temporary of the awaiting
+        // statement would keep its room in this future, the unboxed work
+        // beside the box: 4.9 KB rather than 2.1 KB for a keyed request.)
+        let work = Box::pin(self.run(hold, handler));
+        to_its_end(work).await
     }
 
     fn key(&self) -> &str {
