@@ -757,6 +757,91 @@ async fn a_409_in_progress_is_no_failed_probe_the_next_retry_waits_only_its_back
     assert!(gap <= 250 * MS, "{gap:?}");
 }
 
+/// A keyed call that ends on "still in progress" (409), or on a shed 503
+/// after an earlier attempt that may have run, is not a plain response: it
+/// ends outcome-unknown, naming the caller's key and the advice to send it
+/// again with that key (whose record will answer). One whose earlier
+/// attempts promise that nothing ran (429), or that has no key, keeps its
+/// response.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_call_ending_in_progress_or_shed_after_it_may_have_run_says_resend_with_the_key() {
+    use tower_resend::RetryAdvice;
+    let keyed = |uri: http::Uri| {
+        let mut req = post(uri);
+        req.headers_mut()
+            .insert("idempotency-key", "order-7".parse().unwrap());
+        req
+    };
+    let client = stack().max_attempts(3).service(transport());
+
+    // The first attempt ran (500), the others found it still running.
+    let running = server(
+        Script::new()
+            .then(Reply::status(500))
+            .otherwise(Reply::status(409)),
+    )
+    .await;
+    let err = within(client.clone().oneshot(keyed(running.uri("/orders"))))
+        .await
+        .expect_err("no attempt settled it");
+    assert_eq!(running.arrivals().len(), 3);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.idempotency_key(), Some("order-7"));
+    assert!(
+        matches!(err.retry_advice(), RetryAdvice::SameKey(_)),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("same Idempotency-Key, order-7"), "{text}");
+
+    // Every attempt found another one running: the same.
+    let busy = server(Script::new().otherwise(Reply::status(409))).await;
+    let err = within(client.clone().oneshot(keyed(busy.uri("/orders"))))
+        .await
+        .expect_err("in progress to the end");
+    assert!(
+        err.is_outcome_unknown() && err.idempotency_key() == Some("order-7"),
+        "{err}"
+    );
+
+    // Shed after an attempt that may have run.
+    let shed = server(
+        Script::new()
+            .then(Reply::status(500))
+            .otherwise(Reply::status(503).header("retry-after", "0")),
+    )
+    .await;
+    let err = within(client.clone().oneshot(keyed(shed.uri("/orders"))))
+        .await
+        .expect_err("shed after it may have run");
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(
+        matches!(err.retry_advice(), RetryAdvice::SameKey(_)),
+        "{err}"
+    );
+
+    // Shed after attempts that promise nothing ran (429): the 503 stands.
+    let refused = server(
+        Script::new()
+            .then(Reply::status(429).header("retry-after", "0"))
+            .then(Reply::status(429).header("retry-after", "0"))
+            .otherwise(Reply::status(503).header("retry-after", "0")),
+    )
+    .await;
+    let resp = within(client.clone().oneshot(keyed(refused.uri("/orders"))))
+        .await
+        .expect("nothing may have run: the answer stands");
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // Without a key, a GET that ends on 503 keeps its response.
+    let down = server(Script::new().otherwise(Reply::status(503).header("retry-after", "0"))).await;
+    let resp = within(client.oneshot(get(down.uri("/orders"))))
+        .await
+        .expect("a GET's last answer");
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(attempts(&resp).len(), 3);
+}
+
 /// A POST sent under a key the stack chose, that may have been processed
 /// and has no retry left, ends outcome-unknown, with the key readable and
 /// the advice to retry with that same key — never a bare "retry later",

@@ -54,8 +54,8 @@ struct Inner {
     history: Option<Attempts>,
     /// For [`ErrorKind::CircuitOpen`]: why and for how long.
     circuit: Option<Refusal>,
-    /// The Idempotency-Key the call was sent under when the stack chose it
-    /// (the caller set none): what a retry must carry.
+    /// The Idempotency-Key a retry must carry: the one the stack chose (the
+    /// caller set none), or the caller's when the call ended unsettled.
     key: Option<http::HeaderValue>,
     source: Option<BoxError>,
 }
@@ -436,6 +436,12 @@ impl Error {
     /// [`OutcomeUnknown`](ErrorKind::OutcomeUnknown) with the advice
     /// [`RetryAdvice::SameKey`].
     ///
+    /// Also the caller's own key when a keyed call ended unsettled: its last
+    /// answer said another attempt under the key was still running (409),
+    /// or turned it away (a shed 503) after an earlier attempt that may
+    /// have run. The operation may be done or under way; sent again with
+    /// the same key, the server's record answers.
+    ///
     /// ```
     /// use std::time::Duration;
     /// use tower::{service_fn, ServiceExt};
@@ -453,6 +459,14 @@ impl Error {
     /// ```
     pub fn idempotency_key(&self) -> Option<&str> {
         self.inner.key.as_ref().and_then(|k| k.to_str().ok())
+    }
+
+    /// An outcome-unknown error of a call sent under the caller's own `key`:
+    /// the key a retry must carry, read back by
+    /// [`idempotency_key`](Self::idempotency_key) and named in the advice.
+    pub(crate) fn with_callers_key(mut self, key: http::HeaderValue) -> Self {
+        self.inner.key = Some(key);
+        self
     }
 
     /// An error of a call sent under `key`, a key resend chose: if the call

@@ -371,8 +371,13 @@ impl<S, B, C> Call<S, B, C> {
         let mut history = std::mem::replace(&mut self.history, Attempts::new());
         history.finish(elapsed, stop);
         let upstream = self.shared.upstream.as_ref();
+        // A keyed call whose last answer leaves it unsettled (an outer
+        // retry layer, when there is one, is in charge of that).
+        let unsettled = stop != Stop::Disabled
+            && unsettled(&history)
+            && self.head.facts().has_idempotency_key();
         match result {
-            Ok(resp) if !matches!(stop, Stop::OutcomeUnknown | Stop::Replayed) => {
+            Ok(resp) if !matches!(stop, Stop::OutcomeUnknown | Stop::Replayed) && !unsettled => {
                 resp.extensions_mut().insert(history);
             }
             Ok(_) => {
@@ -380,6 +385,8 @@ impl<S, B, C> Call<S, B, C> {
                 e.set_upstream_if_none(upstream);
                 if let Some(key) = self.head.generated_key() {
                     e = e.with_generated_key(key);
+                } else if let Some(key) = self.head.key().filter(|_| unsettled) {
+                    e = e.with_callers_key(key);
                 }
                 *result = Err(e.into());
             }
@@ -415,6 +422,26 @@ impl<S, B, C> Call<S, B, C> {
             }
         }
         self.report(result, stop);
+    }
+}
+
+/// True when a keyed call's last answer leaves its operation unsettled:
+/// another attempt under the key still runs (409 "in progress"), or the
+/// server turned the last attempt away (overloaded, a shed) after an
+/// earlier one that may have run. The caller must send it again with the
+/// same key, whose record then answers (a plain 409 or 503 would not say
+/// so). Only keyed calls answer 409 "in progress".
+fn unsettled(history: &Attempts) -> bool {
+    let Some(last) = history.last() else {
+        return false;
+    };
+    match last.class() {
+        Class::InProgress => true,
+        Class::Overloaded if last.may_have_run() => {
+            let earlier = history.len().saturating_sub(1) as usize;
+            history.iter().take(earlier).any(Attempt::may_have_run)
+        }
+        _ => false,
     }
 }
 

@@ -93,6 +93,14 @@ impl Head {
         }
     }
 
+    /// The Idempotency-Key the request carries (the caller's, or resend's).
+    pub(super) fn key(&self) -> Option<http::HeaderValue> {
+        crate::classify::KEY_HEADERS
+            .iter()
+            .find_map(|h| self.headers.get(h))
+            .cloned()
+    }
+
     /// The instances this call has used, when a fleet layer picks them.
     pub(super) fn tried(&self) -> Option<&crate::vocab::Tried> {
         match &self.extensions {

@@ -15,8 +15,16 @@
 //! | Success, Rejected | return it | return it |
 //! | NotSent, NotProcessed | retry after backoff | retry after backoff |
 //! | Overloaded | retry after Retry-After (or the 1 s floor) plus jittered backoff | 429: same; 503: stop, [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown) |
-//! | InProgress | retry after backoff, with the same key | (cannot happen) |
+//! | InProgress | retry after backoff, with the same key; at the end: [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown), send again with the same key | (cannot happen) |
 //! | Unknown | retry after backoff | stop: [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown), verify before resending |
+//!
+//! A keyed call that ends on "in progress" (409), or on a 503 after an
+//! earlier attempt that may have run, ends
+//! [`OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown) rather than with
+//! that response, its error naming the key
+//! ([`Error::idempotency_key`](crate::Error::idempotency_key)) and advising
+//! [`SameKey`](crate::RetryAdvice::SameKey): the operation may be done or
+//! under way, and only a resend under the same key finds out which.
 //!
 //! A failure the server *replayed* from its idempotency store
 //! (`Idempotent-Replayed: true`: the recorded answer of an earlier attempt

@@ -103,6 +103,18 @@ impl Attempt {
         self.replayed
     }
 
+    /// False when the attempt's result promises that the server did not act
+    /// on it: [not sent](Class::NotSent), answered
+    /// [not processed](Class::NotProcessed) (408, 425), or refused with
+    /// 429; true otherwise (a 503 makes no such promise).
+    pub(crate) fn may_have_run(&self) -> bool {
+        match self.class {
+            Class::NotSent | Class::NotProcessed => false,
+            Class::Overloaded => self.status != Some(StatusCode::TOO_MANY_REQUESTS),
+            _ => true,
+        }
+    }
+
     /// What the attempt's result says the server did.
     pub const fn class(&self) -> Class {
         self.class
@@ -324,12 +336,7 @@ impl Attempts {
     /// [`Error::nothing_processed`](crate::Error::nothing_processed) asks
     /// the same of a failed call.
     pub fn none_processed(&self) -> bool {
-        !self.is_empty()
-            && self.iter().all(|a| match a.class {
-                Class::NotSent | Class::NotProcessed => true,
-                Class::Overloaded => a.status == Some(StatusCode::TOO_MANY_REQUESTS),
-                _ => false,
-            })
+        !self.is_empty() && !self.iter().any(Attempt::may_have_run)
     }
 }
 
