@@ -842,12 +842,12 @@ async fn a_keyed_call_ending_in_progress_or_shed_after_it_may_have_run_says_rese
     assert_eq!(attempts(&resp).len(), 3);
 }
 
-/// A POST sent under a key the stack chose, that may have been processed
-/// and has no retry left, ends outcome-unknown, with the key readable and
+/// A POST sent under a key (the stack's or the caller's), that may have
+/// been processed and has no retry left, ends outcome-unknown, with the key readable and
 /// the advice to retry with that same key — never a bare "retry later",
 /// which a job runner would follow with a new key, doing the work twice.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_post_under_a_generated_key_with_no_retry_left_says_retry_with_the_same_key() {
+async fn a_keyed_post_with_no_retry_left_says_retry_with_the_same_key() {
     use tower_resend::RetryAdvice;
     // Attempts that time out, then no attempt left.
     let silent = server(Script::new().otherwise(Reply::never())).await;
@@ -891,7 +891,7 @@ async fn a_post_under_a_generated_key_with_no_retry_left_says_retry_with_the_sam
     assert_eq!(err.idempotency_key(), Some(sent.as_str()));
     assert!(matches!(err.retry_advice(), RetryAdvice::SameKey(_)));
 
-    // A key the caller set is the caller's to reuse: the error is as it was.
+    // A key the caller set: the same advice, naming the caller's key.
     let client = stack()
         .idempotency_keys()
         .max_attempts(2)
@@ -903,8 +903,13 @@ async fn a_post_under_a_generated_key_with_no_retry_left_says_retry_with_the_sam
     let err = within(client.clone().oneshot(req))
         .await
         .expect_err("nobody answers");
-    assert!(!err.is_outcome_unknown(), "{err}");
-    assert_eq!(err.idempotency_key(), None);
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.idempotency_key(), Some("order-7"));
+    assert!(matches!(err.retry_advice(), RetryAdvice::SameKey(_)));
+    assert!(
+        err.to_string().contains("same Idempotency-Key, order-7"),
+        "{err}"
+    );
 
     // Nothing sent (a closed port): safe to send again at once; the key is
     // still there to read.

@@ -429,18 +429,16 @@ impl Error {
         }
     }
 
-    /// The Idempotency-Key the call was sent under, when resend chose it
-    /// (the caller set none, and the stack declares that the upstream
-    /// honours keys): a retry by the caller must carry this same key. Set
-    /// on errors of calls that may have been processed, which are then
-    /// [`OutcomeUnknown`](ErrorKind::OutcomeUnknown) with the advice
-    /// [`RetryAdvice::SameKey`].
-    ///
-    /// Also the caller's own key when a keyed call ended unsettled: its last
-    /// answer said another attempt under the key was still running (409),
-    /// or turned it away (a shed 503) after an earlier attempt that may
-    /// have run. The operation may be done or under way; sent again with
-    /// the same key, the server's record answers.
+    /// The Idempotency-Key the call was sent under (the one resend chose,
+    /// or the caller's own): a retry by the caller must carry this same key.
+    /// Set on errors of keyed calls that may have been processed, which are
+    /// then [`OutcomeUnknown`](ErrorKind::OutcomeUnknown) with the advice
+    /// [`RetryAdvice::SameKey`] — also a call whose last answer left it
+    /// unsettled: another attempt under the key still running (409), or a
+    /// shed 503 after an earlier attempt that may have run. The operation
+    /// may be done or under way; sent again with the same key, the
+    /// server's record answers. A key resend chose is also set on an error
+    /// of a call that was not processed (safe to send again either way).
     ///
     /// ```
     /// use std::time::Duration;
@@ -461,20 +459,12 @@ impl Error {
         self.inner.key.as_ref().and_then(|k| k.to_str().ok())
     }
 
-    /// An outcome-unknown error of a call sent under the caller's own `key`:
-    /// the key a retry must carry, read back by
-    /// [`idempotency_key`](Self::idempotency_key) and named in the advice.
-    pub(crate) fn with_callers_key(mut self, key: http::HeaderValue) -> Self {
-        self.inner.key = Some(key);
-        self
-    }
-
-    /// An error of a call sent under `key`, a key resend chose: if the call
+    /// An error of a call sent under `key` (resend's or the caller's): if the call
     /// may have been processed (an attempt was sent, and not every attempt
     /// says it was not acted on), it becomes outcome-unknown, with this
     /// error as its cause, the key readable and the advice to retry with it;
     /// otherwise it only carries the key.
-    pub(crate) fn with_generated_key(mut self, key: http::HeaderValue) -> Self {
+    pub(crate) fn with_key(mut self, key: http::HeaderValue) -> Self {
         if self.inner.key.is_some() {
             return self;
         }

@@ -383,10 +383,8 @@ impl<S, B, C> Call<S, B, C> {
             Ok(_) => {
                 let mut e = Error::retry(ErrorKind::OutcomeUnknown, history, None);
                 e.set_upstream_if_none(upstream);
-                if let Some(key) = self.head.generated_key() {
-                    e = e.with_generated_key(key);
-                } else if let Some(key) = self.head.key().filter(|_| unsettled) {
-                    e = e.with_callers_key(key);
+                if let Some(key) = self.head.key() {
+                    e = e.with_key(key);
                 }
                 *result = Err(e.into());
             }
@@ -412,11 +410,11 @@ impl<S, B, C> Call<S, B, C> {
                     None => Error::from_box(source).with_history(history),
                 };
                 e.set_upstream_if_none(upstream);
-                // Sent under a key resend chose: a call that may have been
-                // processed is outcome-unknown, and says the key a retry
-                // must carry.
-                if let Some(key) = self.head.generated_key() {
-                    e = e.with_generated_key(key);
+                // Sent under a key (resend's or the caller's): a call that
+                // may have been processed is outcome-unknown, and says the
+                // key a retry must carry.
+                if let Some(key) = self.head.key() {
+                    e = e.with_key(key);
                 }
                 *result = Err(e.into());
             }

@@ -93,12 +93,15 @@ impl Head {
         }
     }
 
-    /// The Idempotency-Key the request carries (the caller's, or resend's).
+    /// The Idempotency-Key the request was sent under: the one resend
+    /// chose, or the caller's.
     pub(super) fn key(&self) -> Option<http::HeaderValue> {
-        crate::classify::KEY_HEADERS
-            .iter()
-            .find_map(|h| self.headers.get(h))
-            .cloned()
+        self.generated_key().or_else(|| {
+            crate::classify::KEY_HEADERS
+                .iter()
+                .find_map(|h| self.headers.get(h))
+                .cloned()
+        })
     }
 
     /// The instances this call has used, when a fleet layer picks them.

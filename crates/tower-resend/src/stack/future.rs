@@ -29,7 +29,7 @@ where
         this.inner.poll(cx).map_err(|e| {
             let e = Error::from_box(e);
             match this.key.take() {
-                Some(key) => e.with_generated_key(*key),
+                Some(key) => e.with_key(*key),
                 None => e,
             }
         })
