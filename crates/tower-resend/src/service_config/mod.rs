@@ -6,7 +6,7 @@
 //! [`ServiceConfig::from_json`] reads the JSON and validates it as gRPC's
 //! retry design (gRFC A6) says, every invalid field an [`InvalidConfig`]
 //! that names it; [`ServiceConfig::service`] builds one
-//! [stack](crate::stack) per methodConfig over one transport and a
+//! [stack](mod@crate::stack) per methodConfig over one transport and a
 //! [`Router`](crate::routes::Router) that sends each call through its
 //! method's (see [`routes`](crate::routes) for why a router and not
 //! per-request overrides: a stack without a config pays nothing).
@@ -52,7 +52,9 @@
 //! Where it differs from gRPC's own clients: a `backoffMultiplier` below 1
 //! counts as 1 (waits never shrink); the throttle counts what the stack
 //! sees of each attempt, its headers (a status in the trailers is a
-//! success, and an attempt cut by the attempt timeout is not counted).
+//! success, and an attempt cut by the attempt timeout is not counted); a
+//! method with neither `timeout` nor `perAttemptRecvTimeout` keeps the
+//! base's attempt timeout (5 s unless set), where gRPC has none.
 
 mod apply;
 mod classify;
