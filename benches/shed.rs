@@ -16,7 +16,7 @@ use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_resend_benches::median;
-use tower_resend_server::ShedLayer;
+use tower_resend_server::{AdaptiveLimit, ShedLayer};
 
 const CALLS: u32 = 50_000;
 
@@ -67,10 +67,14 @@ fn main() {
         let ours = ServiceBuilder::new()
             .layer(ShedLayer::new(64))
             .service(handler());
-        const NAMES: [&str; 3] = [
+        let adaptive = ServiceBuilder::new()
+            .layer(ShedLayer::adaptive(AdaptiveLimit::new()))
+            .service(handler());
+        const NAMES: [&str; 4] = [
             "bare service_fn",
             "tower LoadShed + ConcurrencyLimit(64)",
             "ShedLayer::new(64)",
+            "ShedLayer::adaptive(AdaptiveLimit::new())",
         ];
         let mut ns: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
         for round in 0..rounds + 2 {
@@ -79,7 +83,8 @@ fn main() {
                 let t = match i {
                     0 => per_call(&bare).await,
                     1 => per_call(&tower_shed).await,
-                    _ => per_call(&ours).await,
+                    2 => per_call(&ours).await,
+                    _ => per_call(&adaptive).await,
                 };
                 // The first two rounds warm up.
                 if round >= 2 {

@@ -18,7 +18,9 @@
 //!   (feature `postgres`).
 //! - [`ShedLayer`]: at capacity, refuses retries before first attempts
 //!   (503 with `Retry-After`, or UNAVAILABLE with pushback), so goodput
-//!   holds when callers retry.
+//!   holds when callers retry. Its capacity is fixed, or found from latency
+//!   ([`ShedLayer::adaptive`], between the floor and ceiling of an
+//!   [`AdaptiveLimit`]).
 //! - [`ClientErrorResponse`] (feature `axum`): a tower-resend client error as an axum
 //!   response (504 with attribution, 502 "verify before resending", …).
 //!
@@ -132,7 +134,8 @@
 //!   commits with the handler's own transaction).
 //! - `otel`: metrics on the OpenTelemetry API from the meter you pass
 //!   (`IdempotencyLayer::meter`): replays, conflicts, lease take-overs,
-//!   store latency and errors. The spans (`resend.idempotency`) need no
+//!   store latency and errors; `ShedLayer::meter`: the shedding limit and
+//!   counts. The spans (`resend.idempotency`) need no
 //!   feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
