@@ -175,8 +175,9 @@ impl ShedLayer {
     }
 
     /// At most `n` requests waiting for a slot (0: none wait; a request
-    /// finding every slot taken is refused). Default: as many as run (the
-    /// limit).
+    /// finding every slot taken is refused). Default: as many as run under
+    /// a fixed limit; under an adaptive one, as many while it climbs from
+    /// its start, then half as many.
     #[must_use]
     pub fn max_queue(mut self, n: usize) -> Self {
         Arc::make_mut(&mut self.shared).max_queue = Some(n);
