@@ -86,6 +86,34 @@ impl<B> MaybeBuffered<B> {
     }
 }
 
+impl MaybeBuffered<MaybeBuffered<http_body_util::Empty<bytes::Bytes>>> {
+    /// A buffered body made by a layer over a service whose own body is
+    /// always empty (a refusal, a replay, a problem), as one buffered body
+    /// of any type: its bytes and trailers, wherever they were.
+    pub(crate) fn flatten<X>(self) -> MaybeBuffered<X> {
+        let Self {
+            prefix,
+            rest,
+            trailers,
+        } = self;
+        let (prefix, trailers) = match rest {
+            None => (prefix, trailers),
+            Some(inner) => {
+                let bytes = match (prefix, inner.prefix) {
+                    (Some(a), Some(b)) => Some([a, b].concat().into()),
+                    (a, b) => a.or(b),
+                };
+                (bytes, trailers.or(inner.trailers))
+            }
+        };
+        MaybeBuffered {
+            prefix,
+            rest: None,
+            trailers,
+        }
+    }
+}
+
 impl<B> Default for MaybeBuffered<B> {
     fn default() -> Self {
         Self::empty()

@@ -18,7 +18,9 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_resend::retry::Attempts;
-use tower_resend_server::{AdaptiveLimit, InboundDeadlineLayer, MaybeBuffered, ShedLayer};
+use tower_resend_server::{
+    AdaptiveLimit, IdempotencyLayer, InboundDeadlineLayer, MaybeBuffered, MemoryStore, ShedLayer,
+};
 
 const WORK: Duration = Duration::from_millis(20);
 const CAPACITY: usize = 64;
@@ -650,4 +652,136 @@ async fn the_adaptive_limit_sheds_nothing_at_half_load() {
     assert_eq!(light.ok_all, light.calls);
     assert_eq!(stats.admitted, light.calls as u64, "{stats:?}");
     assert!(stats.limit >= 32, "{stats:?}");
+}
+
+/// What the keyed server answers.
+type KeyedResponse = Response<MaybeBuffered<MaybeBuffered<Full<Bytes>>>>;
+
+/// A layer of one slot and no queue, answering keyed retries it would shed
+/// from an `IdempotencyLayer` on a memory store; the handler counts its
+/// runs and waits for the gate.
+struct Keyed {
+    shed: tower_resend_server::ShedLayer<tower_resend_server::shed::Replays<MemoryStore>>,
+    gate: Arc<Semaphore>,
+    runs: Arc<AtomicUsize>,
+    svc: BoxCloneService<Request<Full<Bytes>>, KeyedResponse, Infallible>,
+}
+
+impl Keyed {
+    fn new() -> Self {
+        let idempotency = IdempotencyLayer::new(MemoryStore::new());
+        let shed = ShedLayer::new(1).max_queue(0).replays_from(&idempotency);
+        let gate = Arc::new(Semaphore::new(0));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (opened, counted) = (Arc::clone(&gate), Arc::clone(&runs));
+        let svc = ServiceBuilder::new()
+            .layer(shed.clone())
+            .layer(idempotency)
+            .service(service_fn(
+                move |req: Request<MaybeBuffered<Full<Bytes>>>| {
+                    let (gate, runs) = (Arc::clone(&opened), Arc::clone(&counted));
+                    async move {
+                        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                        if let Ok(pass) = gate.acquire().await {
+                            pass.forget();
+                        }
+                        let key = req.headers()["idempotency-key"]
+                            .to_str()
+                            .unwrap()
+                            .to_owned();
+                        let body = format!("charged {key}, run {n}");
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                    }
+                },
+            ));
+        Self {
+            shed,
+            gate,
+            runs,
+            svc: BoxCloneService::new(svc),
+        }
+    }
+
+    /// A POST with `key` (if any), a retry when `retry`, let get as far as
+    /// it can.
+    async fn send(
+        &self,
+        key: Option<&'static str>,
+        retry: bool,
+    ) -> tokio::task::JoinHandle<KeyedResponse> {
+        let mut req = Request::post("/charges")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        if let Some(key) = key {
+            req.headers_mut()
+                .insert("idempotency-key", key.parse().unwrap());
+        }
+        if retry {
+            req.headers_mut()
+                .insert("resend-previous-attempts", "1".parse().unwrap());
+        }
+        let task = tokio::spawn(self.svc.clone().oneshot(req).map(|r| match r {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        }));
+        tokio::task::yield_now().await;
+        task
+    }
+}
+
+fn text<B: http_body::Body<Data = Bytes>>(body: B) -> String {
+    String::from_utf8(collect_now(body).to_vec()).unwrap()
+}
+
+/// At capacity, a keyed retry whose key has an answer gets its replay, not
+/// a shed; one whose work still runs gets its 409; one whose key has no
+/// record is shed as before, its key given back at once (it runs later as
+/// any other); a keyed first attempt is shed without asking, and a keyed
+/// request's shed says this attempt was not processed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn at_capacity_a_keyed_retry_gets_its_replay_not_a_shed() {
+    let k = Keyed::new();
+    // "a" runs and ends: its answer is stored.
+    k.gate.add_permits(1);
+    let first = k.send(Some("a"), false).await.await.unwrap();
+    assert_eq!(text(first.into_body()), "charged a, run 1");
+    // "b" takes the one slot and holds it.
+    let b = k.send(Some("b"), false).await;
+    assert_eq!(k.runs.load(Ordering::SeqCst), 2);
+
+    // A retry of "a": its stored answer, not a shed.
+    let again = k.send(Some("a"), true).await.await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(text(again.into_body()), "charged a, run 1");
+    // A retry of "b", which still runs: its 409.
+    let running = k.send(Some("b"), true).await.await.unwrap();
+    assert_eq!(running.status(), StatusCode::CONFLICT);
+    // A retry of "c", which never ran: shed, saying this attempt was not
+    // processed.
+    let shed = k.send(Some("c"), true).await.await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let said = text(shed.into_body());
+    assert!(said.contains("did not process this attempt"), "{said}");
+    assert!(said.contains("same key"), "{said}");
+    // A keyed first attempt: shed without asking the store.
+    let first_d = k.send(Some("d"), false).await.await.unwrap();
+    assert_eq!(first_d.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // An unkeyed retry: shed, nothing was done.
+    let plain = k.send(None, true).await.await.unwrap();
+    assert_eq!(plain.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(text(plain.into_body()).contains("nothing was done"));
+    assert_eq!(k.runs.load(Ordering::SeqCst), 2, "nothing else ran");
+    let stats = k.shed.stats();
+    assert_eq!(
+        (stats.replayed, stats.shed_retries, stats.shed_first),
+        (2, 2, 1),
+        "{stats:?}"
+    );
+
+    // "b" ends; "c" was given back, and runs now as any first attempt.
+    k.gate.add_permits(2);
+    assert_eq!(b.await.unwrap().status(), StatusCode::OK);
+    let c = k.send(Some("c"), true).await.await.unwrap();
+    assert_eq!(text(c.into_body()), "charged c, run 3");
 }

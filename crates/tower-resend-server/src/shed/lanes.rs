@@ -28,6 +28,7 @@ pub(super) struct Counts {
     pub(super) shed_first: AtomicU64,
     pub(super) shed_retries: AtomicU64,
     pub(super) shed_deadline: AtomicU64,
+    pub(super) replayed: AtomicU64,
 }
 
 /// The slots taken and the requests waiting, first attempts ahead of

@@ -33,8 +33,13 @@
 //! ```
 //!
 //! Order: outside the [`IdempotencyLayer`](crate::IdempotencyLayer) (a shed
-//! request claims no key), inside the `InboundDeadlineLayer` (whose deadline
-//! it reads):
+//! request claims no key, and the work the limit bounds is the handler's),
+//! inside the `InboundDeadlineLayer` (whose deadline it reads). Given the
+//! idempotency layer ([`ShedLayer::replays_from`]), a keyed retry it would
+//! shed is answered from its key's record first: a caller coming back for
+//! the answer of work that already ran gets its replay, the cheapest answer
+//! the server has, not a shed. A keyed request's shed says that this
+//! attempt was not processed (an earlier one under its key may have been).
 //!
 //! ```
 //! use std::time::Duration;
@@ -42,11 +47,12 @@
 //! use tower::{service_fn, ServiceBuilder};
 //! use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore, ShedLayer};
 //!
-//! let shed = ShedLayer::new(64);
+//! let idempotency = IdempotencyLayer::new(MemoryStore::new());
+//! let shed = ShedLayer::new(64).replays_from(&idempotency);
 //! let server = ServiceBuilder::new()
 //!     .layer(InboundDeadlineLayer::new(Duration::from_secs(10)))
 //!     .layer(shed.clone())
-//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .layer(idempotency)
 //!     .service(service_fn(|_: Request<String>| async {
 //!         Ok::<_, std::convert::Infallible>(Response::new(String::from("charged")))
 //!     }));
@@ -60,7 +66,6 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Request, Response};
 use tokio::time::Instant;
@@ -70,16 +75,20 @@ use tower_resend::Deadline;
 use tower_service::Service;
 
 use crate::body::MaybeBuffered;
-use crate::problems::{Problem, ProblemType, Protocol};
+use crate::idempotency::{Backend, IdempotencyLayer, IDEMPOTENCY_KEY, X_IDEMPOTENCY_KEY};
 
 mod lanes;
 mod limit;
 #[cfg(feature = "otel")]
 mod metrics;
 
-use lanes::{Admit, Refusal, State, FIRST_GUESS};
+mod replay;
+
+use lanes::{Admit, Refusal, Slot, State, FIRST_GUESS};
 pub use limit::AdaptiveLimit;
 use limit::{Gradient, Limit};
+use replay::Refusing;
+pub use replay::{NoReplays, Replay, Replays};
 
 /// Bounds the work running at once, and at capacity sheds retries first;
 /// see the [module docs](self).
@@ -87,8 +96,9 @@ use limit::{Gradient, Limit};
 /// Clones share one limit, queue and count: build one per server (or per
 /// route group that shares a resource), and layer its clones.
 #[derive(Clone)]
-pub struct ShedLayer {
+pub struct ShedLayer<R = NoReplays> {
     shared: Arc<Shared>,
+    replays: R,
 }
 
 /// A layer's settings, and the state its services share.
@@ -99,7 +109,7 @@ struct Shared {
     state: Arc<State>,
 }
 
-impl fmt::Debug for ShedLayer {
+impl<R> fmt::Debug for ShedLayer<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShedLayer")
             .field("limit", &self.shared.state.limit())
@@ -171,6 +181,47 @@ impl ShedLayer {
                 attempt_header: RESEND_PREVIOUS_ATTEMPTS,
                 state: Arc::new(State::new(limit)),
             }),
+            replays: NoReplays,
+        }
+    }
+}
+
+impl<R> ShedLayer<R> {
+    /// Answers a keyed retry the layer would shed from its key's record,
+    /// through `idempotency` (the layer this one sits outside of): a key
+    /// with a stored answer gets its replay rather than a shed (the replay
+    /// is the cheapest answer the server has, and the caller came back for
+    /// it: its earlier attempt did the work, and lost the answer on the
+    /// way); a key whose work still runs gets its 409, and any other key is
+    /// shed as before (claimed and given back at once; nothing runs). Only
+    /// retries are asked about (a request that says attempts came before
+    /// it): a first attempt's key has no answer yet. [`ShedStats::replayed`]
+    /// counts them.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::{Request, Response};
+    /// use tower::{service_fn, ServiceBuilder};
+    /// use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore, ShedLayer};
+    ///
+    /// let idempotency = IdempotencyLayer::new(MemoryStore::new());
+    /// let shed = ShedLayer::new(64).replays_from(&idempotency);
+    /// let server = ServiceBuilder::new()
+    ///     .layer(InboundDeadlineLayer::new(Duration::from_secs(10)))
+    ///     .layer(shed)
+    ///     .layer(idempotency)
+    ///     .service(service_fn(|_: Request<String>| async {
+    ///         Ok::<_, std::convert::Infallible>(Response::new(String::from("charged")))
+    ///     }));
+    /// # let _ = server;
+    /// ```
+    pub fn replays_from<St: Backend>(
+        self,
+        idempotency: &IdempotencyLayer<St>,
+    ) -> ShedLayer<Replays<St>> {
+        ShedLayer {
+            shared: self.shared,
+            replays: Replays::new(idempotency),
         }
     }
 
@@ -234,17 +285,19 @@ impl State {
             shed_retries: c.shed_retries.load(Relaxed),
             shed_deadline: c.shed_deadline.load(Relaxed),
             limit: self.limit(),
+            replayed: c.replayed.load(Relaxed),
         }
     }
 }
 
-impl<S> Layer<S> for ShedLayer {
-    type Service = Shed<S>;
+impl<S, R: Clone> Layer<S> for ShedLayer<R> {
+    type Service = Shed<S, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Shed {
             inner,
             shared: Arc::clone(&self.shared),
+            replays: self.replays.clone(),
         }
     }
 }
@@ -266,6 +319,10 @@ pub struct ShedStats {
     /// The requests that may run at once now: the fixed limit, or where
     /// the adaptive one stands.
     pub limit: usize,
+    /// Keyed retries the layer would have shed, answered by their key's
+    /// record instead ([`ShedLayer::replays_from`]): a replay, or a 409
+    /// while the work still runs. Not in [`shed`](Self::shed).
+    pub replayed: u64,
 }
 
 impl ShedStats {
@@ -278,12 +335,13 @@ impl ShedStats {
 /// Middleware that bounds concurrent work and sheds retries first; see
 /// [`ShedLayer`].
 #[derive(Clone)]
-pub struct Shed<S> {
+pub struct Shed<S, R = NoReplays> {
     inner: S,
     shared: Arc<Shared>,
+    replays: R,
 }
 
-impl<S> fmt::Debug for Shed<S> {
+impl<S, R> fmt::Debug for Shed<S, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shed")
             .field("limit", &self.shared.state.limit())
@@ -302,41 +360,11 @@ fn is_retry(headers: &HeaderMap, http: &HeaderName) -> bool {
     })
 }
 
-/// The one place a request is refused (`why`, naming `wait`): counted,
-/// logged, and answered with a `request_shed` problem; nothing ran. An
-/// answer other than a refusal for some of them (a keyed retry's stored
-/// response, say) belongs here.
-fn refuse<B, RB>(
-    state: &State,
-    req: Request<B>,
-    why: Refusal,
-    wait: Duration,
-) -> Response<MaybeBuffered<RB>> {
-    let count = match why {
-        Refusal::First => &state.counts.shed_first,
-        Refusal::Retry => &state.counts.shed_retries,
-        Refusal::Deadline => &state.counts.shed_deadline,
-    };
-    count.fetch_add(1, Relaxed);
-    tracing::debug!(?why, wait_ms = wait.as_millis() as u64, "request shed");
-    let detail = match why {
-        Refusal::First | Refusal::Retry => {
-            "the server is at capacity and shed this request; nothing was done, send it again after Retry-After"
-        }
-        Refusal::Deadline => {
-            "the server is at capacity, and the request's deadline would pass before its turn; nothing was done"
-        }
-    };
-    let wait = wait.max(Duration::from_millis(1));
-    Problem::new(ProblemType::RequestShed, detail)
-        .retry_after(wait)
-        .response(Protocol::of(req.headers()))
-}
-
-impl<S, B, RB> Service<Request<B>> for Shed<S>
+impl<S, R, B, RB> Service<Request<B>> for Shed<S, R>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    R: Replay<B>,
     B: Send + 'static,
     RB: Send + 'static,
 {
@@ -351,7 +379,7 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         // The service made ready goes with this request; its clone stays.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let inner = std::mem::replace(&mut self.inner, clone);
         let shared = &self.shared;
         let state = Arc::clone(&shared.state);
         let retry = is_retry(req.headers(), &shared.attempt_header);
@@ -360,22 +388,48 @@ where
             (a, b) => a.copied().or(b),
         };
         let admitted = state.admit(retry, deadline, shared.max_queue);
+        let replays = self.replays.clone();
         Box::pin(async move {
-            let slot = match admitted {
-                Admit::Run(slot) => slot,
+            let (why, wait) = match admitted {
+                Admit::Run(slot) => return run(&state, inner, req, slot).await,
                 Admit::Wait(turn) => match turn.await {
-                    Ok(Ok(slot)) => slot,
+                    Ok(Ok(slot)) => return run(&state, inner, req, slot).await,
                     // Sent away to make room for a first attempt.
-                    Ok(Err(wait)) => return Ok(refuse(&state, req, Refusal::Retry, wait)),
+                    Ok(Err(wait)) => (Refusal::Retry, wait),
                     // (The layer's state outlives every sender.)
-                    Err(_) => return Ok(refuse(&state, req, Refusal::Retry, FIRST_GUESS)),
+                    Err(_) => (Refusal::Retry, FIRST_GUESS),
                 },
-                Admit::Refuse(why, wait) => return Ok(refuse(&state, req, why, wait)),
+                Admit::Refuse(why, wait) => (why, wait),
             };
-            state.counts.admitted.fetch_add(1, Relaxed);
-            let resp = inner.call(req).await;
-            slot.finished();
-            Ok(resp?.map(MaybeBuffered::inner))
+            // The one place a request is refused.
+            let refusing = Refusing {
+                why,
+                wait,
+                retry,
+                keyed: has_key(req.headers()),
+            };
+            Ok(replays.answer(&state, req, refusing).await)
         })
     }
+}
+
+/// `req` run in `slot`.
+async fn run<S, B, RB>(
+    state: &State,
+    mut inner: S,
+    req: Request<B>,
+    slot: Slot,
+) -> Result<Response<MaybeBuffered<RB>>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+{
+    state.counts.admitted.fetch_add(1, Relaxed);
+    let resp = inner.call(req).await;
+    slot.finished();
+    Ok(resp?.map(MaybeBuffered::inner))
+}
+
+/// True when the request carries an Idempotency-Key.
+fn has_key(headers: &HeaderMap) -> bool {
+    headers.contains_key(IDEMPOTENCY_KEY) || headers.contains_key(X_IDEMPOTENCY_KEY)
 }
