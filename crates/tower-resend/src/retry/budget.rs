@@ -47,6 +47,13 @@ const RECOVERY_MAX: f64 = 100.0;
 /// which up to five seconds' worth is kept, lets a quiet client still retry
 /// (a call's two retries, and then some).
 ///
+/// The tokens go first to retries that must learn an outcome: a keyed call
+/// whose attempt may have run and whose answer was lost (or that found its
+/// key still running). On a server that keeps answers by key such a retry
+/// costs a replay, not new work, and without it the caller cannot tell
+/// whether its operation ran; while one waits for a token, other retries
+/// (after an overloaded answer, say, when nothing ran) leave it the tokens.
+///
 /// A retry that finds no token does not fail at once: it waits for one,
 /// within the call's deadline and the retry layer's
 /// [`max_budget_wait`](super::RetryLayer::max_budget_wait); only a call
@@ -106,6 +113,9 @@ struct Inner {
     state: Mutex<State>,
     /// Retries waiting for a token are woken when one is given back.
     returned: Arc<tokio::sync::Notify>,
+    /// Outcome retries waiting for a token are woken when another retry
+    /// left one to them.
+    left_for_outcome: Arc<tokio::sync::Notify>,
     /// gRPC's `retryThrottling` instead of the share of calls: see
     /// [`RetryBudget::grpc_throttling`]. Read on the slow path only
     /// (`withdraw` and what follows a retry), never by `deposit`.
@@ -157,6 +167,10 @@ struct State {
     /// they come evenly spaced, never in a burst).
     recovery_rate: f64,
     recovery: f64,
+    /// Retries of keyed calls waiting for a token to learn their outcome
+    /// (see [`RetryBudget::withdraw_for`]): while any waits, other retries
+    /// leave the tokens to them.
+    outcome_waiting: u32,
 }
 
 /// Where a retry's token came from.
@@ -229,8 +243,10 @@ impl RetryBudget {
                     probing: false,
                     recovery_rate: 0.0,
                     recovery: 0.0,
+                    outcome_waiting: 0,
                 }),
                 returned: Arc::new(tokio::sync::Notify::new()),
+                left_for_outcome: Arc::new(tokio::sync::Notify::new()),
                 bucket: None,
             }),
         }
@@ -292,6 +308,19 @@ impl RetryBudget {
 
     /// Takes one retry token, if there is one, and says where from.
     pub(crate) fn withdraw(&self) -> Option<Token> {
+        self.withdraw_for(Want::Retry)
+    }
+
+    /// Takes one retry token for a retry that `wants` it, if there is one.
+    ///
+    /// The tokens go first to retries that must learn an outcome: a keyed
+    /// call whose attempt may have run and whose answer was lost, or that
+    /// found its key still running. Such a retry costs a server that keeps
+    /// answers by key a replay, not new work, and without it the caller
+    /// cannot tell whether its operation ran. While one of them waits for a
+    /// token, every other retry (one after an overloaded answer, say, whose
+    /// work never ran) leaves the token to it.
+    pub(crate) fn withdraw_for(&self, wants: Want) -> Option<Token> {
         let i = &*self.inner;
         if let Some(bucket) = &i.bucket {
             return bucket.open().then_some(Token::Balance);
@@ -310,6 +339,12 @@ impl RetryBudget {
         let floor_cap = if st.probing { 1.0 } else { i.floor_cap };
         st.floor = (st.floor + dt * i.min_per_sec).min(floor_cap);
         st.recovery = (st.recovery + dt * st.recovery_rate).min(1.0);
+        if wants == Want::Retry && st.outcome_waiting > 0 {
+            if st.balance >= WHOLE || st.recovery >= WHOLE {
+                i.left_for_outcome.notify_one();
+            }
+            return None;
+        }
         if st.balance >= WHOLE {
             st.balance = (st.balance - 1.0).max(0.0);
             Some(Token::Balance)
@@ -415,6 +450,46 @@ impl RetryBudget {
     /// [`next_refill`](Self::next_refill)).
     pub(crate) fn returned(&self) -> tokio::sync::futures::OwnedNotified {
         Arc::clone(&self.inner.returned).notified_owned()
+    }
+
+    /// An outcome retry waits for a token while the guard lives: other
+    /// retries leave the tokens to it, and wake it when they do
+    /// ([`left_for_outcome`](Self::left_for_outcome)).
+    pub(crate) fn outcome_waits(&self) -> OutcomeWaiting {
+        self.state().outcome_waiting += 1;
+        OutcomeWaiting(self.clone())
+    }
+
+    /// Resolves when another retry left a token to a waiting outcome retry.
+    pub(crate) fn left_for_outcome(&self) -> tokio::sync::futures::OwnedNotified {
+        Arc::clone(&self.inner.left_for_outcome).notified_owned()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What a retry wants a token for: see [`RetryBudget::withdraw_for`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// To learn whether its operation ran: first in line.
+    Outcome,
+    /// Any other retry.
+    Retry,
+}
+
+/// An outcome retry waiting for a token; see
+/// [`RetryBudget::outcome_waits`].
+pub(crate) struct OutcomeWaiting(RetryBudget);
+
+impl Drop for OutcomeWaiting {
+    fn drop(&mut self) {
+        let mut st = self.0.state();
+        st.outcome_waiting = st.outcome_waiting.saturating_sub(1);
     }
 }
 
@@ -527,6 +602,26 @@ mod tests {
         let none = RetryBudget::new(0.0, 0.0, Duration::from_secs(1)).unwrap();
         none.deposit();
         assert!(none.withdraw().is_none());
+    }
+
+    /// While a retry that must learn its outcome waits, other retries leave
+    /// the tokens to it (and wake it); once it has one, they take the rest.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_waiting_outcome_retry_is_first_in_line() {
+        let b = RetryBudget::new(0.5, 0.0, Duration::from_secs(10)).unwrap();
+        assert_eq!(b.withdraw_for(Want::Outcome), None);
+        let waiting = b.outcome_waits();
+        let woken = b.left_for_outcome();
+        for _ in 0..4 {
+            b.deposit();
+        }
+        // Two tokens: an overload retry leaves them, and wakes the waiter.
+        assert_eq!(b.withdraw_for(Want::Retry), None);
+        woken.await;
+        assert_eq!(b.withdraw_for(Want::Outcome), Some(Token::Balance));
+        drop(waiting);
+        assert_eq!(b.withdraw_for(Want::Retry), Some(Token::Balance));
+        assert_eq!(b.withdraw_for(Want::Retry), None);
     }
 
     /// k deposits' worth of tokens is k retries, whatever microseconds of

@@ -11,6 +11,7 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response};
 use tokio::time::Instant;
 
+use super::budget::Want;
 use super::head::Head;
 use super::layer::Shared;
 use super::policy::{Attempted, Decision};
@@ -81,6 +82,8 @@ pub(crate) struct Call<S, B, C> {
     pub(super) attempt: tracing::Span,
     /// Why the wait before the next attempt waits.
     pub(super) wait_reason: WaitReason,
+    /// What the next attempt wants a budget token for.
+    pub(super) wants: Want,
     /// The call's end has been reported (its span and metrics).
     ended: bool,
 }
@@ -132,6 +135,7 @@ impl<S, B, C> Call<S, B, C> {
             span,
             attempt,
             wait_reason: WaitReason::Backoff,
+            wants: Want::Retry,
             ended: false,
         })
     }
@@ -269,7 +273,13 @@ impl<S, B, C> Call<S, B, C> {
             WaitReason::Backoff
         };
         if let Some(budget) = self.shared.budget.as_ref().filter(|_| token) {
-            match budget.withdraw() {
+            // A keyed call whose attempt may have run (its answer lost, or
+            // its key still running) retries to learn its outcome: first
+            // in line for a token.
+            let outcome = matches!(c.class(), Class::Unknown | Class::InProgress)
+                && self.head.facts().has_idempotency_key();
+            self.wants = if outcome { Want::Outcome } else { Want::Retry };
+            match budget.withdraw_for(self.wants) {
                 Some(token) => self.token = Some(token),
                 // No token: wait for one, holding this answer to end with
                 // if none comes.

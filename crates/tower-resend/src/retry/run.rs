@@ -12,6 +12,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::announce::announce;
+use super::budget::Want;
 use super::call::{Call, Unsent};
 use super::{RetryBudget, Token};
 use crate::error::{BoxError, Error, Phase};
@@ -120,6 +121,7 @@ impl<S, B, C> Call<S, B, C> {
     /// once its backoff `wait` is over; none when there is no time to wait
     /// for one (within the longest budget wait and the deadline).
     pub(super) fn token_wait(&mut self, wait: Duration) -> Option<(TokenWait, Instant)> {
+        let wants = self.wants;
         let now = Instant::now();
         let policy = self.shared.policy;
         let mut stop_at = now + policy.max_budget_wait;
@@ -134,7 +136,7 @@ impl<S, B, C> Call<S, B, C> {
         let made = self.history.len();
         let span_wait = Some(stop_at.saturating_duration_since(now));
         telemetry::wait_event(&self.span, WaitReason::Budget, wait, span_wait, made);
-        Some((Box::pin(withdraw(budget, stop_at)), not_before))
+        Some((Box::pin(withdraw(budget, wants, stop_at)), not_before))
     }
 
     /// The call ends out of budget with `last`, its last attempt's answer.
@@ -155,25 +157,33 @@ impl<S, B, C> Call<S, B, C> {
     }
 }
 
-/// A token from `budget`, waiting for one given back (or for the floor's
-/// next refill) until `stop_at`.
-async fn withdraw(budget: RetryBudget, stop_at: Instant) -> Option<Token> {
+/// A token from `budget` for a retry that `wants` it, waiting for one
+/// given back (or left to it, or for the floor's next refill) until
+/// `stop_at`.
+async fn withdraw(budget: RetryBudget, wants: Want, stop_at: Instant) -> Option<Token> {
+    // An outcome retry is first in line while it waits.
+    let _waiting = (wants == Want::Outcome).then(|| budget.outcome_waits());
     loop {
-        if let Some(token) = budget.withdraw() {
+        if let Some(token) = budget.withdraw_for(wants) {
             return Some(token);
         }
         let now = Instant::now();
         if now >= stop_at {
             return None;
         }
-        // Woken by a token given back, or at the floor's next refill.
+        // Woken by a token given back or left to it, or at the floor's
+        // next refill.
         let recheck = budget
             .next_refill()
             .map_or(stop_at, |d| (now + d).min(stop_at));
         let mut returned = pin!(budget.returned());
+        let mut left = pin!(budget.left_for_outcome());
         let mut recheck = pin!(tokio::time::sleep_until(recheck));
         poll_fn(|cx| {
-            if returned.as_mut().poll(cx).is_ready() || recheck.as_mut().poll(cx).is_ready() {
+            if returned.as_mut().poll(cx).is_ready()
+                || (wants == Want::Outcome && left.as_mut().poll(cx).is_ready())
+                || recheck.as_mut().poll(cx).is_ready()
+            {
                 Poll::Ready(())
             } else {
                 Poll::Pending
