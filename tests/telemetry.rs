@@ -1035,3 +1035,31 @@ async fn over_a_fleet_each_attempt_names_its_instance() {
         .iter()
         .all(|p| p.attr("server.address") == Some("127.0.0.1")));
 }
+
+/// The adaptive throttle's probability is a gauge: 0 while the upstream
+/// accepts, above it once it rejects most attempts.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_throttle_probability_is_a_gauge() {
+    let t = Telemetry::start();
+    let throttle = tower_resend::retry::AdaptiveThrottle::new().meter(&t.meter());
+    let ok = server(Script::new().otherwise(Reply::status(200))).await;
+    let client = stack()
+        .adaptive_throttle(throttle.clone())
+        .service(transport());
+    client.clone().oneshot(get(ok.uri("/a"))).await.unwrap();
+    let gauge = t.points_of("resend.client.throttle.probability");
+    assert_eq!(gauge.len(), 1, "{gauge:?}");
+    assert_eq!(gauge[0].sum, 0.0);
+
+    let overloaded = server(Script::new().otherwise(Reply::status(503))).await;
+    let client = stack()
+        .max_attempts(1)
+        .adaptive_throttle(throttle.clone())
+        .service(transport());
+    for _ in 0..40 {
+        let _ = client.clone().oneshot(get(overloaded.uri("/b"))).await;
+    }
+    let gauge = t.points_of("resend.client.throttle.probability");
+    assert!(gauge[0].sum > 0.3, "{gauge:?}");
+    assert!((gauge[0].sum - throttle.probability()).abs() < 1e-9);
+}

@@ -50,52 +50,85 @@ pub struct AdaptiveThrottle {
     inner: Arc<Inner>,
 }
 
+/// Requests in a count's high half, accepts in its low half: one atomic
+/// add counts either, and one load reads both.
+const REQUEST: u64 = 1 << 32;
+const ACCEPT: u64 = 1;
+
+fn halves(count: u64) -> (u64, u64) {
+    (count >> 32, count & 0xffff_ffff)
+}
+
 struct Inner {
     ratio: f64,
-    bin: Duration,
+    bin_nanos: u64,
     origin: Instant,
-    window: Mutex<Window>,
+    /// The counts of the last `BINS` bins, by epoch modulo `BINS`.
+    bins: [AtomicU64; BINS],
+    /// Their sums, kept as bins come and go, so that an attempt reads one
+    /// number rather than adding up the window.
+    sums: AtomicU64,
+    /// The newest bin's epoch: bins older than `BINS` epochs are out.
+    newest: AtomicU64,
+    /// Held by whoever moves the window on (once a bin's time, 0.3 s by
+    /// default); counting takes no lock.
+    advancing: Mutex<()>,
     turned_away: AtomicU64,
 }
 
-/// The bins of the window, and their sums (kept as bins come and go, so
-/// that an attempt reads them without adding up the window).
-struct Window {
-    bins: [(u32, u32); BINS],
-    /// The newest bin's epoch: bins older than `BINS` epochs are out.
-    newest: u64,
-    requests: u64,
-    accepts: u64,
-}
-
-impl Window {
-    /// Moves the window on to `epoch`: the bins it leaves behind are
-    /// emptied, and their counts taken off the sums.
-    fn advance(&mut self, epoch: u64) {
-        if epoch <= self.newest {
-            return;
+impl Inner {
+    /// Counts `count` (a request, or an accept) in the bin of `epoch`.
+    ///
+    /// Two relaxed atomic adds, and a look at the newest epoch: the
+    /// success path takes no lock (a mutex held twice an attempt cost
+    /// ~45 ns). The window moves on under a lock, once a bin's time: the
+    /// bins it leaves behind are emptied, then taken off the sums, then the
+    /// new epoch is published, so an add that sees the new epoch lands in
+    /// an emptied bin. (An add made from a clock read a whole window old
+    /// would land in a recycled bin: a count out of place, never lost from
+    /// the sums for good.)
+    fn count(&self, epoch: u64, count: u64) -> u64 {
+        if epoch > self.newest.load(Ordering::Acquire) {
+            self.advance(epoch);
         }
-        if epoch - self.newest >= BINS as u64 {
-            self.bins = [(0, 0); BINS];
-            (self.requests, self.accepts) = (0, 0);
-        } else {
-            for e in self.newest + 1..=epoch {
-                let (r, a) = std::mem::take(&mut self.bins[(e % BINS as u64) as usize]);
-                self.requests = self.requests.saturating_sub(u64::from(r));
-                self.accepts = self.accepts.saturating_sub(u64::from(a));
-            }
-        }
-        self.newest = epoch;
+        self.bins[(epoch % BINS as u64) as usize].fetch_add(count, Ordering::Relaxed);
+        self.sums.fetch_add(count, Ordering::Relaxed)
     }
 
-    /// Adds to the bin of `epoch` (or of the newest, if time went back).
-    fn add(&mut self, epoch: u64, requests: u32, accepts: u32) {
-        self.advance(epoch);
-        let bin = &mut self.bins[(self.newest % BINS as u64) as usize];
-        bin.0 = bin.0.saturating_add(requests);
-        bin.1 = bin.1.saturating_add(accepts);
-        self.requests += u64::from(requests);
-        self.accepts += u64::from(accepts);
+    /// Moves the window on to `epoch`.
+    fn advance(&self, epoch: u64) {
+        let _moving = self
+            .advancing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let newest = self.newest.load(Ordering::Acquire);
+        if epoch <= newest {
+            return;
+        }
+        let leaving = (epoch - newest).min(BINS as u64);
+        let (mut requests, mut accepts) = (0, 0);
+        for e in epoch + 1 - leaving..=epoch {
+            let (r, a) = halves(self.bins[(e % BINS as u64) as usize].swap(0, Ordering::Relaxed));
+            requests += r;
+            accepts += a;
+        }
+        // Taken off half by half, never below zero (an add between the
+        // swap and here is in the sums already, or will be).
+        let _ = self
+            .sums
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |sums| {
+                let (r, a) = halves(sums);
+                Some((r.saturating_sub(requests) << 32) | a.saturating_sub(accepts))
+            });
+        self.newest.store(epoch, Ordering::Release);
+    }
+
+    /// The sums of the window ending at `epoch`.
+    fn sums(&self, epoch: u64) -> (u64, u64) {
+        if epoch > self.newest.load(Ordering::Acquire) {
+            self.advance(epoch);
+        }
+        halves(self.sums.load(Ordering::Relaxed))
     }
 }
 
@@ -109,7 +142,7 @@ impl std::fmt::Debug for AdaptiveThrottle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdaptiveThrottle")
             .field("ratio", &self.inner.ratio)
-            .field("window", &(self.inner.bin * BINS as u32))
+            .field("window", &self.window_len())
             .field("probability", &self.probability())
             .field("turned_away", &self.turned_away())
             .finish()
@@ -123,17 +156,16 @@ impl AdaptiveThrottle {
     }
 
     fn build(ratio: f64, window: Duration) -> Self {
+        let bin_nanos = u64::try_from((window / BINS as u32).as_nanos()).unwrap_or(u64::MAX);
         Self {
             inner: Arc::new(Inner {
                 ratio,
-                bin: window / BINS as u32,
+                bin_nanos: bin_nanos.max(1),
                 origin: Instant::now(),
-                window: Mutex::new(Window {
-                    bins: [(0, 0); BINS],
-                    newest: 0,
-                    requests: 0,
-                    accepts: 0,
-                }),
+                bins: [const { AtomicU64::new(0) }; BINS],
+                sums: AtomicU64::new(0),
+                newest: AtomicU64::new(0),
+                advancing: Mutex::new(()),
                 turned_away: AtomicU64::new(0),
             }),
         }
@@ -161,13 +193,48 @@ impl AdaptiveThrottle {
     }
 
     fn window_len(&self) -> Duration {
-        self.inner.bin * BINS as u32
+        Duration::from_nanos(self.inner.bin_nanos) * BINS as u32
     }
 
     /// The probability that an attempt is turned away now.
     pub fn probability(&self) -> f64 {
-        let (requests, accepts) = self.sums(Instant::now());
+        let (requests, accepts) = self.inner.sums(self.epoch(Instant::now()));
         self.reject_probability(requests, accepts)
+    }
+
+    /// Records the probability that an attempt is turned away now as the
+    /// gauge `resend.client.throttle.probability` (unit `1`) on `meter`,
+    /// observed at each collection while the throttle lives (call it after
+    /// [`ratio`](Self::ratio) and [`window`](Self::window), which make a new
+    /// window). Attempts turned away are in the call metrics already, as
+    /// calls that ended with `error.type` `throttled`.
+    ///
+    /// ```
+    /// use tower_resend::retry::AdaptiveThrottle;
+    ///
+    /// let meter = opentelemetry::global::meter("tower-resend");
+    /// let throttle = AdaptiveThrottle::new().meter(&meter);
+    /// let stack = tower_resend::stack().adaptive_throttle(throttle);
+    /// # let _ = stack;
+    /// ```
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(self, meter: &opentelemetry::metrics::Meter) -> Self {
+        let watched = Arc::downgrade(&self.inner);
+        meter
+            .f64_observable_gauge("resend.client.throttle.probability")
+            .with_unit("1")
+            .with_description(
+                "The probability that the adaptive throttle turns an attempt away now",
+            )
+            .with_callback(move |gauge| {
+                if let Some(inner) = watched.upgrade() {
+                    gauge.observe(Self { inner }.probability(), &[]);
+                }
+            })
+            .build();
+        self
     }
 
     /// Attempts turned away so far.
@@ -183,44 +250,28 @@ impl AdaptiveThrottle {
 
     fn epoch(&self, now: Instant) -> u64 {
         let since = now.saturating_duration_since(self.inner.origin);
-        u64::try_from(since.as_nanos() / self.inner.bin.as_nanos().max(1)).unwrap_or(u64::MAX)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
-        self.inner
-            .window
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The requests and accepts of the window ending at `now`.
-    fn sums(&self, now: Instant) -> (u64, u64) {
-        let epoch = self.epoch(now);
-        let mut w = self.lock();
-        w.advance(epoch);
-        (w.requests, w.accepts)
+        let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
+        nanos / self.inner.bin_nanos
     }
 
     /// Adds to the bin of `now`.
+    #[cfg(test)]
     fn count(&self, now: Instant, requests: u32, accepts: u32) {
-        let epoch = self.epoch(now);
-        self.lock().add(epoch, requests, accepts);
+        let count = u64::from(requests) * REQUEST + u64::from(accepts) * ACCEPT;
+        self.inner.count(self.epoch(now), count);
     }
 
     /// An attempt about to go out at `now`: counted, and let through
     /// (true) or turned away (false).
     pub(crate) fn admit(&self, now: Instant) -> bool {
-        let epoch = self.epoch(now);
         // The window before this attempt decides (a client's first attempt
         // is never turned away); the attempt then counts as a request
         // whether it goes out or not.
-        let (requests, accepts) = {
-            let mut w = self.lock();
-            w.advance(epoch);
-            let before = (w.requests, w.accepts);
-            w.add(epoch, 1, 0);
-            before
-        };
+        let (requests, accepts) = halves(self.inner.count(self.epoch(now), REQUEST));
+        // Nothing to reject while the upstream accepts: no arithmetic.
+        if requests as f64 <= self.inner.ratio * accepts as f64 {
+            return true;
+        }
         let p = self.reject_probability(requests, accepts);
         if p > 0.0 && fastrand::f64() < p {
             self.inner.turned_away.fetch_add(1, Ordering::Relaxed);
@@ -233,7 +284,7 @@ impl AdaptiveThrottle {
     /// upstream was overloaded or refused it.
     pub(crate) fn answered(&self, now: Instant, accepted: bool) {
         if accepted {
-            self.count(now, 0, 1);
+            self.inner.count(self.epoch(now), ACCEPT);
         }
     }
 }
