@@ -32,7 +32,9 @@
 //! # Layer order
 //!
 //! Outside in: [`InboundDeadlineLayer`], then [`ShedLayer`] if you shed
-//! load (it reads the deadline, and a shed request claims no key), then
+//! load (it reads the deadline, and a shed request claims no key; given the
+//! idempotency layer, [`ShedLayer::replays_from`], it answers a keyed retry
+//! it would shed from the key's record first), then
 //! [`IdempotencyLayer`], then the handler. A keyed handler cut by the deadline ends with the deadline's
 //! 504, which is kept as its operation's end (the work may have run in
 //! part); a keyed handler whose caller went away runs on to its end.
@@ -52,10 +54,11 @@
 //!     format!("created {body}")
 //! }
 //!
+//! let idempotency = IdempotencyLayer::new(MemoryStore::new());
 //! let app: Router = Router::new()
 //!     .route("/orders", post(create_order))
-//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
-//!     .layer(ShedLayer::new(64))
+//!     .layer(idempotency.clone())
+//!     .layer(ShedLayer::new(64).replays_from(&idempotency))
 //!     .layer(InboundDeadlineLayer::new(Duration::from_secs(10)));
 //! # let _ = app;
 //! ```
