@@ -21,10 +21,11 @@ mod pg;
 #[cfg(feature = "redis")]
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
+#[path = "support/serve.rs"]
+mod serve;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,9 +36,7 @@ use axum::Router;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use serve::serve;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
@@ -117,28 +116,6 @@ async fn charge(State(effects): State<Effects>, body: Bytes) -> String {
     };
     tokio::time::sleep(work_for(&order)).await;
     format!("charged {order} run {run}")
-}
-
-/// Serves `app` on `127.0.0.1:0` with hyper-util, every connection in a
-/// task of its own; the accept loop ends with the runtime.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let _ = stream.set_nodelay(true);
-            let svc = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 /// The faults the proxy's plan handed out, by kind.

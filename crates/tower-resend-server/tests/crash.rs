@@ -19,6 +19,9 @@
 // The child speaks to the test on stdout; what it forwards goes to stderr.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+#[path = "support/serve.rs"]
+mod serve;
+
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -34,10 +37,8 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
+use serve::serve;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::TcpListener;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout, Instant};
@@ -97,27 +98,6 @@ async fn redis_reachable(url: &str) -> bool {
             false
         }
     }
-}
-
-/// Serves `app` on 127.0.0.1:0 until the runtime ends.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let _ = stream.set_nodelay(true);
-            let svc = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 fn key_of(headers: &HeaderMap) -> String {

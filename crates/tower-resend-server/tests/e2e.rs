@@ -11,6 +11,8 @@ mod common;
 #[cfg(feature = "postgres")]
 #[path = "support/pg.rs"]
 mod pg;
+#[path = "support/serve.rs"]
+mod serve;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -29,9 +31,6 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_resend::retry::Backoff;
@@ -115,23 +114,7 @@ async fn serve<St: Store>(store: St, effects: Effects) -> SocketAddr {
         inner: app,
         seen: Arc::default(),
     };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let _ = stream.set_nodelay(true);
-            let svc = TowerToHyperService::new(svc.clone());
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    addr
+    serve::serve(svc).await
 }
 
 async fn run<St: Store>(store: St) {

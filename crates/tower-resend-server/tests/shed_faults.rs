@@ -13,9 +13,10 @@
 #[cfg(feature = "postgres")]
 #[path = "support/pg.rs"]
 mod pg;
+#[path = "support/serve.rs"]
+mod serve;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,9 +27,8 @@ use axum::Router;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use hyper_util::rt::TokioExecutor;
+use serve::serve;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_resend::{Error, ErrorKind};
@@ -65,37 +65,6 @@ async fn charge(State(effects): State<Effects>, body: Bytes) -> String {
     format!("charged {order} run {run}")
 }
 
-/// Serves `app` on `127.0.0.1:0`; the accept loop ends with the runtime.
-async fn serve<S>(app: S) -> SocketAddr
-where
-    S: tower::Service<
-            Request<hyper::body::Incoming>,
-            Response = http::Response<axum::body::Body>,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let _ = stream.set_nodelay(true);
-            let svc = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
 /// The proxy's plan for connection `index`: most pass; one in ten loses
 /// its answer after the work (`FIN` or `RST`), one in twenty holds it.
 fn fault(index: u64, faults: &AtomicU64) -> Fault {
@@ -127,7 +96,6 @@ async fn run<St: Backend>(name: &str, idempotency: IdempotencyLayer<St>, work: D
     let rate = (1.5 * SLOTS as f64 / work.as_secs_f64()) as u64;
     let shed = ShedLayer::new(SLOTS).replays_from(&idempotency);
     let app = ServiceBuilder::new()
-        .map_response(|r: http::Response<_>| r.map(axum::body::Body::new))
         .layer(InboundDeadlineLayer::new(Duration::from_secs(10)))
         .layer(shed.clone())
         .layer(idempotency)
