@@ -19,6 +19,8 @@
 
 #[path = "support/pg.rs"]
 mod pg;
+#[path = "support/serve.rs"]
+mod serve;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,10 +33,7 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use sqlx::PgPool;
-use tokio::net::TcpListener;
 use tokio::sync::OnceCell;
 use tower::ServiceExt;
 use tower_resend::{retry::Attempts, IdempotencyKey};
@@ -153,22 +152,7 @@ async fn serve(pool: &PgPool) -> (SocketAddr, Runs) {
         .with_state(runs.clone())
         .layer(IdempotencyLayer::new(backend))
         .layer(InboundDeadlineLayer::new(Duration::from_secs(30)));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let svc = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    (addr, runs)
+    (serve::serve(app).await, runs)
 }
 
 /// A POST to `addr` under `key` (none: unkeyed), doing `op` as `then` says.
