@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use http::Method;
 
-use super::router::{Picker, Router};
+use super::pick::{HttpTable, Picker};
+use super::router::Router;
 use crate::breaker::BreakerSlot;
 use crate::fleet::FleetSlot;
 use crate::read_ahead::ReadAhead;
@@ -114,13 +115,6 @@ pub(crate) struct Route {
     pub(crate) policy: RoutePolicy,
 }
 
-/// True when `prefix` takes a request for `path` (whole segments:
-/// `/orders` takes `/orders` and `/orders/7`, not `/ordersX`).
-fn takes(prefix: &str, path: &str) -> bool {
-    path.strip_prefix(prefix)
-        .is_some_and(|rest| rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'))
-}
-
 /// A table of routes by method and path prefix, each with its own
 /// [`RoutePolicy`] over one base stack: [`service`](Self::service) builds
 /// one stack per route, all over clones of one transport and sharing what
@@ -222,45 +216,12 @@ impl Routes {
             .iter()
             .map(|r| r.policy.apply(base.clone()).service(transport.clone()))
             .collect();
-        let table = HttpTable::of(self);
-        Router::new(Picker::Http(table), stacks, base.service(transport))
-    }
-}
-
-/// What the router keeps of the routes to pick one: (method, prefix).
-#[derive(Debug)]
-pub(crate) struct HttpTable {
-    routes: Box<[(Option<Method>, Box<str>)]>,
-}
-
-impl HttpTable {
-    fn of(routes: &Routes) -> Self {
-        Self {
-            routes: routes
-                .routes
+        let table = HttpTable::of(
+            self.routes
                 .iter()
-                .map(|r| (r.method.clone(), r.prefix.clone()))
-                .collect(),
-        }
-    }
-
-    /// The route of a request: the longest prefix, then a route of its
-    /// method, then the first.
-    pub(crate) fn pick(&self, method: &Method, path: &str) -> Option<usize> {
-        let mut best: Option<(usize, (usize, bool))> = None;
-        for (i, (m, prefix)) in self.routes.iter().enumerate() {
-            if m.as_ref().is_some_and(|m| m != method) {
-                continue;
-            }
-            if !takes(prefix, path) {
-                continue;
-            }
-            let rank = (prefix.len(), m.is_some());
-            if best.is_none_or(|(_, b)| rank > b) {
-                best = Some((i, rank));
-            }
-        }
-        best.map(|(i, _)| i)
+                .map(|r| (r.method.clone(), r.prefix.clone())),
+        );
+        Router::new(Picker::Http(table), stacks, base.service(transport))
     }
 }
 
@@ -276,7 +237,12 @@ mod tests {
             .route(Method::POST, "/orders", p)
             .route(Method::GET, "orders/archive", p)
             .any_method("/orders", p);
-        let table = HttpTable::of(&routes);
+        let table = HttpTable::of(
+            routes
+                .routes
+                .iter()
+                .map(|r| (r.method.clone(), r.prefix.clone())),
+        );
         assert_eq!(table.pick(&Method::GET, "/orders"), Some(0));
         assert_eq!(table.pick(&Method::POST, "/orders/7"), Some(1));
         assert_eq!(table.pick(&Method::GET, "/orders/archive/2"), Some(2));
@@ -284,7 +250,12 @@ mod tests {
         assert_eq!(table.pick(&Method::GET, "/ordersX"), None);
         assert_eq!(table.pick(&Method::GET, "/"), None);
         let slash = Routes::new().any_method("/api/", p);
-        let table = HttpTable::of(&slash);
+        let table = HttpTable::of(
+            slash
+                .routes
+                .iter()
+                .map(|r| (r.method.clone(), r.prefix.clone())),
+        );
         assert_eq!(table.pick(&Method::GET, "/api/x"), Some(0));
         assert_eq!(table.pick(&Method::GET, "/api"), None);
     }

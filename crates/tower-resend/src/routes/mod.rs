@@ -54,9 +54,10 @@
 mod http;
 #[cfg(feature = "service-config")]
 mod json;
+mod pick;
 mod router;
 
 pub use self::http::{RoutePolicy, Routes};
 #[cfg(feature = "service-config")]
-pub(crate) use self::router::{GrpcTable, Picker};
+pub(crate) use self::pick::{GrpcTable, Picker};
 pub use self::router::{ResponseFuture, Router};

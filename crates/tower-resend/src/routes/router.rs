@@ -1,6 +1,5 @@
 //! The router: one fully built service per route, picked per request.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,53 +9,7 @@ use http::Request;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::http::HttpTable;
-
-/// How a [`Router`] picks a route for a request: by method and path
-/// prefix (an HTTP [route table](super::Routes)), or by gRPC service and
-/// method (a [service config](crate::service_config)).
-#[derive(Debug)]
-pub(crate) enum Picker {
-    /// Routes by method and path prefix.
-    Http(HttpTable),
-    /// Routes by `/service/method`.
-    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
-    Grpc(GrpcTable),
-}
-
-/// The routes of a gRPC service config: `/service/method` first, then
-/// `/service/`, then the default, as gRPC matches them.
-#[derive(Debug, Default)]
-pub(crate) struct GrpcTable {
-    /// `service/method` → route.
-    pub(crate) methods: HashMap<Box<str>, usize>,
-    /// `service` → route, for every method of it.
-    pub(crate) services: HashMap<Box<str>, usize>,
-    /// The route of every other method, if the config has a default.
-    pub(crate) default: Option<usize>,
-}
-
-impl GrpcTable {
-    fn pick(&self, path: &str) -> Option<usize> {
-        let full = path.strip_prefix('/').unwrap_or(path);
-        let service = full.split_once('/').map_or(full, |(s, _)| s);
-        self.methods
-            .get(full)
-            .or_else(|| self.services.get(service))
-            .copied()
-            .or(self.default)
-    }
-}
-
-impl Picker {
-    /// The route of a request, if one matches.
-    fn pick<B>(&self, req: &Request<B>) -> Option<usize> {
-        match self {
-            Self::Http(table) => table.pick(req.method(), req.uri().path()),
-            Self::Grpc(table) => table.pick(req.uri().path()),
-        }
-    }
-}
+use super::pick::Picker;
 
 /// One service per route, and a fallback for the requests no route
 /// matches: the request's route is picked per call, and the call goes
