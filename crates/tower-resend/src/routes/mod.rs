@@ -52,8 +52,6 @@
 //! service config writes them (`"1.5s"`).
 
 mod http;
-#[cfg(feature = "service-config")]
-mod json;
 mod pick;
 mod router;
 

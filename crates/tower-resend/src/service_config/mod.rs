@@ -59,9 +59,10 @@
 mod apply;
 mod classify;
 mod count;
-pub(crate) mod duration;
+mod duration;
 mod error;
-pub(crate) mod parse;
+mod parse;
+mod routes;
 #[cfg(test)]
 mod tests;
 

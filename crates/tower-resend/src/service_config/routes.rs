@@ -1,16 +1,18 @@
-//! A route table read from JSON (or any serde format), with the service
-//! config's durations and errors.
+//! A route table ([`Routes`]) read from JSON (or any serde format), with
+//! the service config's durations and errors: here, beside the reader it
+//! shares them with, so that the routes do not import the service config
+//! that builds on them.
 
 use http::Method;
 use serde_json::Value;
 
-use super::{RoutePolicy, Routes};
-use crate::retry::Backoff;
-use crate::service_config::parse::{
+use super::parse::{
     attempts, duration_at, field, join, list, object, positive_duration, positive_number, required,
     string,
 };
-use crate::service_config::InvalidConfig;
+use super::InvalidConfig;
+use crate::retry::Backoff;
+use crate::routes::{RoutePolicy, Routes};
 
 type Result<T> = std::result::Result<T, InvalidConfig>;
 
