@@ -32,7 +32,7 @@
 //! # let _ = shed;
 //! ```
 //!
-//! Order: outside the [`IdempotencyLayer`](crate::IdempotencyLayer) (a shed
+//! Order: outside the [`IdempotencyLayer`] (a shed
 //! request claims no key, and the work the limit bounds is the handler's),
 //! inside the `InboundDeadlineLayer` (whose deadline it reads). Given the
 //! idempotency layer ([`ShedLayer::replays_from`]), a keyed retry it would
