@@ -17,6 +17,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+mod grpc;
+
+use grpc::TokenBucket;
+
 /// Within this of a whole token is a whole token: the decay of the
 /// microseconds between the last deposit and a look would otherwise take k
 /// deposits' worth of tokens down to k - 1.
@@ -122,32 +126,6 @@ struct Inner {
     bucket: Option<TokenBucket>,
 }
 
-/// gRPC's retry throttling (gRFC A6): a count of tokens, in thousandths,
-/// that starts full; an attempt that fails with a code its method's policy
-/// retries (or does not find fatal) takes one, a success gives back
-/// `ratio`; retries and hedges go out only while more than half is left.
-#[derive(Debug)]
-pub(crate) struct TokenBucket {
-    /// Thousandths of a token.
-    tokens: AtomicU64,
-    max: u64,
-    ratio: u64,
-}
-
-impl TokenBucket {
-    /// Half the tokens or fewer left: no retry, no hedge.
-    fn open(&self) -> bool {
-        self.tokens.load(Ordering::Relaxed) * 2 > self.max
-    }
-
-    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
-    fn update(&self, f: impl Fn(u64) -> u64) {
-        let _ = self
-            .tokens
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(f(t)));
-    }
-}
-
 struct State {
     balance: f64,
     floor: f64,
@@ -250,54 +228,6 @@ impl RetryBudget {
                 bucket: None,
             }),
         }
-    }
-
-    /// gRPC's `retryThrottling`: `max_tokens` (thousandths of a token, as
-    /// gRPC counts them) to start with, `ratio` thousandths given back by
-    /// each success. Nothing but [`failed_attempt`](Self::failed_attempt)
-    /// and [`succeeded`](Self::succeeded) moves the count (the service
-    /// config's transport wrapper calls them for every attempt); a
-    /// withdrawal takes nothing, and finds a token while more than half of
-    /// `max_tokens` is left.
-    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
-    pub(crate) fn grpc_throttling(max_tokens: u64, ratio: u64) -> Self {
-        let mut budget = Self::build(0.0, 0.0, Duration::from_secs(10));
-        if let Some(inner) = Arc::get_mut(&mut budget.inner) {
-            inner.bucket = Some(TokenBucket {
-                tokens: AtomicU64::new(max_tokens),
-                max: max_tokens,
-                ratio,
-            });
-        }
-        budget
-    }
-
-    /// gRPC throttling: an attempt failed with a code its policy retries.
-    /// (Nothing for a budget of the other kind.)
-    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
-    pub(crate) fn failed_attempt(&self) {
-        if let Some(b) = &self.inner.bucket {
-            b.update(|t| t.saturating_sub(1000));
-        }
-    }
-
-    /// gRPC throttling: a call succeeded. (Nothing for a budget of the
-    /// other kind.)
-    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
-    pub(crate) fn succeeded(&self) {
-        if let Some(b) = &self.inner.bucket {
-            b.update(|t| t.saturating_add(b.ratio).min(b.max));
-        }
-    }
-
-    /// gRPC throttling: the tokens left, in thousandths; `None` for a
-    /// budget of the other kind.
-    #[cfg(test)]
-    pub(crate) fn tokens(&self) -> Option<u64> {
-        self.inner
-            .bucket
-            .as_ref()
-            .map(|b| b.tokens.load(Ordering::Relaxed))
     }
 
     /// Records one logical call. Lock-free: one relaxed atomic add, on this
@@ -537,12 +467,7 @@ impl Default for RetryBudget {
 impl fmt::Debug for RetryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(b) = &self.inner.bucket {
-            return f
-                .debug_struct("RetryBudget")
-                .field("grpc_max_tokens", &b.max)
-                .field("grpc_token_ratio", &b.ratio)
-                .field("grpc_tokens", &b.tokens.load(Ordering::Relaxed))
-                .finish();
+            return b.fmt(f);
         }
         f.debug_struct("RetryBudget")
             .field("ratio", &self.inner.ratio)
