@@ -709,16 +709,31 @@ impl Keyed {
         key: Option<&'static str>,
         retry: bool,
     ) -> tokio::task::JoinHandle<KeyedResponse> {
+        self.send_as(key, retry, false).await
+    }
+
+    /// [`send`](Self::send), as a gRPC call when `grpc`.
+    async fn send_as(
+        &self,
+        key: Option<&'static str>,
+        retry: bool,
+        grpc: bool,
+    ) -> tokio::task::JoinHandle<KeyedResponse> {
         let mut req = Request::post("/charges")
             .body(Full::new(Bytes::new()))
             .unwrap();
+        let h = req.headers_mut();
         if let Some(key) = key {
-            req.headers_mut()
-                .insert("idempotency-key", key.parse().unwrap());
+            h.insert("idempotency-key", key.parse().unwrap());
         }
+        let attempts = if grpc {
+            h.insert("content-type", "application/grpc".parse().unwrap());
+            "grpc-previous-rpc-attempts"
+        } else {
+            "resend-previous-attempts"
+        };
         if retry {
-            req.headers_mut()
-                .insert("resend-previous-attempts", "1".parse().unwrap());
+            h.insert(attempts, "1".parse().unwrap());
         }
         let task = tokio::spawn(self.svc.clone().oneshot(req).map(|r| match r {
             Ok(resp) => resp,
@@ -783,5 +798,31 @@ async fn at_capacity_a_keyed_retry_gets_its_replay_not_a_shed() {
     k.gate.add_permits(2);
     assert_eq!(b.await.unwrap().status(), StatusCode::OK);
     let c = k.send(Some("c"), true).await.await.unwrap();
+    assert_eq!(text(c.into_body()), "charged c, run 3");
+}
+
+/// The same over gRPC: a retry (`grpc-previous-rpc-attempts`) whose key has
+/// an answer gets its replay; one whose key has none is refused
+/// UNAVAILABLE with pushback, and its key is free afterwards.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn at_capacity_a_keyed_grpc_retry_gets_its_replay_not_a_shed() {
+    let k = Keyed::new();
+    k.gate.add_permits(1);
+    let first = k.send_as(Some("a"), false, true).await.await.unwrap();
+    assert_eq!(text(first.into_body()), "charged a, run 1");
+    let b = k.send_as(Some("b"), false, true).await;
+
+    let again = k.send_as(Some("a"), true, true).await.await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(text(again.into_body()), "charged a, run 1");
+    let shed = k.send_as(Some("c"), true, true).await.await.unwrap();
+    assert_eq!(shed.headers()["grpc-status"], "14");
+    assert!(shed.headers().contains_key("grpc-retry-pushback-ms"));
+    let stats = k.shed.stats();
+    assert_eq!((stats.replayed, stats.shed_retries), (1, 1), "{stats:?}");
+
+    k.gate.add_permits(2);
+    assert_eq!(b.await.unwrap().status(), StatusCode::OK);
+    let c = k.send_as(Some("c"), true, true).await.await.unwrap();
     assert_eq!(text(c.into_body()), "charged c, run 3");
 }
