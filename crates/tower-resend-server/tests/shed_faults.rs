@@ -45,15 +45,27 @@ const OFFERED: Duration = Duration::from_secs(4);
 /// The bound on the whole run.
 const RUN_BOUND: Duration = Duration::from_secs(40);
 
-/// Runs per order, and what one piece of work takes.
+/// Runs per order, handlers at work now, and what one piece of work takes.
 #[derive(Clone)]
 struct Effects {
     runs: Arc<Mutex<HashMap<String, (usize, Instant)>>>,
+    working: Arc<AtomicU64>,
     work: Duration,
+}
+
+/// Counts a handler at work for as long as it lives, its task cut or not.
+struct Working(Arc<AtomicU64>);
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The handler: the effect first (the card is charged), then the work.
 async fn charge(State(effects): State<Effects>, body: Bytes) -> String {
+    effects.working.fetch_add(1, Ordering::SeqCst);
+    let _working = Working(effects.working.clone());
     let order = String::from_utf8_lossy(&body).into_owned();
     let run = {
         let mut runs = effects.runs.lock().unwrap();
@@ -91,6 +103,7 @@ enum Outcome {
 async fn run<St: Backend>(name: &str, idempotency: IdempotencyLayer<St>, work: Duration) {
     let effects = Effects {
         runs: Arc::default(),
+        working: Arc::default(),
         work,
     };
     let rate = (1.5 * SLOTS as f64 / work.as_secs_f64()) as u64;
@@ -158,13 +171,17 @@ async fn run<St: Backend>(name: &str, idempotency: IdempotencyLayer<St>, work: D
         for t in tasks {
             outcomes.push(t.await.unwrap());
         }
+        // Work a caller left may still finish; none of it may run twice.
+        while effects.working.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         outcomes
     };
     let outcomes = tokio::time::timeout(RUN_BOUND, calls)
         .await
-        .unwrap_or_else(|_| panic!("{name}: the calls did not end within {RUN_BOUND:?}"));
-    // Work a caller left may still finish; none of it may run twice.
-    tokio::time::sleep(work * 5).await;
+        .unwrap_or_else(|_| {
+            panic!("{name}: the calls and their work did not end within {RUN_BOUND:?}")
+        });
     check(
         name,
         &effects,
