@@ -4,6 +4,9 @@
 //! no call.
 #![allow(clippy::print_stderr)]
 
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -65,37 +68,25 @@ where
     S::Future: Send,
     RB: Send + 'static,
 {
-    const TASKS: usize = 20;
-    let mut set = JoinSet::new();
-    for t in 0..TASKS {
-        let (stack, method) = (stack.clone(), method.clone());
-        set.spawn(async move {
-            let mut out = Vec::new();
-            for n in (t..calls).step_by(TASKS) {
-                let mut req = Request::builder()
-                    .method(method.clone())
-                    .uri(format!("http://inventory/items/{n}"))
-                    .body(Full::new(Bytes::from_static(b"{}")))
-                    .unwrap();
-                if method == Method::POST {
-                    req.extensions_mut()
-                        .insert(IdempotencyKey::new(format!("order-{n}")).unwrap());
-                }
-                let start = Instant::now();
-                let resp = stack.clone().oneshot(req).await;
-                let resp = resp.unwrap_or_else(|e| panic!("call {n}: {e:?}"));
-                assert_eq!(resp.status(), StatusCode::OK, "call {n}");
-                out.push(start.elapsed());
-            }
-            out
-        });
-    }
-    let mut latencies = Vec::new();
-    while let Some(done) = set.join_next().await {
-        latencies.extend(done.expect("the task"));
-    }
-    latencies.sort();
-    latencies
+    let request = move |n: usize| {
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(format!("http://inventory/items/{n}"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        if req.method() == Method::POST {
+            req.extensions_mut()
+                .insert(IdempotencyKey::new(format!("order-{n}")).unwrap());
+        }
+        req
+    };
+    let ok =
+        |n: usize, resp: &http::Response<RB>| assert_eq!(resp.status(), StatusCode::OK, "call {n}");
+    common::in_parallel(stack, calls, request, ok)
+        .await
+        .into_iter()
+        .map(|(took, ())| took)
+        .collect()
 }
 
 fn p99(sorted: &[Duration]) -> Duration {

@@ -3,6 +3,9 @@
 //! every latency is tokio's paused clock and nothing else.
 #![allow(clippy::print_stderr)]
 
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -88,43 +91,21 @@ where
     S::Future: Send,
     RB: Send + 'static,
 {
-    const TASKS: usize = 20;
-    let mut set = JoinSet::new();
-    for t in 0..TASKS {
-        let (stack, method) = (stack.clone(), method.clone());
-        set.spawn(async move {
-            let mut out = Vec::new();
-            for n in (t..calls).step_by(TASKS) {
-                let started = Instant::now();
-                let resp = stack
-                    .clone()
-                    .oneshot(request(method.clone(), n))
-                    .await
-                    .unwrap_or_else(|e| panic!("call {n}: {e:?}"));
-                let hedged = resp.extensions().get::<Hedged>().copied();
-                let by_backup = hedged.is_some_and(|h| h.won > 1);
-                // The call's history says the same.
-                let last = resp.extensions().get::<Attempts>().and_then(Attempts::last);
-                assert_eq!(
-                    last.map(|a| (a.copies(), a.winning_copy())),
-                    Some(hedged.map_or((1, 1), |h| (h.sent, h.won))),
-                    "call {n}"
-                );
-                out.push((started.elapsed(), by_backup));
-            }
-            out
-        });
-    }
-    let mut latencies = Vec::with_capacity(calls);
-    let mut backups = 0;
-    while let Some(done) = set.join_next().await {
-        for (took, by_backup) in done.expect("the task") {
-            latencies.push(took);
-            backups += usize::from(by_backup);
-        }
-    }
-    latencies.sort();
-    (latencies, backups)
+    let by_backup = |n: usize, resp: &Response<RB>| {
+        let hedged = resp.extensions().get::<Hedged>().copied();
+        // The call's history says the same.
+        let last = resp.extensions().get::<Attempts>().and_then(Attempts::last);
+        assert_eq!(
+            last.map(|a| (a.copies(), a.winning_copy())),
+            Some(hedged.map_or((1, 1), |h| (h.sent, h.won))),
+            "call {n}"
+        );
+        hedged.is_some_and(|h| h.won > 1)
+    };
+    let calls =
+        common::in_parallel(stack, calls, move |n| request(method.clone(), n), by_backup).await;
+    let backups = calls.iter().filter(|(_, backup)| *backup).count();
+    (calls.into_iter().map(|(took, _)| took).collect(), backups)
 }
 
 fn p(sorted: &[Duration], q: f64) -> Duration {

@@ -16,6 +16,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+
 use bytes::Bytes;
 use http::{Method, Request, Response, Uri};
 use http_body::{Body, Frame};
@@ -161,4 +164,47 @@ impl Body for Chunks {
     fn is_end_stream(&self) -> bool {
         self.chunks.is_empty()
     }
+}
+
+/// `calls` calls, 20 at a time, each of `request(n)` through `stack`, each
+/// response looked at by `look(n, &response)` (every call must succeed):
+/// what each took, and what `look` said of it, sorted by the time taken.
+#[allow(dead_code)] // the load-shaped suites' (fleet, hedge)
+pub(crate) async fn in_parallel<S, RB, T>(
+    stack: S,
+    calls: usize,
+    request: impl Fn(usize) -> Request<Full<Bytes>> + Clone + Send + 'static,
+    look: impl Fn(usize, &Response<RB>) -> T + Clone + Send + 'static,
+) -> Vec<(Duration, T)>
+where
+    S: tower::Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Error: std::fmt::Debug + Send,
+    S::Future: Send,
+    RB: Send + 'static,
+    T: Send + 'static,
+{
+    const TASKS: usize = 20;
+    let mut set = JoinSet::new();
+    for t in 0..TASKS {
+        let (stack, request, look) = (stack.clone(), request.clone(), look.clone());
+        set.spawn(async move {
+            let mut out = Vec::new();
+            for n in (t..calls).step_by(TASKS) {
+                let started = tokio::time::Instant::now();
+                let resp = stack
+                    .clone()
+                    .oneshot(request(n))
+                    .await
+                    .unwrap_or_else(|e| panic!("call {n}: {e:?}"));
+                out.push((started.elapsed(), look(n, &resp)));
+            }
+            out
+        });
+    }
+    let mut all = Vec::with_capacity(calls);
+    while let Some(done) = set.join_next().await {
+        all.extend(done.expect("the task"));
+    }
+    all.sort_by_key(|(took, _)| *took);
+    all
 }
