@@ -19,13 +19,13 @@
 // The child speaks to the test on stdout; what it forwards goes to stderr.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+#[path = "support/child.rs"]
+mod child;
 #[path = "support/serve.rs"]
 mod serve;
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,12 +35,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
+use child::{exit_with_the_test, say, ChildServer, LINE_WAIT};
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serve::serve;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout, Instant};
 use tower::ServiceExt;
 use tower_resend_server::idempotency::IDEMPOTENT_REPLAYED;
@@ -59,12 +57,8 @@ const ENV_REDIS: &str = "RESEND_REDIS_URL";
 const A_LEASE: Duration = Duration::from_secs(1);
 /// The most the whole scenario may take.
 const SCENARIO: Duration = Duration::from_secs(15);
-/// The most one wait for a line from a child may take.
-const LINE_WAIT: Duration = Duration::from_secs(5);
 /// How long the caller keeps retrying while A answers 409.
 const RETRY_FOR: Duration = Duration::from_secs(6);
-/// The longest a child lives, if nobody kills it and its stdin stays open.
-const CHILD_LIFE: Duration = Duration::from_secs(60);
 
 const CALLER_BODY: &str = "order-1: 3 widgets";
 
@@ -219,14 +213,6 @@ async fn a_order(State(a): State<A>, body: Bytes) -> Response {
     resp
 }
 
-/// One line to the test, on stdout, flushed. Written to the file itself, so
-/// it reaches the test whatever libtest captures.
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").unwrap();
-    out.flush().unwrap();
-}
-
 /// Not a test: the entry point of service A's process, which the tests
 /// start by running this binary again with `--ignored --exact
 /// a_server_child` and [`ENV_MODE`] set. Run any other way (no
@@ -247,17 +233,7 @@ async fn a_server_child() {
     let need = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is unset"));
     let (b_url, prefix, redis) = (need(ENV_B_URL), need(ENV_PREFIX), need(ENV_REDIS));
 
-    // Never outlive the test: exit when its end of stdin closes, or at the
-    // latest after CHILD_LIFE.
-    std::thread::spawn(|| {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        std::process::exit(0);
-    });
-    tokio::spawn(async {
-        sleep(CHILD_LIFE).await;
-        eprintln!("a_server_child: still alive after {CHILD_LIFE:?}: exiting");
-        std::process::exit(1);
-    });
+    exit_with_the_test("a_server_child");
 
     let store = RedisStore::open(&redis).unwrap().prefix(prefix);
     let b = tower_resend::stack()
@@ -275,110 +251,19 @@ async fn a_server_child() {
     std::future::pending::<()>().await;
 }
 
-/// A child process running A; killed when dropped, so a failing test
-/// leaves nothing behind.
-struct AProcess {
-    name: &'static str,
-    child: Child,
-    // Held open: the child exits when it closes.
-    _stdin: ChildStdin,
-    lines: mpsc::UnboundedReceiver<String>,
-    port: u16,
+/// Starts A's process in `mode` (`hang` or `normal`).
+async fn start_a(name: &'static str, mode: &str, b: SocketAddr, prefix: &str) -> ChildServer {
+    let envs = [
+        (ENV_MODE, mode.to_owned()),
+        (ENV_B_URL, format!("http://{b}")),
+        (ENV_PREFIX, prefix.to_owned()),
+        (ENV_REDIS, redis_url()),
+    ];
+    ChildServer::start(name, "a_server_child", &envs).await
 }
 
-impl AProcess {
-    /// Starts A in `mode` and waits until it listens.
-    async fn start(name: &'static str, mode: &str, b: SocketAddr, prefix: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "a_server_child",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ENV_MODE, mode)
-            .env(ENV_B_URL, format!("http://{b}"))
-            .env(ENV_PREFIX, prefix)
-            .env(ENV_REDIS, redis_url())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start A's process");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        // Every line of the child's stdout: forwarded to stderr, and handed
-        // to the test.
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut stdout = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = stdout.next_line().await {
-                eprintln!("[{name}] {line}");
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut a = Self {
-            name,
-            child,
-            _stdin: stdin,
-            lines,
-            port: 0,
-        };
-        let line = a.wait_for("LISTENING ").await;
-        a.port = line.trim().parse().expect("LISTENING <port>");
-        a
-    }
-
-    /// Waits (bounded) for a stdout line containing `marker`, and gives
-    /// what follows it.
-    async fn wait_for(&mut self, marker: &str) -> String {
-        let name = self.name;
-        let found = async {
-            while let Some(line) = self.lines.recv().await {
-                // libtest may print on the same line before the marker.
-                if let Some(at) = line.find(marker) {
-                    return line[at + marker.len()..].to_owned();
-                }
-            }
-            panic!("{name} ended its stdout without saying {marker:?}");
-        };
-        timeout(LINE_WAIT, found)
-            .await
-            .unwrap_or_else(|_| panic!("{name} did not say {marker:?} within {LINE_WAIT:?}"))
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/orders", self.port)
-    }
-
-    /// Kills the process (SIGKILL: no shutdown of any kind) and reaps it.
-    async fn kill(mut self) {
-        timeout(LINE_WAIT, self.child.kill())
-            .await
-            .expect("A's process did not die in time")
-            .expect("kill A's process");
-    }
-}
-
-impl Drop for AProcess {
-    fn drop(&mut self) {
-        // Only the child this test started; a no-op once it is reaped.
-        if self.child.start_kill().is_err() {
-            return;
-        }
-        // Reaped here (it dies at once), so that a test that fails, and
-        // exits, leaves no zombie behind either.
-        for _ in 0..100 {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
+fn url_of(a: &ChildServer) -> String {
+    format!("http://127.0.0.1:{}/orders", a.port)
 }
 
 // ----------------------------------------------------------- caller ----
@@ -462,9 +347,9 @@ async fn scenario() {
 
     // A's first process takes the caller's POST, has B do the work, and
     // hangs before answering.
-    let mut a1 = AProcess::start("A1", "hang", b_addr, &prefix).await;
+    let mut a1 = start_a("A1", "hang", b_addr, &prefix).await;
     let first = tokio::spawn({
-        let (caller, req) = (caller.clone(), order(&a1.url(), key));
+        let (caller, req) = (caller.clone(), order(&url_of(&a1), key));
         async move { caller.request(req).await.map(|r| r.status()) }
     });
     assert_eq!(a1.wait_for("B-CALLED ").await, "201 Created");
@@ -483,8 +368,8 @@ async fn scenario() {
 
     // The caller retries on a new process of A, same store, same key, same
     // body: 409 until the dead lease expires, then A runs again.
-    let a2 = AProcess::start("A2", "normal", b_addr, &prefix).await;
-    let ((status, headers, body), conflicts) = retry_through_409(&caller, &a2.url(), key).await;
+    let a2 = start_a("A2", "normal", b_addr, &prefix).await;
+    let ((status, headers, body), conflicts) = retry_through_409(&caller, &url_of(&a2), key).await;
     assert_eq!(status, StatusCode::CREATED, "A's retry: {body}");
     assert!(
         headers.get(IDEMPOTENT_REPLAYED).is_none(),
@@ -516,7 +401,7 @@ async fn scenario() {
     );
 
     // Again on the same key: A's own stored answer; B is not called.
-    let (status, headers, again) = send(&caller, order(&a2.url(), key)).await;
+    let (status, headers, again) = send(&caller, order(&url_of(&a2), key)).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(headers[IDEMPOTENT_REPLAYED], "true");
     assert_eq!(again, body);
@@ -525,7 +410,7 @@ async fn scenario() {
     // Control: another inbound key derives another key, and B works again.
     // Were keys not derived from the inbound one, the assertions above
     // could not tell.
-    let (status, headers, other) = send(&caller, order(&a2.url(), "order-2")).await;
+    let (status, headers, other) = send(&caller, order(&url_of(&a2), "order-2")).await;
     assert_eq!(status, StatusCode::CREATED, "{other}");
     assert_eq!(other, format!("B run 2 (from A: {CALLER_BODY})"));
     assert!(headers.get("x-b-replayed").is_none());
