@@ -5,109 +5,31 @@
 //! (trailers-only), and what says "nothing was done" frees the key. Prost
 //! messages written by hand (no protoc), on tokio's paused clock.
 
-use std::convert::Infallible;
-use std::future::Future;
+#[path = "support/ledger.rs"]
+mod ledger;
+
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::uri::PathAndQuery;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
+use ledger::{Balance, ChargeRequest, Ledger, CHARGE};
 use prost::Message;
 use tokio::task::JoinHandle;
 use tonic::metadata::MetadataMap;
-use tonic::server::NamedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Status};
 use tonic_prost::ProstCodec;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{ServiceBuilder, ServiceExt};
 use tower_resend::tonic::TonicTransport;
-use tower_resend_server::idempotency::Backend;
+use tower_resend_server::idempotency::{Anonymous, Backend};
 use tower_resend_server::store::{Begin, Claim, LeaseState, StoredResponse, Ttl};
 use tower_resend_server::{IdempotencyLayer, InboundDeadlineLayer, MemoryStore, Store, StoreError};
-
-/// `resend.test.ChargeRequest`.
-#[derive(Clone, PartialEq, Message)]
-struct ChargeRequest {
-    /// What the handler does: `ok`, `slow` (works 1.5 s), `unavailable`,
-    /// `marked` (FAILED_PRECONDITION marked nothing done), `hang` (works
-    /// 10 s).
-    #[prost(string, tag = "1")]
-    account: String,
-    #[prost(uint64, tag = "2")]
-    amount: u64,
-}
-
-/// `resend.test.Balance`.
-#[derive(Clone, PartialEq, Message)]
-struct Balance {
-    #[prost(uint64, tag = "1")]
-    amount: u64,
-    /// The run that answered: a replay says the first run's.
-    #[prost(uint64, tag = "2")]
-    run: u64,
-}
-
-const CHARGE: &str = "/resend.test.Ledger/Charge";
-
-/// The Ledger service: counts its runs (its effects).
-#[derive(Clone, Default)]
-struct Ledger {
-    runs: Arc<AtomicUsize>,
-}
-
-impl NamedService for Ledger {
-    const NAME: &'static str = "resend.test.Ledger";
-}
-
-impl Service<Request<tonic::body::Body>> for Ledger {
-    type Response = Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
-        let runs = Arc::clone(&self.runs);
-        Box::pin(async move {
-            let handler = tower::service_fn(move |req: tonic::Request<ChargeRequest>| {
-                let runs = Arc::clone(&runs);
-                async move {
-                    let req = req.into_inner();
-                    let run = runs.fetch_add(1, Ordering::SeqCst) as u64 + 1;
-                    match req.account.as_str() {
-                        "slow" => tokio::time::sleep(Duration::from_millis(1500)).await,
-                        "hang" => tokio::time::sleep(Duration::from_secs(10)).await,
-                        "unavailable" => return Err(Status::unavailable("try later")),
-                        "marked" => {
-                            let mut status = Status::failed_precondition("frozen");
-                            status
-                                .metadata_mut()
-                                .insert("idempotent-nothing-done", "true".parse().unwrap());
-                            return Err(status);
-                        }
-                        _ => {}
-                    }
-                    Ok(tonic::Response::new(Balance {
-                        amount: req.amount,
-                        run,
-                    }))
-                }
-            });
-            let mut grpc =
-                tonic::server::Grpc::new(ProstCodec::<Balance, ChargeRequest>::default());
-            Ok(grpc.unary(handler, req).await)
-        })
-    }
-}
 
 /// A tonic server on 127.0.0.1 (port chosen by the OS) behind the layers,
 /// stopped when dropped.
@@ -174,8 +96,6 @@ async fn tonic_call(
     key: Option<&str>,
     timeout: Option<Duration>,
 ) -> Result<(Balance, MetadataMap), Status> {
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.expect("the channel connects");
     let mut req = tonic::Request::new(msg);
     if let Some(key) = key {
         req.metadata_mut()
@@ -184,6 +104,32 @@ async fn tonic_call(
     if let Some(t) = timeout {
         req.set_timeout(t);
     }
+    unary(channel, req).await
+}
+
+/// A keyed unary call by tonic's own client, as the caller `who` (a
+/// credential's metadata name and value; none when the name is empty).
+async fn tonic_call_as(
+    channel: Channel,
+    msg: ChargeRequest,
+    key: &str,
+    who: (&'static str, &str),
+) -> Result<(Balance, MetadataMap), Status> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("idempotency-key", key.parse().unwrap());
+    if !who.0.is_empty() {
+        req.metadata_mut().insert(who.0, who.1.parse().unwrap());
+    }
+    unary(channel, req).await
+}
+
+async fn unary(
+    channel: Channel,
+    req: tonic::Request<ChargeRequest>,
+) -> Result<(Balance, MetadataMap), Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("the channel connects");
     let codec = ProstCodec::<ChargeRequest, Balance>::default();
     let resp = grpc
         .unary(req, PathAndQuery::from_static(CHARGE), codec)
@@ -516,6 +462,60 @@ async fn the_layers_refusals_are_grpc_statuses() {
         "1000"
     );
     assert_eq!(down.runs(), 0);
+}
+
+/// Keys are scoped by the caller's credentials over gRPC as over HTTP:
+/// callers presenting different `authorization` or `x-api-key` metadata,
+/// or none, under one key and one payload, each get their own run, never
+/// another's answer; each one's repeat is its own replay. With
+/// [`Anonymous::Refuse`], a keyed call without credentials is
+/// UNAUTHENTICATED and nothing runs.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn grpc_callers_never_see_each_others_answers() {
+    let server = GrpcServer::start(IdempotencyLayer::new(MemoryStore::new())).await;
+    let callers: [(&'static str, &str); 5] = [
+        ("authorization", "Bearer alice"),
+        ("authorization", "Bearer bob"),
+        ("x-api-key", "key-alice"),
+        ("x-api-key", "key-bob"),
+        ("", ""),
+    ];
+    let mut leaks = Vec::new();
+    let mut pairs = 0;
+    for (i, &x) in callers.iter().enumerate() {
+        for (j, &y) in callers.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let key = format!("pair-{i}-{j}");
+            let call = |who| tonic_call_as(server.channel(), charge("ok", 3), &key, who);
+            let (first, _) = call(x).await.expect("x's first call");
+            let (other, metadata) = call(y).await.expect("y's call");
+            if other.run == first.run || metadata.get("idempotent-replayed").is_some() {
+                leaks.push((x, y));
+            }
+            let (own, metadata) = call(x).await.expect("x's repeat");
+            assert_eq!(own, first, "x's repeat is x's own answer");
+            assert_eq!(metadata.get("idempotent-replayed").unwrap(), "true");
+            pairs += 1;
+        }
+    }
+    assert!(leaks.is_empty(), "cross-caller replays: {leaks:?}");
+    assert_eq!(server.runs(), 2 * pairs, "each caller of a pair ran once");
+
+    let refusing = IdempotencyLayer::new(MemoryStore::new()).anonymous(Anonymous::Refuse);
+    let server = GrpcServer::start(refusing).await;
+    let status = tonic_call(server.channel(), charge("ok", 1), Some("order-a"), None)
+        .await
+        .expect_err("no credentials");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("credentials"), "{status:?}");
+    let who = ("authorization", "Bearer carol");
+    let (answer, _) = tonic_call_as(server.channel(), charge("ok", 1), "order-a", who)
+        .await
+        .expect("with credentials it runs");
+    assert_eq!(answer.run, 1);
+    assert_eq!(server.runs(), 1);
 }
 
 /// 8. A gRPC caller that gives up mid-handler (drops the call, no
