@@ -1,7 +1,9 @@
 //! Heap allocations of one successful call, counted by a counting global
 //! allocator: the default `tower_resend::stack()` over a service that
 //! answers 200 at once, beside tower's retry stack making the same writes
-//! (a `Deadline` on the request, a history on the response).
+//! (a `Deadline` on the request, a history on the response); then, on the
+//! server, a keyed POST through an axum handler with the
+//! `IdempotencyLayer` on the memory store, beside the same handler alone.
 //!
 //! `cargo bench -p tower-resend-benches --bench allocations` prints, per
 //! variant, the allocations and bytes of one call (the mean over 1,000
@@ -19,9 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use http::Request;
-use tower::ServiceExt;
+use http_body_util::BodyExt;
+use tower::{Service, ServiceExt};
 use tower_resend_benches::variants::{self, Variant};
 use tower_resend_benches::Body;
+use tower_resend_server::{IdempotencyLayer, MemoryStore};
 
 /// Counts allocations while `ON`; records their sizes (and, when tracing,
 /// their backtraces) while `RECORD`.
@@ -83,9 +87,16 @@ fn where_from(bt: &std::backtrace::Backtrace) -> String {
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
         let name = line.trim();
-        let interesting = ["tower_resend", "tower::", "tower_http", "http::"]
-            .iter()
-            .any(|p| name.contains(p))
+        let interesting = [
+            "tower_resend",
+            "tower::",
+            "tower_http",
+            "http::",
+            "axum",
+            "bytes::",
+        ]
+        .iter()
+        .any(|p| name.contains(p))
             && !name.contains("allocations::");
         if interesting {
             let at = lines
@@ -109,16 +120,45 @@ async fn call<S: Variant>(svc: &mut S) {
     assert!(resp.is_ok(), "the call succeeds");
 }
 
-async fn measure<S: Variant>(name: &str, mut svc: S) {
+/// A keyed POST (a fresh key each time) through `app`, an axum router, its
+/// answer read.
+async fn post(app: &mut axum::Router, i: &mut u64) {
+    *i += 1;
+    let req = Request::post("/orders")
+        .header("content-type", "application/json")
+        .header("idempotency-key", format!("order-{i}"))
+        .body(axum::body::Body::from("{\"sku\":\"abc\",\"qty\":1}"))
+        .expect("a valid request");
+    let resp = ServiceExt::<Request<axum::body::Body>>::ready(app)
+        .await
+        .expect("ready")
+        .call(req)
+        .await
+        .expect("an answer");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let body = resp.into_body().collect().await.expect("the body");
+    assert!(!body.to_bytes().is_empty());
+}
+
+/// An axum handler that waits once before it answers, as one calling a
+/// database does (the idempotency layer then arms its lease's renewal).
+async fn waiting(body: bytes::Bytes) -> String {
+    tokio::task::yield_now().await;
+    format!("ok {}", body.len())
+}
+
+/// Counts the allocations of `one()` (the mean over 1,000 after a warm-up)
+/// and lists one's.
+async fn measure(name: &str, mut one: impl AsyncFnMut()) {
     for _ in 0..1_000 {
-        call(&mut svc).await;
+        one().await;
     }
     const N: usize = 1_000;
     COUNT.store(0, Ordering::Relaxed);
     BYTES.store(0, Ordering::Relaxed);
     ON.store(true, Ordering::Relaxed);
     for _ in 0..N {
-        call(&mut svc).await;
+        one().await;
     }
     ON.store(false, Ordering::Relaxed);
     let (count, bytes) = (COUNT.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
@@ -127,7 +167,7 @@ async fn measure<S: Variant>(name: &str, mut svc: S) {
     }
     RECORD.store(true, Ordering::Relaxed);
     ON.store(true, Ordering::Relaxed);
-    call(&mut svc).await;
+    one().await;
     ON.store(false, Ordering::Relaxed);
     RECORD.store(false, Ordering::Relaxed);
     println!(
@@ -154,7 +194,22 @@ fn main() {
         .build()
         .expect("a runtime");
     rt.block_on(async {
-        measure("tower retry, same writes", variants::tower_retry_ext()).await;
-        measure("tower_resend::stack()", variants::stack()).await;
+        let mut tower = variants::tower_retry_ext();
+        measure("tower retry, same writes", async || call(&mut tower).await).await;
+        let mut stack = variants::stack();
+        measure("tower_resend::stack()", async || call(&mut stack).await).await;
+        // The server: a keyed request, beside the same request with no
+        // layer (a fresh key each time, so every one runs and is kept).
+        let route = || axum::Router::new().route("/orders", axum::routing::post(waiting));
+        for (name, app) in [
+            ("axum, no layer", route()),
+            (
+                "axum + IdempotencyLayer",
+                route().layer(IdempotencyLayer::new(MemoryStore::new())),
+            ),
+        ] {
+            let (mut app, mut i) = (app.with_state(()), 0);
+            measure(name, async || post(&mut app, &mut i).await).await;
+        }
     });
 }
