@@ -21,6 +21,9 @@ mod pg;
 #[cfg(feature = "redis")]
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
+#[cfg(feature = "redis")]
+#[path = "support/redis.rs"]
+mod redis_server;
 #[path = "support/serve.rs"]
 mod serve;
 
@@ -463,22 +466,9 @@ async fn memory_store_one_effect_per_key_under_chaos() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_one_effect_per_key_under_chaos() {
-    let url = std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let reachable = async {
-        let client = redis::Client::open(url.as_str()).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .ok()
-    };
-    match tokio::time::timeout(Duration::from_secs(3), reachable).await {
-        Ok(Some(_)) => {}
-        _ if in_ci() => panic!("Redis at {url} is unreachable, and CI is set"),
-        _ => {
-            eprintln!("WARNING: Redis at {url} is unreachable: test SKIPPED");
-            return;
-        }
+    let url = redis_server::url();
+    if !redis_server::reachable(&url).await {
+        return;
     }
     let store = tower_resend_server::RedisStore::open(&url)
         .unwrap()

@@ -21,6 +21,8 @@
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/redis.rs"]
+mod redis_server;
 #[path = "support/serve.rs"]
 mod serve;
 
@@ -62,36 +64,8 @@ const RETRY_FOR: Duration = Duration::from_secs(6);
 
 const CALLER_BODY: &str = "order-1: 3 widgets";
 
-fn redis_url() -> String {
-    std::env::var(ENV_REDIS).unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
 fn unique(name: &str) -> String {
     format!("{name}-{}", uuid::Uuid::new_v4().simple())
-}
-
-fn in_ci() -> bool {
-    std::env::var_os("CI").is_some()
-}
-
-/// True if Redis answers PING; panics when it does not and `CI` is set.
-async fn redis_reachable(url: &str) -> bool {
-    let ping = async {
-        let client = redis::Client::open(url).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .ok()
-    };
-    match timeout(Duration::from_secs(3), ping).await {
-        Ok(Some(_)) => true,
-        _ if in_ci() => panic!("Redis at {url} is unreachable, and CI is set"),
-        _ => {
-            eprintln!("WARNING: Redis at {url} is unreachable: test SKIPPED");
-            false
-        }
-    }
 }
 
 fn key_of(headers: &HeaderMap) -> String {
@@ -257,7 +231,7 @@ async fn start_a(name: &'static str, mode: &str, b: SocketAddr, prefix: &str) ->
         (ENV_MODE, mode.to_owned()),
         (ENV_B_URL, format!("http://{b}")),
         (ENV_PREFIX, prefix.to_owned()),
-        (ENV_REDIS, redis_url()),
+        (ENV_REDIS, redis_server::url()),
     ];
     ChildServer::start(name, "a_server_child", &envs).await
 }
@@ -330,7 +304,7 @@ fn is_derived(key: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_after_b_worked_is_rerun_and_b_replays() {
-    if !redis_reachable(&redis_url()).await {
+    if !redis_server::reachable(&redis_server::url()).await {
         return;
     }
     timeout(SCENARIO, scenario())

@@ -9,35 +9,13 @@
 #![allow(clippy::print_stderr)]
 
 mod common;
+#[path = "support/redis.rs"]
+mod redis_server;
 
 use std::time::Duration;
 
+use redis_server::{reachable, url};
 use tower_resend_server::RedisStore;
-
-fn url() -> String {
-    std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// Whether Redis answers at `url`: `false` with a warning, or a panic when
-/// `CI` is set.
-async fn reachable(url: &str) -> bool {
-    let reachable = async {
-        let client = redis::Client::open(url).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .ok()
-    };
-    match tokio::time::timeout(Duration::from_secs(3), reachable).await {
-        Ok(Some(_)) => true,
-        _ if common::in_ci() => panic!("Redis at {url} is unreachable, and CI is set"),
-        _ => {
-            eprintln!("WARNING: Redis at {url} is unreachable: test SKIPPED");
-            false
-        }
-    }
-}
 
 fn prefix() -> String {
     format!("resend-test:{}:", common::unique("redis"))

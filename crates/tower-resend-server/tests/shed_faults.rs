@@ -13,6 +13,9 @@
 #[cfg(feature = "postgres")]
 #[path = "support/pg.rs"]
 mod pg;
+#[cfg(feature = "redis")]
+#[path = "support/redis.rs"]
+mod redis_server;
 #[path = "support/serve.rs"]
 mod serve;
 
@@ -310,29 +313,13 @@ async fn shed_under_faults_keeps_goodput_and_answers() {
     }
 }
 
-/// The Redis of `RESEND_REDIS_URL` (default the local one), its keys under
-/// a prefix of this run's; `None` with a warning when it does not answer,
-/// a panic when `CI` is set.
+/// The tests' Redis, its keys under a prefix of this run's; `None` when it
+/// does not answer (a panic when `CI` is set).
 #[cfg(feature = "redis")]
 async fn redis_store() -> Option<tower_resend_server::RedisStore> {
-    let url = std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let ping = async {
-        let client = redis::Client::open(url.as_str()).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .ok()
-    };
-    match tokio::time::timeout(Duration::from_secs(3), ping).await {
-        Ok(Some(_)) => {}
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("Redis at {url} does not answer, and CI is set")
-        }
-        _ => {
-            eprintln!("WARNING: Redis at {url} does not answer: its run is SKIPPED");
-            return None;
-        }
+    let url = redis_server::url();
+    if !redis_server::reachable(&url).await {
+        return None;
     }
     let prefix = format!("resend-test:shed-{}:", uuid::Uuid::new_v4().simple());
     Some(

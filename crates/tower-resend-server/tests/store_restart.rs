@@ -20,6 +20,9 @@
 #[cfg(feature = "postgres")]
 #[path = "support/pg.rs"]
 mod pg;
+#[cfg(feature = "redis")]
+#[path = "support/redis.rs"]
+mod redis_server;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -474,15 +477,7 @@ impl RedisChild {
         let url = self.url();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let ping = async {
-                let client = redis::Client::open(url.as_str()).ok()?;
-                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-                redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .ok()
-            };
-            if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), ping).await {
+            if redis_server::pings(&url, Duration::from_millis(500)).await {
                 return;
             }
             if let Some(status) = self
