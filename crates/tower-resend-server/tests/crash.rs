@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use child::{exit_with_the_test, say, ChildServer, LINE_WAIT};
+use child::{exit_with_the_test, say, ChildServer, A_LEASE, LINE_WAIT, RETRY_FOR, SCENARIO};
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serve::serve;
@@ -54,13 +54,6 @@ const ENV_B_URL: &str = "RESEND_CRASH_B_URL";
 const ENV_PREFIX: &str = "RESEND_CRASH_A_PREFIX";
 /// The Redis A uses.
 const ENV_REDIS: &str = "RESEND_REDIS_URL";
-
-/// A's lease: short, so a killed holder is replaced soon.
-const A_LEASE: Duration = Duration::from_secs(1);
-/// The most the whole scenario may take.
-const SCENARIO: Duration = Duration::from_secs(15);
-/// How long the caller keeps retrying while A answers 409.
-const RETRY_FOR: Duration = Duration::from_secs(6);
 
 const CALLER_BODY: &str = "order-1: 3 widgets";
 

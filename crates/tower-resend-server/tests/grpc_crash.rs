@@ -23,15 +23,13 @@ mod ledger;
 mod pg;
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use child::{exit_with_the_test, say, ChildServer, LINE_WAIT};
+use child::{exit_with_the_test, say, ChildServer, A_LEASE, LINE_WAIT, RETRY_FOR, SCENARIO};
 use http::uri::PathAndQuery;
 use http::{Request, Response};
 use ledger::{Balance, ChargeRequest, Ledger, CHARGE};
@@ -55,13 +53,6 @@ const ENV_B_ADDR: &str = "RESEND_GRPC_CRASH_B";
 const ENV_PG: &str = "RESEND_PG_URL";
 /// A's table of records, the same for both of A's processes.
 const TABLE: &str = "resend_grpc_crash";
-
-/// A's lease: short, so a killed holder is replaced soon.
-const A_LEASE: Duration = Duration::from_secs(1);
-/// The most the whole scenario may take.
-const SCENARIO: Duration = Duration::from_secs(15);
-/// How long the caller keeps retrying while A says the key is in progress.
-const RETRY_FOR: Duration = Duration::from_secs(6);
 
 fn in_ci() -> bool {
     std::env::var_os("CI").is_some()
@@ -131,7 +122,7 @@ impl NamedService for A {
 impl Service<Request<tonic::body::Body>> for A {
     type Response = Response<tonic::body::Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = ledger::Answering;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -139,15 +130,7 @@ impl Service<Request<tonic::body::Body>> for A {
 
     fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
         let a = self.clone();
-        Box::pin(async move {
-            let handler = tower::service_fn(move |req: tonic::Request<ChargeRequest>| {
-                let a = a.clone();
-                async move { a.charge_b(req.into_inner()).await }
-            });
-            let mut grpc =
-                tonic::server::Grpc::new(ProstCodec::<Balance, ChargeRequest>::default());
-            Ok(grpc.unary(handler, req).await)
-        })
+        ledger::answer(req, move |msg| a.charge_b(msg))
     }
 }
 

@@ -15,6 +15,14 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout};
 
+/// The crash scenarios' timings. The killed server's lease: short, so a
+/// killed holder is replaced soon.
+pub const A_LEASE: Duration = Duration::from_secs(1);
+/// The most a whole scenario may take.
+pub const SCENARIO: Duration = Duration::from_secs(15);
+/// How long the caller keeps retrying while the dead holder's lease is
+/// still there.
+pub const RETRY_FOR: Duration = Duration::from_secs(6);
 /// The most one wait for a line from a child may take.
 pub const LINE_WAIT: Duration = Duration::from_secs(5);
 /// The longest a child lives, if nobody kills it and its stdin stays open.

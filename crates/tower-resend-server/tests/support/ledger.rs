@@ -55,7 +55,7 @@ impl NamedService for Ledger {
 impl Service<Request<tonic::body::Body>> for Ledger {
     type Response = Response<tonic::body::Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = Answering;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -63,34 +63,51 @@ impl Service<Request<tonic::body::Body>> for Ledger {
 
     fn call(&mut self, req: Request<tonic::body::Body>) -> Self::Future {
         let runs = Arc::clone(&self.runs);
-        Box::pin(async move {
-            let handler = tower::service_fn(move |req: tonic::Request<ChargeRequest>| {
-                let runs = Arc::clone(&runs);
-                async move {
-                    let req = req.into_inner();
-                    let run = runs.fetch_add(1, Ordering::SeqCst) as u64 + 1;
-                    match req.account.as_str() {
-                        "slow" => tokio::time::sleep(Duration::from_millis(1500)).await,
-                        "hang" => tokio::time::sleep(Duration::from_secs(10)).await,
-                        "unavailable" => return Err(Status::unavailable("try later")),
-                        "marked" => {
-                            let mut status = Status::failed_precondition("frozen");
-                            status
-                                .metadata_mut()
-                                .insert("idempotent-nothing-done", "true".parse().unwrap());
-                            return Err(status);
-                        }
-                        _ => {}
-                    }
-                    Ok(tonic::Response::new(Balance {
-                        amount: req.amount,
-                        run,
-                    }))
-                }
-            });
-            let mut grpc =
-                tonic::server::Grpc::new(ProstCodec::<Balance, ChargeRequest>::default());
-            Ok(grpc.unary(handler, req).await)
-        })
+        answer(req, move |msg| charge(runs, msg))
     }
+}
+
+/// The ledger's `Charge`: one run counted, then what the account says.
+async fn charge(
+    runs: Arc<AtomicUsize>,
+    req: ChargeRequest,
+) -> Result<tonic::Response<Balance>, Status> {
+    let run = runs.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+    match req.account.as_str() {
+        "slow" => tokio::time::sleep(Duration::from_millis(1500)).await,
+        "hang" => tokio::time::sleep(Duration::from_secs(10)).await,
+        "unavailable" => return Err(Status::unavailable("try later")),
+        "marked" => {
+            let mut status = Status::failed_precondition("frozen");
+            status
+                .metadata_mut()
+                .insert("idempotent-nothing-done", "true".parse().unwrap());
+            return Err(status);
+        }
+        _ => {}
+    }
+    Ok(tonic::Response::new(Balance {
+        amount: req.amount,
+        run,
+    }))
+}
+
+/// What a ledger service's `call` returns.
+pub type Answering =
+    Pin<Box<dyn Future<Output = Result<Response<tonic::body::Body>, Infallible>> + Send>>;
+
+/// Answers `req`, a unary `Charge`, with `charge`: the body of a ledger
+/// service's `call`.
+pub fn answer<F, Fut>(req: Request<tonic::body::Body>, charge: F) -> Answering
+where
+    F: FnOnce(ChargeRequest) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<tonic::Response<Balance>, Status>> + Send + 'static,
+{
+    Box::pin(async move {
+        let handler = tower::service_fn(move |req: tonic::Request<ChargeRequest>| {
+            charge.clone()(req.into_inner())
+        });
+        let mut grpc = tonic::server::Grpc::new(ProstCodec::<Balance, ChargeRequest>::default());
+        Ok(grpc.unary(handler, req).await)
+    })
 }
