@@ -114,7 +114,8 @@ fn p(sorted: &[Duration], q: f64) -> Duration {
 
 /// 2 000 GETs, one in 20 stalling a second: with a backup after 10 ms the
 /// p99 is under 50 ms (without, a second), and the backups are at most 8 %
-/// more sends; every stalled call was answered by its backup.
+/// more sends; every stalled call was answered by its backup. The same
+/// with `maybe_hedge`.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_backup_cuts_the_slow_tail_for_a_few_percent_more_sends() {
     let seen = Seen::default();
@@ -143,6 +144,19 @@ async fn a_backup_cuts_the_slow_tail_for_a_few_percent_more_sends() {
     assert!(extra <= CALLS * 8 / 100, "{summary}");
     assert_eq!(backups, CALLS / 20, "{summary}");
     assert_eq!(plain_seen.sends(), CALLS);
+
+    // A setting read at run time: `maybe_hedge` hedges with `Some`, and
+    // with `None` sends one copy, as a stack without hedging does.
+    for (after, extra_sends) in [(Some(Duration::from_millis(10)), CALLS / 20), (None, 0)] {
+        let seen = Seen::default();
+        let stack = tower_resend::stack()
+            .maybe_hedge(after)
+            .service(upstream(seen.clone()));
+        let (latencies, backups) = run(stack, Method::GET, CALLS).await;
+        assert_eq!(backups, extra_sends, "{after:?}");
+        assert_eq!(seen.sends(), CALLS + extra_sends, "{after:?}");
+        assert_eq!(p(&latencies, 0.99) >= STALL, after.is_none(), "{after:?}");
+    }
 }
 
 /// A POST without a key is never hedged: no copy is sent, the stalled

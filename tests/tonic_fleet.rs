@@ -48,13 +48,12 @@ fn fleet_stack(
         .unwrap()
         .outliers(outliers);
     let channels = PerInstance::new(|base: Uri| Endpoint::from(base).connect_lazy());
-    let mut stack = tower_resend::stack()
+    tower_resend::stack()
         .retry(|r| r.classifier(GrpcClassifier::new().idempotent(GET_BALANCE)))
-        .fleet(fleet);
-    if let Some(after) = hedge {
-        stack = stack.hedge(after).hedge_share(1.0);
-    }
-    stack.service(TonicTransport::new(channels))
+        .fleet(fleet)
+        .maybe_hedge(hedge)
+        .hedge_share(1.0)
+        .service(TonicTransport::new(channels))
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -1,6 +1,7 @@
 //! Hedged calls: a backup copy of a slow attempt, only where it is safe.
 
 mod future;
+mod slot;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +23,8 @@ use crate::telemetry::{CallMetrics, ClientMetrics};
 pub use crate::vocab::Hedged;
 pub use future::ResponseFuture;
 use future::Template;
+pub(crate) use slot::sealed::Slot;
+pub use slot::{HedgeSlot, Hedging, NoHedge};
 
 /// When a backup copy goes out.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -13,9 +13,14 @@ use tower_service::Service;
 
 use super::handoff::{take_buffered, Buffered, Dispatch, Handoff, Job, Reply};
 use crate::breaker::BreakerSlot;
+use crate::deadline::DeadlineHeader;
 use crate::error::{BoxError, Error};
+use crate::fleet::NoFleet;
+use crate::hedge::HedgeSlot;
+use crate::read_ahead::ReadAhead;
 use crate::stack::Stack;
 use crate::stack::StackBuilder;
+use crate::timeout::AttemptTimeout;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -69,16 +74,19 @@ impl fmt::Debug for ResendMiddleware {
 impl ResendMiddleware {
     /// Builds the stack `stack` describes, once, around the [`Handoff`]
     /// that passes each attempt on to reqwest.
-    pub fn new<C, B, RB>(stack: StackBuilder<C, B>) -> Self
+    pub fn new<C, B, H, RB>(stack: StackBuilder<C, B, NoFleet, H>) -> Self
     where
         B: BreakerSlot,
+        H: HedgeSlot,
+        H::Service<DeadlineHeader<AttemptTimeout<ReadAhead<Handoff>>>, C>: Clone,
         C: Clone,
-        Stack<Handoff, C, B>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
+        Stack<Handoff, C, B, NoFleet, H>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
             + Clone
             + Send
             + Sync
             + 'static,
-        <Stack<Handoff, C, B> as Service<Request<::reqwest::Body>>>::Future: Send + 'static,
+        <Stack<Handoff, C, B, NoFleet, H> as Service<Request<::reqwest::Body>>>::Future:
+            Send + 'static,
         RB: http_body::Body + Send + Sync + 'static,
         RB::Data: Into<Bytes>,
         RB::Error: Into<BoxError>,
@@ -218,7 +226,7 @@ fn into_http(resp: ::reqwest::Response) -> Response<::reqwest::Body> {
     resp
 }
 
-impl<C, B> StackBuilder<C, B> {
+impl<C, B, H> StackBuilder<C, B, NoFleet, H> {
     /// This stack as a [`ResendMiddleware`]: around reqwest's own calls,
     /// for a `reqwest_middleware::ClientWithMiddleware` or
     /// [`send_with`](RequestBuilderExt::send_with). The same as
@@ -231,13 +239,16 @@ impl<C, B> StackBuilder<C, B> {
     pub fn reqwest_middleware<RB>(self) -> ResendMiddleware
     where
         B: BreakerSlot,
+        H: HedgeSlot,
+        H::Service<DeadlineHeader<AttemptTimeout<ReadAhead<Handoff>>>, C>: Clone,
         C: Clone,
-        Stack<Handoff, C, B>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
+        Stack<Handoff, C, B, NoFleet, H>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
             + Clone
             + Send
             + Sync
             + 'static,
-        <Stack<Handoff, C, B> as Service<Request<::reqwest::Body>>>::Future: Send + 'static,
+        <Stack<Handoff, C, B, NoFleet, H> as Service<Request<::reqwest::Body>>>::Future:
+            Send + 'static,
         RB: http_body::Body + Send + Sync + 'static,
         RB::Data: Into<Bytes>,
         RB::Error: Into<BoxError>,

@@ -8,6 +8,7 @@ use super::pick::{HttpTable, Picker};
 use super::router::Router;
 use crate::breaker::BreakerSlot;
 use crate::fleet::FleetSlot;
+use crate::hedge::Hedging;
 use crate::read_ahead::ReadAhead;
 use crate::retry::Backoff;
 use crate::stack::{Stack, StackBuilder};
@@ -86,7 +87,10 @@ impl RoutePolicy {
     }
 
     /// `base` with this policy's settings.
-    pub(crate) fn apply<C, B, F>(&self, mut base: StackBuilder<C, B, F>) -> StackBuilder<C, B, F> {
+    pub(crate) fn apply<C, B, F>(
+        &self,
+        mut base: StackBuilder<C, B, F, Hedging>,
+    ) -> StackBuilder<C, B, F, Hedging> {
         if let Some(total) = self.total {
             base = base.total(total);
         }
@@ -199,11 +203,14 @@ impl Routes {
 
     /// A [`Router`] over `transport`: one stack per route, `base` with the
     /// route's policy, and `base` itself for the requests no route takes.
-    pub fn service<S, C, B, F>(
+    ///
+    /// Its stacks all have a hedge layer (a route may hedge); it hedges
+    /// only where the route's policy, or the base, says so.
+    pub fn service<S, C, B, F, H>(
         &self,
-        base: StackBuilder<C, B, F>,
+        base: StackBuilder<C, B, F, H>,
         transport: S,
-    ) -> Router<Stack<S, C, B, F>>
+    ) -> Router<Stack<S, C, B, F, Hedging>>
     where
         S: Clone,
         C: Clone,
@@ -211,6 +218,7 @@ impl Routes {
         F: FleetSlot + Clone,
         F::Service<AttemptTimeout<ReadAhead<S>>, C>: Clone,
     {
+        let base = base.hedgeable();
         let stacks = self
             .routes
             .iter()

@@ -8,6 +8,7 @@ use super::count::CountAttempts;
 use super::{MethodConfig, MethodPolicy, ServiceConfig};
 use crate::breaker::BreakerSlot;
 use crate::fleet::FleetSlot;
+use crate::hedge::Hedging;
 use crate::read_ahead::ReadAhead;
 use crate::retry::{Backoff, RetryBudget};
 use crate::routes::{GrpcTable, Picker, Router};
@@ -16,7 +17,7 @@ use crate::timeout::AttemptTimeout;
 
 /// The stacks of a service config: see [`ServiceConfig::service`].
 pub type ConfiguredStack<S, B = crate::breaker::NoBreaker, F = crate::fleet::NoFleet> =
-    Stack<CountAttempts<S>, MethodClassifier, B, F>;
+    Stack<CountAttempts<S>, MethodClassifier, B, F, Hedging>;
 
 impl ServiceConfig {
     /// The channel's `retryThrottling` tokens, if the config has them.
@@ -59,9 +60,9 @@ impl ServiceConfig {
     /// `retryThrottling`, if any, is the channel's limit, as in gRPC.
     /// Everything else is the base's (its name, the connect and idle
     /// timeouts, the breaker, the fleet, the adaptive throttle).
-    pub fn service<S, C, B, F>(
+    pub fn service<S, C, B, F, H>(
         &self,
-        base: StackBuilder<C, B, F>,
+        base: StackBuilder<C, B, F, H>,
         transport: S,
     ) -> Router<ConfiguredStack<S, B, F>>
     where
@@ -71,6 +72,9 @@ impl ServiceConfig {
         F::Service<AttemptTimeout<ReadAhead<CountAttempts<S>>>, MethodClassifier>: Clone,
         C: Clone,
     {
+        // Every method's stack has a hedge layer (one type for the table),
+        // which hedges only where a hedging policy says so.
+        let base = base.hedgeable();
         let tokens = self.tokens();
         let mut table = GrpcTable::default();
         let mut stacks = Vec::with_capacity(self.methods.len());
@@ -99,10 +103,10 @@ impl ServiceConfig {
 /// `base` with what `method` sets, and the codes whose attempts count as
 /// failures.
 fn configure<C, B, F>(
-    base: StackBuilder<C, B, F>,
+    base: StackBuilder<C, B, F, Hedging>,
     method: Option<&MethodConfig>,
     tokens: Option<RetryBudget>,
-) -> (StackBuilder<MethodClassifier, B, F>, CodeSet) {
+) -> (StackBuilder<MethodClassifier, B, F, Hedging>, CodeSet) {
     let policy = method.and_then(|m| m.policy.as_ref());
     let (codes, retry_timeouts) = match policy {
         Some(MethodPolicy::Retry(r)) => (CodeSet::of(&r.retryable_status_codes), true),

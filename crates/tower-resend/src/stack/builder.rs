@@ -7,7 +7,7 @@ use crate::breaker::{CircuitBreakerLayer, NoBreaker};
 use crate::classify::HttpClassifier;
 use crate::deadline::DeadlineHeaderLayer;
 use crate::fleet::{FleetLayer, NoFleet};
-use crate::hedge::HedgeLayer;
+use crate::hedge::{HedgeLayer, Hedging, NoHedge};
 use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::name::Name;
 use crate::read_ahead::DEFAULT_READ_AHEAD;
@@ -20,14 +20,16 @@ use crate::retry::{Backoff, RetryBudget, RetryLayer};
 /// breaker's place: [`NoBreaker`], or a [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) once
 /// [`circuit_breaker`](Self::circuit_breaker) put one there; `F` is the
 /// fleet's place: [`NoFleet`], or a [`FleetLayer`] once
-/// [`fleet`](Self::fleet) put one there. How the settings become a stack
-/// is in `compose.rs`.
+/// [`fleet`](Self::fleet) put one there; `H` is the hedge's place:
+/// [`NoHedge`], or [`Hedging`] once [`hedge`](Self::hedge) turned it on.
+/// How the settings become a stack is in `compose.rs`.
 #[derive(Clone, Debug)]
-pub struct StackBuilder<C = HttpClassifier, B = NoBreaker, F = NoFleet> {
+pub struct StackBuilder<C = HttpClassifier, B = NoBreaker, F = NoFleet, H = NoHedge> {
     pub(super) settings: Settings,
     pub(super) retry: RetryLayer<C>,
     pub(super) breaker: B,
     pub(super) fleet: F,
+    pub(super) hedging: H,
 }
 
 /// The settings whose types do not change with the classifier, the
@@ -61,6 +63,7 @@ impl StackBuilder {
             retry: RetryLayer::new(),
             breaker: NoBreaker,
             fleet: NoFleet,
+            hedging: NoHedge,
         }
     }
 }
@@ -71,7 +74,7 @@ impl Default for StackBuilder {
     }
 }
 
-impl<C, B, F> StackBuilder<C, B, F> {
+impl<C, B, F, H> StackBuilder<C, B, F, H> {
     /// Names the upstream: it shows up in errors, tracing and 504 bodies,
     /// names the circuit breaker (unless its layer was named), and counts
     /// this upstream's [derived](crate::idempotency::derive_keys)
@@ -221,12 +224,13 @@ impl<C, B, F> StackBuilder<C, B, F> {
     pub fn retry<C2>(
         self,
         f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>,
-    ) -> StackBuilder<C2, B, F> {
+    ) -> StackBuilder<C2, B, F, H> {
         StackBuilder {
             settings: self.settings,
             retry: f(self.retry),
             breaker: self.breaker,
             fleet: self.fleet,
+            hedging: self.hedging,
         }
     }
 
@@ -250,7 +254,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// # let _ = shipping;
     /// ```
     #[must_use]
-    pub fn circuit_breaker(self) -> StackBuilder<C, CircuitBreakerLayer, F> {
+    pub fn circuit_breaker(self) -> StackBuilder<C, CircuitBreakerLayer, F, H> {
         self.circuit_breaker_with(CircuitBreakerLayer::new())
     }
 
@@ -262,7 +266,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
     pub fn circuit_breaker_with<K>(
         self,
         layer: CircuitBreakerLayer<K>,
-    ) -> StackBuilder<C, CircuitBreakerLayer<K>, F> {
+    ) -> StackBuilder<C, CircuitBreakerLayer<K>, F, H> {
         // The stack's meter, if it has one, counts the breaker's changes
         // too (unless the layer has its own).
         StackBuilder {
@@ -270,6 +274,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
             breaker: layer.or_metrics(self.retry.metrics()),
             retry: self.retry,
             fleet: self.fleet,
+            hedging: self.hedging,
         }
     }
 
@@ -342,8 +347,9 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// answered, the first good answer wins (see [`HedgeLayer`]: a backup
     /// spends a retry-budget token, at most two copies go out, each with
     /// the same Idempotency-Key, a POST without a key is never hedged, at
-    /// most a tenth of the calls send one: [`hedge_share`](Self::hedge_share)).
-    /// Default: off.
+    /// most a tenth of the calls send one: [`hedge_share`](StackBuilder::hedge_share)).
+    /// The stack is then a `Stack<S, C, B, F, Hedging>`. Default: off, and
+    /// no layer in the hedge's place.
     ///
     /// ```
     /// use std::time::Duration;
@@ -351,48 +357,55 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// # let _ = stack;
     /// ```
     #[must_use]
-    pub fn hedge(mut self, after: Duration) -> Self {
-        self.settings.hedge = HedgeLayer::new(after).classifier(());
-        self
+    pub fn hedge(self, after: Duration) -> StackBuilder<C, B, F, Hedging> {
+        self.hedging_with(HedgeLayer::new(after).classifier(()))
     }
 
     /// Hedges as [`hedge`](Self::hedge) does, sending the backup once the
     /// first copy has taken longer than the `p` quantile of recent calls
     /// (say 0.95), and at least `at_least`.
     #[must_use]
-    pub fn hedge_at_percentile(mut self, p: f64, at_least: Duration) -> Self {
-        self.settings.hedge = HedgeLayer::at_percentile(p, at_least).classifier(());
-        self
+    pub fn hedge_at_percentile(self, p: f64, at_least: Duration) -> StackBuilder<C, B, F, Hedging> {
+        self.hedging_with(HedgeLayer::at_percentile(p, at_least).classifier(()))
     }
 
-    /// At most `n` copies of a hedged attempt (the first included), when
-    /// hedging is on. Default 2.
+    /// Hedges as [`hedge`](Self::hedge) does when `after` is `Some`; with
+    /// `None` the stack sends one copy of each attempt, as one without
+    /// hedging does. For a setting read at run time: the stack has the
+    /// hedge layer either way (one type), at its small cost when it does
+    /// not hedge.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let hedge_after: Option<Duration> = None; // from your configuration
+    /// let stack = tower_resend::stack().maybe_hedge(hedge_after).hedge_copies(3);
+    /// # let _ = stack;
+    /// ```
     #[must_use]
-    pub fn hedge_copies(mut self, n: u32) -> Self {
-        self.settings.hedge = self.settings.hedge.max_copies(n);
-        self
+    pub fn maybe_hedge(self, after: Option<Duration>) -> StackBuilder<C, B, F, Hedging> {
+        match after {
+            Some(after) => self.hedge(after),
+            None => self.hedgeable(),
+        }
     }
 
-    /// At most this share of the calls (0 to 1) send a backup copy, when
-    /// hedging is on (plus about one a second: see
-    /// [`HedgeLayer::max_share`]). Default 0.1.
-    #[must_use]
-    pub fn hedge_share(mut self, share: f64) -> Self {
-        self.settings.hedge = self.settings.hedge.max_share(share);
-        self
+    /// The hedge's place given a [`Hedge`](crate::hedge::Hedge) layer,
+    /// whose settings are the stack's (off, one copy, until
+    /// [`hedge`](Self::hedge) sets them): for tables of stacks of one type
+    /// (routes, a gRPC service config), some of which hedge.
+    pub(crate) fn hedgeable(self) -> StackBuilder<C, B, F, Hedging> {
+        StackBuilder {
+            settings: self.settings,
+            retry: self.retry,
+            breaker: self.breaker,
+            fleet: self.fleet,
+            hedging: Hedging,
+        }
     }
 
-    /// Every call may hedge, as a gRPC hedging policy says (no share of
-    /// the calls; the copies, the deadline and the retry budget, if any,
-    /// still limit them). After [`hedge`](Self::hedge).
-    #[must_use]
-    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
-    pub(crate) fn hedge_every_call(mut self) -> Self {
-        self.settings.hedge = self
-            .settings
-            .hedge
-            .share_budget(crate::retry::RetryBudget::every_call());
-        self
+    fn hedging_with(mut self, hedge: HedgeLayer<()>) -> StackBuilder<C, B, F, Hedging> {
+        self.settings.hedge = hedge;
+        self.hedgeable()
     }
 
     /// Sends each attempt to one instance of a fleet (see
@@ -412,13 +425,14 @@ impl<C, B, F> StackBuilder<C, B, F> {
     /// # let _ = stack;
     /// ```
     #[must_use]
-    pub fn fleet<C2>(self, fleet: FleetLayer<C2>) -> StackBuilder<C, B, FleetLayer> {
+    pub fn fleet<C2>(self, fleet: FleetLayer<C2>) -> StackBuilder<C, B, FleetLayer, H> {
         StackBuilder {
             settings: self.settings,
             retry: self.retry,
             breaker: self.breaker,
             // (The stack classifies with its retry classifier.)
             fleet: fleet.classifier(HttpClassifier::new()),
+            hedging: self.hedging,
         }
     }
 
@@ -431,8 +445,39 @@ impl<C, B, F> StackBuilder<C, B, F> {
     }
 }
 
+impl<C, B, F> StackBuilder<C, B, F, Hedging> {
+    /// At most `n` copies of a hedged attempt (the first included). Default
+    /// 2.
+    #[must_use]
+    pub fn hedge_copies(mut self, n: u32) -> Self {
+        self.settings.hedge = self.settings.hedge.max_copies(n);
+        self
+    }
+
+    /// At most this share of the calls (0 to 1) send a backup copy (plus
+    /// about one a second: see [`HedgeLayer::max_share`]). Default 0.1.
+    #[must_use]
+    pub fn hedge_share(mut self, share: f64) -> Self {
+        self.settings.hedge = self.settings.hedge.max_share(share);
+        self
+    }
+
+    /// Every call may hedge, as a gRPC hedging policy says (no share of
+    /// the calls; the copies, the deadline and the retry budget, if any,
+    /// still limit them).
+    #[must_use]
+    #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
+    pub(crate) fn hedge_every_call(mut self) -> Self {
+        self.settings.hedge = self
+            .settings
+            .hedge
+            .share_budget(crate::retry::RetryBudget::every_call());
+        self
+    }
+}
+
 #[cfg(feature = "otel")]
-impl<C, F> StackBuilder<C, NoBreaker, F> {
+impl<C, F, H> StackBuilder<C, NoBreaker, F, H> {
     /// Records the stack's metrics on instruments made from `meter` (your
     /// meter provider's, or [`global_meter`](crate::telemetry::global_meter)):
     /// attempts and retries per call, each wait, budget exhaustion,
@@ -457,7 +502,7 @@ impl<C, F> StackBuilder<C, NoBreaker, F> {
 }
 
 #[cfg(feature = "otel")]
-impl<C, K, F> StackBuilder<C, CircuitBreakerLayer<K>, F> {
+impl<C, K, F, H> StackBuilder<C, CircuitBreakerLayer<K>, F, H> {
     /// Records the stack's metrics on instruments made from `meter`, the
     /// circuit breaker's changes of state included (unless its layer was
     /// given a meter of its own); see the `meter` of a stack without a

@@ -8,12 +8,13 @@ use tower_layer::Layer;
 use super::builder::StackBuilder;
 use super::Stack;
 use crate::breaker::BreakerSlot;
-use crate::deadline::CallDeadlineLayer;
+use crate::deadline::{CallDeadlineLayer, DeadlineHeader};
 use crate::fleet::FleetSlot;
+use crate::hedge::HedgeSlot;
 use crate::read_ahead::{ReadAhead, ReadAheadLayer};
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 
-impl<C, B, F> StackBuilder<C, B, F> {
+impl<C, B, F, H> StackBuilder<C, B, F, H> {
     /// Wraps `transport` (a hyper-util client, a reqwest adapter, a tonic
     /// channel) in the stack.
     ///
@@ -25,11 +26,12 @@ impl<C, B, F> StackBuilder<C, B, F> {
     ///     tower_resend::stack().name("inventory").service(client);
     /// # let _ = inventory;
     /// ```
-    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B, F>
+    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B, F, H>
     where
         B: BreakerSlot,
         F: FleetSlot,
-        F::Service<AttemptTimeout<ReadAhead<S>>, C>: Clone,
+        H: HedgeSlot,
+        H::Service<DeadlineHeader<F::Service<AttemptTimeout<ReadAhead<S>>, C>>, C>: Clone,
         C: Clone,
     {
         let s = self.settings;
@@ -62,7 +64,7 @@ impl<C, B, F> StackBuilder<C, B, F> {
         if let Some(budget) = retry.budget.clone() {
             hedge = hedge.budget(budget);
         }
-        let inner = hedge.layer(inner);
+        let inner = H::wrap(hedge, inner);
         // The breaker (if any) inside the retry layer, so it sees every attempt.
         let inner = self
             .breaker
@@ -94,17 +96,18 @@ impl<C, B, F> StackBuilder<C, B, F> {
 /// assert_eq!(resp.extensions().get::<tower_resend::retry::Attempts>().unwrap().len(), 2);
 /// # }
 /// ```
-impl<S, C, B, F> Layer<S> for StackBuilder<C, B, F>
+impl<S, C, B, F, H> Layer<S> for StackBuilder<C, B, F, H>
 where
     S: Clone,
     C: Clone,
     B: BreakerSlot + Clone,
     F: FleetSlot + Clone,
-    F::Service<AttemptTimeout<ReadAhead<S>>, C>: Clone,
+    H: HedgeSlot + Clone,
+    H::Service<DeadlineHeader<F::Service<AttemptTimeout<ReadAhead<S>>, C>>, C>: Clone,
 {
-    type Service = Stack<S, C, B, F>;
+    type Service = Stack<S, C, B, F, H>;
 
-    fn layer(&self, transport: S) -> Stack<S, C, B, F> {
+    fn layer(&self, transport: S) -> Stack<S, C, B, F, H> {
         self.clone().service(transport)
     }
 }

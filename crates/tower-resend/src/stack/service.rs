@@ -10,17 +10,17 @@ use crate::classify::HttpClassifier;
 use crate::deadline::{CallDeadline, DeadlineHeader};
 use crate::error::{BoxError, Error};
 use crate::fleet::{self, FleetSlot, NoFleet};
-use crate::hedge::Hedge;
+use crate::hedge::{self, HedgeSlot, NoHedge};
 use crate::idempotency::SetIdempotencyKey;
 use crate::read_ahead::ReadAhead;
 use crate::retry::Retry;
 use crate::timeout::AttemptTimeout;
 
-pub(super) type Inner<S, C, B, F> = CallDeadline<
+pub(super) type Inner<S, C, B, F, H> = CallDeadline<
     SetIdempotencyKey<
         Retry<
             <B as Slot>::Service<
-                Hedge<
+                <H as hedge::Slot>::Service<
                     DeadlineHeader<<F as fleet::Slot>::Service<AttemptTimeout<ReadAhead<S>>, C>>,
                     C,
                 >,
@@ -32,26 +32,29 @@ pub(super) type Inner<S, C, B, F> = CallDeadline<
 
 /// The composed stack, outside in: [`CallDeadlineLayer`](crate::deadline::CallDeadlineLayer),
 /// [`SetIdempotencyKeyLayer`](crate::idempotency::SetIdempotencyKeyLayer), [`RetryLayer`](crate::retry::RetryLayer), the [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) if
-/// one was added (`B`; none by default, and then no layer at all),
-/// [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), the [`FleetLayer`](crate::fleet::FleetLayer) if one was given (`F`; none by
+/// one was added (`B`; none by default, and then no layer at all), the
+/// [`HedgeLayer`](crate::hedge::HedgeLayer) if hedging is on (`H`; off by default, and then no
+/// layer at all), [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), the [`FleetLayer`](crate::fleet::FleetLayer) if one was given (`F`; none by
 /// default, and then no layer at all), [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer), the
 /// [`ReadAheadLayer`](crate::read_ahead::ReadAheadLayer), then the transport. Its error is always a
 /// [`tower_resend::Error`](Error).
-pub struct Stack<S, C = HttpClassifier, B = NoBreaker, F = NoFleet>
+pub struct Stack<S, C = HttpClassifier, B = NoBreaker, F = NoFleet, H = NoHedge>
 where
     B: BreakerSlot,
     F: FleetSlot,
+    H: HedgeSlot,
 {
-    inner: Inner<S, C, B, F>,
+    inner: Inner<S, C, B, F, H>,
     /// The retry layer's replay cap: how much of a stream body is kept.
     replay_cap: usize,
 }
 
-impl<S, C, B, F> Clone for Stack<S, C, B, F>
+impl<S, C, B, F, H> Clone for Stack<S, C, B, F, H>
 where
     B: BreakerSlot,
     F: FleetSlot,
-    Inner<S, C, B, F>: Clone,
+    H: HedgeSlot,
+    Inner<S, C, B, F, H>: Clone,
 {
     #[inline]
     fn clone(&self) -> Self {
@@ -62,30 +65,32 @@ where
     }
 }
 
-impl<S, C, B, F> std::fmt::Debug for Stack<S, C, B, F>
+impl<S, C, B, F, H> std::fmt::Debug for Stack<S, C, B, F, H>
 where
     B: BreakerSlot,
     F: FleetSlot,
-    Inner<S, C, B, F>: std::fmt::Debug,
+    H: HedgeSlot,
+    Inner<S, C, B, F, H>: std::fmt::Debug,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stack").field("inner", &self.inner).finish()
     }
 }
 
-impl<S, C, B, F, ReqB> Service<Request<ReqB>> for Stack<S, C, B, F>
+impl<S, C, B, F, H, ReqB> Service<Request<ReqB>> for Stack<S, C, B, F, H>
 where
     B: BreakerSlot,
     F: FleetSlot,
+    H: HedgeSlot,
     ReqB: Replay,
-    Inner<S, C, B, F>: Service<Request<ReqB::Sent>, Error = BoxError>,
+    Inner<S, C, B, F, H>: Service<Request<ReqB::Sent>, Error = BoxError>,
 {
     // (`Response<DeadlineBody<_>>`, named through the inner service: a type
     // parameter here that only the inner service's response fixes would
     // make every layer above a stack prove the whole stack again.)
-    type Response = <Inner<S, C, B, F> as Service<Request<ReqB::Sent>>>::Response;
+    type Response = <Inner<S, C, B, F, H> as Service<Request<ReqB::Sent>>>::Response;
     type Error = Error;
-    type Future = ResponseFuture<<Inner<S, C, B, F> as Service<Request<ReqB::Sent>>>::Future>;
+    type Future = ResponseFuture<<Inner<S, C, B, F, H> as Service<Request<ReqB::Sent>>>::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.inner.poll_ready(cx).map_err(Error::from_box)
@@ -111,8 +116,8 @@ where
     }
 }
 
-impl<S, C, B: BreakerSlot, F: FleetSlot> Stack<S, C, B, F> {
-    pub(super) fn new(inner: Inner<S, C, B, F>, replay_cap: usize) -> Self {
+impl<S, C, B: BreakerSlot, F: FleetSlot, H: HedgeSlot> Stack<S, C, B, F, H> {
+    pub(super) fn new(inner: Inner<S, C, B, F, H>, replay_cap: usize) -> Self {
         Self { inner, replay_cap }
     }
 }
