@@ -133,6 +133,7 @@ fn main() {
             "tower_retry" => run(variants::tower_retry(), n).await,
             "tower_retry_ext" => run(variants::tower_retry_ext(), n).await,
             "stack" => run(variants::stack(), n).await,
+            "stack_throttled" => run(variants::stack_throttled(), n).await,
             "sizes" => {
                 use tower_resend::hedge::HedgeLayer;
                 use tower_resend::read_ahead::ReadAheadLayer;

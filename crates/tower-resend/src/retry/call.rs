@@ -65,6 +65,9 @@ pub(crate) struct Call<S, B, C> {
     pub(super) deadline: Option<Deadline>,
     pub(super) start: Instant,
     pub(super) attempt_start: Instant,
+    /// The adaptive throttle's bin of the attempt under way (its accept
+    /// counts there), if there is a throttle.
+    pub(super) throttle_bin: u64,
     pub(super) waited: Duration,
     /// When the last attempt ended (its wait is counted from then).
     pub(super) decided_at: Instant,
@@ -126,6 +129,7 @@ impl<S, B, C> Call<S, B, C> {
             deadline,
             start: now,
             attempt_start: now,
+            throttle_bin: 0,
             waited: Duration::ZERO,
             decided_at: now,
             options,
@@ -175,7 +179,7 @@ impl<S, B, C> Call<S, B, C> {
                 Class::NotSent => !is_circuit_open(&result),
                 _ => false,
             };
-            throttle.answered(now, !rejected);
+            throttle.answered(self.throttle_bin, !rejected);
         }
         // The instance that answered, when the upstream is a fleet.
         let server = self.head.tried().and_then(Tried::take_answered);

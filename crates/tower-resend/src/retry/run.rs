@@ -100,8 +100,11 @@ impl<S, B, C> Call<S, B, C> {
             // not read the clock again to check.)
             return Err(self.out_of_time(Phase::Waiting));
         }
-        if self.shared.throttle.as_ref().is_some_and(|t| !t.admit(now)) {
-            return Err(self.unsent(Unsent::Throttled));
+        if let Some(throttle) = &self.shared.throttle {
+            match throttle.admit(now) {
+                Some(bin) => self.throttle_bin = bin,
+                None => return Err(self.unsent(Unsent::Throttled)),
+            }
         }
         let (Some(body), Some(service)) = (self.next_body.take(), self.service.as_mut()) else {
             return Err(Err("retry without a body or a service".into()));

@@ -134,7 +134,7 @@ where
         let (first, kept) = keep(body, shared.policy.replay_cap, allowed);
         let mut attempt = Request::from_parts(parts, first);
         marker.mark(attempt.extensions_mut());
-        let call = Call::new(
+        let mut call = Call::new(
             &attempt,
             marker,
             own,
@@ -153,8 +153,11 @@ where
             // not read the clock again to check.)
             return ResponseFuture::unsent(call, Unsent::Deadline);
         }
-        if call.shared.throttle.as_ref().is_some_and(|t| !t.admit(now)) {
-            return ResponseFuture::unsent(call, Unsent::Throttled);
+        if let Some(throttle) = &call.shared.throttle {
+            match throttle.admit(now) {
+                Some(bin) => call.throttle_bin = bin,
+                None => return ResponseFuture::unsent(call, Unsent::Throttled),
+            }
         }
         // The layers below, and the transport, call inside the attempt's span.
         let future = {

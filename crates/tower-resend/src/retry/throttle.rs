@@ -65,9 +65,10 @@ struct Inner {
     origin: Instant,
     /// The counts of the last `BINS` bins, by epoch modulo `BINS`.
     bins: [AtomicU64; BINS],
-    /// Their sums, kept as bins come and go, so that an attempt reads one
-    /// number rather than adding up the window.
-    sums: AtomicU64,
+    /// The sums of the window's bins but the newest, set as the window
+    /// moves on: an attempt adds the newest bin's count to it rather than
+    /// adding up the window.
+    older: AtomicU64,
     /// The newest bin's epoch: bins older than `BINS` epochs are out.
     newest: AtomicU64,
     /// Held by whoever moves the window on (once a bin's time, 0.3 s by
@@ -77,22 +78,29 @@ struct Inner {
 }
 
 impl Inner {
-    /// Counts `count` (a request, or an accept) in the bin of `epoch`.
+    /// Counts `count` (a request, or an accept) in the bin of `epoch`, and
+    /// gives the window's sums before it.
     ///
-    /// Two relaxed atomic adds, and a look at the newest epoch: the
-    /// success path takes no lock (a mutex held twice an attempt cost
-    /// ~45 ns). The window moves on under a lock, once a bin's time: the
-    /// bins it leaves behind are emptied, then taken off the sums, then the
-    /// new epoch is published, so an add that sees the new epoch lands in
-    /// an emptied bin. (An add made from a clock read a whole window old
-    /// would land in a recycled bin: a count out of place, never lost from
-    /// the sums for good.)
+    /// One relaxed atomic add and two loads: the success path takes no
+    /// lock (a mutex held twice an attempt cost ~45 ns; an add to a
+    /// running sum as well as to the bin, another ~25). The window moves
+    /// on under a lock, once a bin's time: the bins it enters are emptied,
+    /// the older bins summed, then the new epoch is published, so an add
+    /// that sees the new epoch lands in an emptied bin. (An add made from a
+    /// clock read a bin late lands in an older bin, and counts from the
+    /// window's next move: a count late, never lost.)
     fn count(&self, epoch: u64, count: u64) -> u64 {
-        if epoch > self.newest.load(Ordering::Acquire) {
+        let newest = self.newest.load(Ordering::Acquire);
+        // An answer counts in the newest bin, whatever the bin of its
+        // attempt: seen at once, and never in a bin the window has left.
+        let epoch = if epoch > newest {
             self.advance(epoch);
-        }
-        self.bins[(epoch % BINS as u64) as usize].fetch_add(count, Ordering::Relaxed);
-        self.sums.fetch_add(count, Ordering::Relaxed)
+            epoch
+        } else {
+            newest
+        };
+        let bin = self.bins[(epoch % BINS as u64) as usize].fetch_add(count, Ordering::Relaxed);
+        self.older.load(Ordering::Relaxed) + bin
     }
 
     /// Moves the window on to `epoch`.
@@ -105,21 +113,16 @@ impl Inner {
         if epoch <= newest {
             return;
         }
-        let leaving = (epoch - newest).min(BINS as u64);
-        let (mut requests, mut accepts) = (0, 0);
-        for e in epoch + 1 - leaving..=epoch {
-            let (r, a) = halves(self.bins[(e % BINS as u64) as usize].swap(0, Ordering::Relaxed));
-            requests += r;
-            accepts += a;
+        let entering = (epoch - newest).min(BINS as u64);
+        for e in epoch + 1 - entering..=epoch {
+            self.bins[(e % BINS as u64) as usize].store(0, Ordering::Relaxed);
         }
-        // Taken off half by half, never below zero (an add between the
-        // swap and here is in the sums already, or will be).
-        let _ = self
-            .sums
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |sums| {
-                let (r, a) = halves(sums);
-                Some((r.saturating_sub(requests) << 32) | a.saturating_sub(accepts))
-            });
+        let newest_bin = (epoch % BINS as u64) as usize;
+        let older = (self.bins.iter().enumerate())
+            .filter(|&(i, _)| i != newest_bin)
+            .map(|(_, bin)| bin.load(Ordering::Relaxed))
+            .sum();
+        self.older.store(older, Ordering::Relaxed);
         self.newest.store(epoch, Ordering::Release);
     }
 
@@ -128,7 +131,9 @@ impl Inner {
         if epoch > self.newest.load(Ordering::Acquire) {
             self.advance(epoch);
         }
-        halves(self.sums.load(Ordering::Relaxed))
+        let newest = self.newest.load(Ordering::Acquire);
+        let bin = self.bins[(newest % BINS as u64) as usize].load(Ordering::Relaxed);
+        halves(self.older.load(Ordering::Relaxed) + bin)
     }
 }
 
@@ -163,7 +168,7 @@ impl AdaptiveThrottle {
                 bin_nanos: bin_nanos.max(1),
                 origin: Instant::now(),
                 bins: [const { AtomicU64::new(0) }; BINS],
-                sums: AtomicU64::new(0),
+                older: AtomicU64::new(0),
                 newest: AtomicU64::new(0),
                 advancing: Mutex::new(()),
                 turned_away: AtomicU64::new(0),
@@ -261,30 +266,33 @@ impl AdaptiveThrottle {
         self.inner.count(self.epoch(now), count);
     }
 
-    /// An attempt about to go out at `now`: counted, and let through
-    /// (true) or turned away (false).
-    pub(crate) fn admit(&self, now: Instant) -> bool {
+    /// An attempt about to go out at `now`: counted, and let through (the
+    /// bin to give [`answered`](Self::answered)) or turned away (`None`).
+    pub(crate) fn admit(&self, now: Instant) -> Option<u64> {
         // The window before this attempt decides (a client's first attempt
         // is never turned away); the attempt then counts as a request
         // whether it goes out or not.
-        let (requests, accepts) = halves(self.inner.count(self.epoch(now), REQUEST));
+        let bin = self.epoch(now);
+        let (requests, accepts) = halves(self.inner.count(bin, REQUEST));
         // Nothing to reject while the upstream accepts: no arithmetic.
         if requests as f64 <= self.inner.ratio * accepts as f64 {
-            return true;
+            return Some(bin);
         }
         let p = self.reject_probability(requests, accepts);
         if p > 0.0 && fastrand::f64() < p {
             self.inner.turned_away.fetch_add(1, Ordering::Relaxed);
-            return false;
+            return None;
         }
-        true
+        Some(bin)
     }
 
-    /// An attempt let through ended at `now`: `accepted` unless the
-    /// upstream was overloaded or refused it.
-    pub(crate) fn answered(&self, now: Instant, accepted: bool) {
+    /// An attempt that `admit` let through in `bin` ended: `accepted`
+    /// unless the upstream was overloaded or refused it. It counts in the
+    /// newest bin (the clock is not read again: the window has moved on
+    /// if a later attempt's read said so).
+    pub(crate) fn answered(&self, bin: u64, accepted: bool) {
         if accepted {
-            self.inner.count(self.epoch(now), ACCEPT);
+            self.inner.count(bin, ACCEPT);
         }
     }
 }
@@ -299,8 +307,8 @@ mod tests {
         let now = Instant::now();
         // Every attempt accepted: never throttled.
         for _ in 0..100 {
-            assert!(t.admit(now));
-            t.answered(now, true);
+            let bin = t.admit(now).expect("let through");
+            t.answered(bin, true);
         }
         assert_eq!(t.probability(), 0.0);
 
@@ -331,12 +339,12 @@ mod tests {
             let mut room = 10;
             for _ in 0..100 {
                 let now = Instant::now();
-                if t.admit(now) {
+                if let Some(bin) = t.admit(now) {
                     sent += 1;
                     let ok = room > 0;
                     room -= u32::from(ok);
                     accepted += u32::from(ok);
-                    t.answered(now, ok);
+                    t.answered(bin, ok);
                 }
             }
             tokio::time::advance(Duration::from_millis(10)).await;
@@ -347,6 +355,27 @@ mod tests {
         assert_eq!(u64::from(20_000 - sent), t.turned_away());
     }
 
+    /// An answer whose attempt began a whole window ago counts now, in the
+    /// newest bin: it is seen at once, and never lands in a bin the window
+    /// has left (which a later epoch reuses).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_late_answer_counts_in_the_newest_bin() {
+        let t = AdaptiveThrottle::new();
+        let slow = t.admit(Instant::now()).expect("let through");
+        tokio::time::advance(DEFAULT_THROTTLE_WINDOW + Duration::from_secs(1)).await;
+        // Ten requests in the new window, none accepted yet: rejecting.
+        for _ in 0..10 {
+            t.count(Instant::now(), 1, 0);
+        }
+        let before = t.probability();
+        assert!(before > 0.0, "{before}");
+        // The slow attempt's accept lands in the window, at once.
+        t.answered(slow, true);
+        let (requests, accepts) = t.inner.sums(t.epoch(Instant::now()));
+        assert_eq!((requests, accepts), (10, 1));
+        assert!(t.probability() < before);
+    }
+
     /// A fresh client's first attempts, each answered, are never turned
     /// away (the padding keeps the first few from tipping it).
     #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -355,8 +384,8 @@ mod tests {
             let t = AdaptiveThrottle::new();
             let now = Instant::now();
             for _ in 0..5 {
-                assert!(t.admit(now));
-                t.answered(now, true);
+                let bin = t.admit(now).expect("a first attempt goes out");
+                t.answered(bin, true);
             }
         }
     }
