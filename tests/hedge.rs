@@ -146,11 +146,13 @@ async fn a_backup_cuts_the_slow_tail_for_a_few_percent_more_sends() {
     assert_eq!(plain_seen.sends(), CALLS);
 
     // A setting read at run time: `maybe_hedge` hedges with `Some`, and
-    // with `None` sends one copy, as a stack without hedging does.
+    // with `None` sends one copy, as a stack without hedging does (the
+    // copies it would send if on, set after it, change nothing).
     for (after, extra_sends) in [(Some(Duration::from_millis(10)), CALLS / 20), (None, 0)] {
         let seen = Seen::default();
         let stack = tower_resend::stack()
             .maybe_hedge(after)
+            .hedge_copies(3)
             .service(upstream(seen.clone()));
         let (latencies, backups) = run(stack, Method::GET, CALLS).await;
         assert_eq!(backups, extra_sends, "{after:?}");

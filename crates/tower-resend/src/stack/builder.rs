@@ -43,7 +43,9 @@ pub(super) struct Settings {
     pub(super) header: DeadlineHeaderLayer,
     pub(super) read_ahead_cap: usize,
     pub(super) idle: Option<Duration>,
-    pub(super) hedge: HedgeLayer<()>,
+    /// The hedge's settings once [`hedge`](StackBuilder::hedge) (or
+    /// `hedge_at_percentile`, or `maybe_hedge` with a time) turned it on.
+    pub(super) hedge: Option<HedgeLayer<()>>,
 }
 
 impl StackBuilder {
@@ -58,7 +60,7 @@ impl StackBuilder {
                 header: DeadlineHeaderLayer::new(),
                 read_ahead_cap: DEFAULT_READ_AHEAD,
                 idle: None,
-                hedge: HedgeLayer::new(Duration::ZERO).max_copies(1).classifier(()),
+                hedge: None,
             },
             retry: RetryLayer::new(),
             breaker: NoBreaker,
@@ -371,9 +373,9 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
 
     /// Hedges as [`hedge`](Self::hedge) does when `after` is `Some`; with
     /// `None` the stack sends one copy of each attempt, as one without
-    /// hedging does. For a setting read at run time: the stack has the
-    /// hedge layer either way (one type), at its small cost when it does
-    /// not hedge.
+    /// hedging does, whatever `hedge_copies` and `hedge_share` say. For a
+    /// setting read at run time: the stack has the hedge layer either way
+    /// (one type), at its small cost when it does not hedge.
     ///
     /// ```
     /// use std::time::Duration;
@@ -390,9 +392,9 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     }
 
     /// The hedge's place given a [`Hedge`](crate::hedge::Hedge) layer,
-    /// whose settings are the stack's (off, one copy, until
-    /// [`hedge`](Self::hedge) sets them): for tables of stacks of one type
-    /// (routes, a gRPC service config), some of which hedge.
+    /// which sends one copy unless [`hedge`](Self::hedge) turned hedging
+    /// on: for tables of stacks of one type (routes, a gRPC service
+    /// config), some of which hedge.
     pub(crate) fn hedgeable(self) -> StackBuilder<C, B, F, Hedging> {
         StackBuilder {
             settings: self.settings,
@@ -404,7 +406,7 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     }
 
     fn hedging_with(mut self, hedge: HedgeLayer<()>) -> StackBuilder<C, B, F, Hedging> {
-        self.settings.hedge = hedge;
+        self.settings.hedge = Some(hedge);
         self.hedgeable()
     }
 
@@ -446,19 +448,20 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
 }
 
 impl<C, B, F> StackBuilder<C, B, F, Hedging> {
-    /// At most `n` copies of a hedged attempt (the first included). Default
-    /// 2.
+    /// At most `n` copies of a hedged attempt (the first included), when
+    /// hedging is on. Default 2.
     #[must_use]
     pub fn hedge_copies(mut self, n: u32) -> Self {
-        self.settings.hedge = self.settings.hedge.max_copies(n);
+        self.settings.hedge = self.settings.hedge.map(|h| h.max_copies(n));
         self
     }
 
     /// At most this share of the calls (0 to 1) send a backup copy (plus
-    /// about one a second: see [`HedgeLayer::max_share`]). Default 0.1.
+    /// about one a second: see [`HedgeLayer::max_share`]), when hedging is
+    /// on. Default 0.1.
     #[must_use]
     pub fn hedge_share(mut self, share: f64) -> Self {
-        self.settings.hedge = self.settings.hedge.max_share(share);
+        self.settings.hedge = self.settings.hedge.map(|h| h.max_share(share));
         self
     }
 
@@ -468,10 +471,8 @@ impl<C, B, F> StackBuilder<C, B, F, Hedging> {
     #[must_use]
     #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
     pub(crate) fn hedge_every_call(mut self) -> Self {
-        self.settings.hedge = self
-            .settings
-            .hedge
-            .share_budget(crate::retry::RetryBudget::every_call());
+        self.settings.hedge =
+            (self.settings.hedge).map(|h| h.share_budget(crate::retry::RetryBudget::every_call()));
         self
     }
 }

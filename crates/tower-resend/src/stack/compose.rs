@@ -3,6 +3,8 @@
 //! layer's classifier, budget and header, the fleet's roster), and the
 //! builder as a tower [`Layer`].
 
+use std::time::Duration;
+
 use tower_layer::Layer;
 
 use super::builder::StackBuilder;
@@ -10,7 +12,7 @@ use super::Stack;
 use crate::breaker::BreakerSlot;
 use crate::deadline::{CallDeadlineLayer, DeadlineHeader};
 use crate::fleet::FleetSlot;
-use crate::hedge::HedgeSlot;
+use crate::hedge::{HedgeLayer, HedgeSlot};
 use crate::read_ahead::{ReadAhead, ReadAheadLayer};
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 
@@ -55,9 +57,12 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
         let mut retry = self.retry;
         retry.fleet = F::IS_FLEET;
         let inner = s.header.layer(inner);
-        // Hedged copies below the breaker, which sees them as one call.
-        let mut hedge = s
+        // Hedged copies below the breaker, which sees them as one call. (A
+        // hedge layer that is not on sends one copy.)
+        let hedge = s
             .hedge
+            .unwrap_or_else(|| HedgeLayer::new(Duration::ZERO).max_copies(1).classifier(()));
+        let mut hedge = hedge
             .classifier(retry.classifier.clone())
             .metrics(retry.metrics().clone(), s.name.clone())
             .attempt_header(retry.attempt_header.clone());
