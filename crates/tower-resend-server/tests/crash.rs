@@ -37,7 +37,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use child::{exit_with_the_test, say, ChildServer, A_LEASE, LINE_WAIT, RETRY_FOR, SCENARIO};
+use child::{
+    exit_with_the_test, is_derived, say, ChildServer, A_LEASE, LINE_WAIT, RETRY_FOR, SCENARIO,
+};
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serve::serve;
@@ -287,10 +289,6 @@ async fn retry_through_409(
         );
         sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn is_derived(key: &str) -> bool {
-    uuid::Uuid::parse_str(key).is_ok_and(|k| k.get_version_num() == 5)
 }
 
 // ------------------------------------------------------------- test ----

@@ -29,7 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use child::{exit_with_the_test, say, ChildServer, A_LEASE, LINE_WAIT, RETRY_FOR, SCENARIO};
+use child::{
+    exit_with_the_test, is_derived, say, ChildServer, A_LEASE, LINE_WAIT, RETRY_FOR, SCENARIO,
+};
 use http::uri::PathAndQuery;
 use http::{Request, Response};
 use ledger::{Balance, ChargeRequest, Ledger, CHARGE};
@@ -53,10 +55,6 @@ const ENV_B_ADDR: &str = "RESEND_GRPC_CRASH_B";
 const ENV_PG: &str = "RESEND_PG_URL";
 /// A's table of records, the same for both of A's processes.
 const TABLE: &str = "resend_grpc_crash";
-
-fn in_ci() -> bool {
-    std::env::var_os("CI").is_some()
-}
 
 fn channel(addr: SocketAddr) -> Channel {
     Endpoint::from_shared(format!("http://{addr}"))
@@ -251,30 +249,12 @@ async fn retry_through_in_progress(
     }
 }
 
-fn is_derived(key: &str) -> bool {
-    uuid::Uuid::parse_str(key).is_ok_and(|k| k.get_version_num() == 5)
-}
-
-/// True once A's table is there; panics when PostgreSQL is unusable and
-/// `CI` is set.
-async fn migrated() -> bool {
-    let url = pg::url();
-    let store = PostgresStore::with_table(pg::pool(&url, 2), TABLE).unwrap();
-    match timeout(Duration::from_secs(5), store.migrate()).await {
-        Ok(Ok(())) => true,
-        other if in_ci() => panic!("PostgreSQL at {url} is unusable ({other:?}), and CI is set"),
-        other => {
-            eprintln!("WARNING: PostgreSQL at {url} is unusable ({other:?}): test SKIPPED");
-            false
-        }
-    }
-}
-
 // ------------------------------------------------------------- test ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_server_killed_after_b_worked_is_rerun_and_b_replays() {
-    if !migrated().await {
+    let store = PostgresStore::with_table(pg::pool(&pg::url(), 2), TABLE).unwrap();
+    if !pg::migrated(&store).await {
         return;
     }
     timeout(SCENARIO, scenario())

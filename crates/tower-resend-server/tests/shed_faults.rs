@@ -291,24 +291,15 @@ async fn shed_under_faults_keeps_goodput_and_answers() {
     }
     #[cfg(feature = "postgres")]
     {
-        let url = pg::url();
         let store = tower_resend_server::PostgresStore::with_table(
-            pg::pool(&url, 16),
+            pg::pool(&pg::url(), 16),
             "resend_idempotency_test",
         )
         .unwrap();
-        let in_ci = std::env::var_os("CI").is_some();
-        match tokio::time::timeout(Duration::from_secs(5), store.migrate()).await {
-            Ok(Ok(())) => {
-                let scope = format!("shed-{}", uuid::Uuid::new_v4().simple());
-                let layer = IdempotencyLayer::new(store).scope_with(move |_| scope.clone());
-                run("postgres", layer, Duration::from_millis(80)).await;
-            }
-            Ok(Err(e)) if in_ci => panic!("PostgreSQL at {url}: {e}, and CI is set"),
-            Err(_) if in_ci => panic!("PostgreSQL at {url} does not answer, and CI is set"),
-            other => {
-                eprintln!("WARNING: PostgreSQL at {url} is unusable ({other:?}): test SKIPPED")
-            }
+        if pg::migrated(&store).await {
+            let scope = format!("shed-{}", uuid::Uuid::new_v4().simple());
+            let layer = IdempotencyLayer::new(store).scope_with(move |_| scope.clone());
+            run("postgres", layer, Duration::from_millis(80)).await;
         }
     }
 }

@@ -143,6 +143,12 @@ pub fn exit_with_the_test(name: &'static str) {
     });
 }
 
+/// True if `key` is an Idempotency-Key derived from an inbound one (a UUID
+/// v5), as a keyed handler's outbound calls carry.
+pub fn is_derived(key: &str) -> bool {
+    uuid::Uuid::parse_str(key).is_ok_and(|k| k.get_version_num() == 5)
+}
+
 /// In the child: one line to the test, on stdout, flushed. Written to the
 /// file itself, so it reaches the test whatever libtest captures.
 pub fn say(line: &str) {

@@ -1,5 +1,5 @@
-//! The tests' PostgreSQL: its URL and a pool on it.
-#![allow(dead_code, unreachable_pub)]
+//! The tests' PostgreSQL: its URL, a pool on it, and a store's table made.
+#![allow(dead_code, unreachable_pub, clippy::print_stderr)]
 
 use std::time::Duration;
 
@@ -10,6 +10,24 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 pub fn url() -> String {
     std::env::var("RESEND_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test?sslmode=prefer".into())
+}
+
+/// True once `store`'s table is there (made within 5 s); false, with a
+/// warning that the test is skipped, when PostgreSQL is unusable; a panic
+/// then when `CI` is set.
+pub async fn migrated(store: &tower_resend_server::PostgresStore) -> bool {
+    let url = url();
+    match tokio::time::timeout(Duration::from_secs(5), store.migrate()).await {
+        Ok(Ok(())) => true,
+        other => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "PostgreSQL at {url} is unusable ({other:?}), and CI is set"
+            );
+            eprintln!("WARNING: PostgreSQL at {url} is unusable ({other:?}): test SKIPPED");
+            false
+        }
+    }
 }
 
 /// A pool on `url` of at most `size` connections, made as they are needed;
