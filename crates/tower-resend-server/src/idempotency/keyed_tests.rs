@@ -116,3 +116,54 @@ async fn a_handlers_marks_are_taken_off_its_answer() {
     }
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// A keyed request's own box (its body read, its key claimed, then the work
+/// waited on), traced or not, is within glibc's per-thread cache (see
+/// `work_tests.rs`).
+#[tokio::test]
+async fn a_keyed_requests_box_stays_within_the_thread_cache() {
+    use std::borrow::Cow;
+    use std::sync::Arc;
+
+    use tracing::Instrument;
+
+    use super::super::config::{Config, Shared};
+    use super::super::request;
+    use super::super::work::tests::{handler, CACHED};
+    use super::{claim_then_run, keyed, Keyed};
+
+    let shared = Arc::new(Shared {
+        store: MemoryStore::new(),
+        config: Config::new(),
+    });
+    let request = || {
+        let req = Request::post("/x")
+            .header("idempotency-key", "k")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (parts, body) = req.into_parts();
+        let keyed = Keyed {
+            scope: Cow::Borrowed("anonymous"),
+            key: request::key(&parts).unwrap().unwrap(),
+            deadline: None,
+        };
+        (parts, body, keyed)
+    };
+    let (parts, body, key) = request();
+    let boxed = keyed(
+        Arc::clone(&shared),
+        handler(),
+        parts,
+        body,
+        key,
+        tracing::Span::none(),
+    );
+    let room = std::mem::size_of_val(&*boxed);
+    assert!(room <= CACHED, "a keyed request's box: {room} bytes");
+    // Traced: the same, in its span.
+    let (parts, body, key) = request();
+    let traced =
+        claim_then_run(shared, handler(), parts, body, key).instrument(tracing::Span::none());
+    let room = std::mem::size_of_val(&traced);
+    assert!(room <= CACHED, "a traced keyed request's box: {room} bytes");
+}

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use http::{Extensions, StatusCode};
 
 use super::backend::{sealed::Sealed, Claimed, KeyClaim};
@@ -93,12 +94,9 @@ async fn release<St: Store>(mut lease: Lease<St>) {
     let shared = Arc::clone(&lease.shared);
     let metrics = shared.config.stats.metrics();
     let claim = lease.claim();
-    let released = call(
-        metrics,
-        Op::Release,
-        lease.store_timeout(),
-        shared.store.release(&claim),
-    )
+    let released = call(metrics, Op::Release, lease.store_timeout(), || {
+        shared.store.release(&claim)
+    })
     .await;
     if let Err(e) = released {
         tracing::warn!(error = %e, key = lease.key.as_str(), "could not drop an idempotency lease; it will expire");
@@ -124,18 +122,19 @@ impl<St: Store> Sealed for St {
             armed: true,
         };
         let config = &shared.config;
+        let claim = lease.claim();
         // A response this process holds for a store that did not take it
-        // answers first.
-        let held = config.held.answer(&lease.claim().key);
-        let found = match held {
-            Some(held) => Ok(held),
+        // answers first. (Chosen in a statement of its own: what it
+        // looked at is not kept while the store is asked.)
+        let begin = match config.held.answer(&claim.key) {
+            Some(held) => Either::Left(std::future::ready(Ok(held))),
             None => {
-                let claim = lease.claim();
-                let begin = shared.store.begin(&claim, lease.ttl);
+                let begin = || shared.store.begin(&claim, lease.ttl);
                 let metrics = config.stats.metrics();
-                call(metrics, Op::Begin, config.store_timeout, begin).await
+                Either::Right(call(metrics, Op::Begin, config.store_timeout, begin))
             }
         };
+        let found = begin.await;
         // The lease is ours, or may be (the store's answer was lost): armed;
         // else it holds nothing.
         lease.armed = matches!(found, Ok(Begin::Acquired) | Err(_));
@@ -157,7 +156,7 @@ impl<St: Store> Sealed for St {
 
     async fn renew(shared: &Arc<Shared<Self>>, hold: &Lease<St>) -> Result<LeaseState, StoreError> {
         let claim = hold.claim();
-        let renew = shared.store.renew(&claim, hold.ttl);
+        let renew = || shared.store.renew(&claim, hold.ttl);
         let config = &shared.config;
         call(
             config.stats.metrics(),
@@ -179,7 +178,7 @@ impl<St: Store> Sealed for St {
         _: StatusCode,
     ) -> Kept {
         let claim = hold.claim();
-        let complete = shared.store.complete(&claim, record, hold.ttl);
+        let complete = || shared.store.complete(&claim, record, hold.ttl);
         let config = &shared.config;
         let metrics = config.stats.metrics();
         Kept::Stored(call(metrics, Op::Complete, config.store_timeout, complete).await)

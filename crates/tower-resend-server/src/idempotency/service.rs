@@ -114,14 +114,11 @@ where
             OnArrival::ReadBody(keyed) => {
                 let inner = self.take_readied();
                 let span = telemetry::request_span(&parts.method);
-                ResponseFuture::keyed(Box::pin(keyed::keyed(
-                    shared, inner, parts, body, keyed, span,
-                )))
+                ResponseFuture::keyed(keyed::keyed(shared, inner, parts, body, keyed, span))
             }
             OnArrival::Transact => {
                 let inner = self.take_readied();
-                let run = keyed::transact(shared, inner, parts, body, deadline);
-                ResponseFuture::keyed(Box::pin(run))
+                ResponseFuture::keyed(keyed::transact(shared, inner, parts, body, deadline))
             }
             OnArrival::Refuse(answer) => {
                 // A malformed, missing (when required) or anonymous key:

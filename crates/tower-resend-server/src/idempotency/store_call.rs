@@ -13,37 +13,67 @@ use crate::store::StoreError;
 /// `fut`, a store call, given up after `limit` (a store that does not
 /// answer in time cannot be reached). A call that answers at once (the
 /// memory store's) arms no timer.
-pub(crate) async fn with_timeout<T>(
+pub(crate) fn with_timeout<T, F>(
     limit: Duration,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let mut fut = std::pin::pin!(fut);
-    if let Some(answered) = fut.as_mut().now_or_never() {
-        return answered;
-    }
-    // Boxed: the timer is for a store across a network, whose answer takes
-    // far longer than the allocation; the memory store's calls, which
-    // answer at once, keep no room for it in their futures.
-    match Box::pin(tokio::time::timeout(limit, fut)).await {
-        Ok(answered) => answered,
-        Err(_) => Err(StoreError::new(format!("no answer within {limit:?}"))),
-    }
+    fut: F,
+) -> impl Future<Output = Result<T, StoreError>> + use<T, F>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    bounded(None, limit, || fut)
 }
 
-/// [`with_timeout`], timed and its errors counted on `metrics` when there
-/// are instruments (no clock is read otherwise).
-pub(crate) async fn call<T>(
-    metrics: &ServerMetrics,
+/// The call `make` makes, bounded as by [`with_timeout`], timed and its
+/// errors counted on `metrics` when there are instruments (no clock is
+/// read otherwise).
+pub(crate) fn call<'a, T, M, F>(
+    metrics: &'a ServerMetrics,
     op: Op,
     limit: Duration,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let start = metrics.is_on().then(Instant::now);
-    let out = with_timeout(limit, fut).await;
-    if let Some(start) = start {
-        metrics.store_call(op, start.elapsed(), out.is_ok());
+    make: M,
+) -> impl Future<Output = Result<T, StoreError>> + use<'a, T, M, F>
+where
+    M: FnOnce() -> F,
+    F: Future<Output = Result<T, StoreError>>,
+{
+    bounded(Some((metrics, op)), limit, make)
+}
+
+/// Both: a function returning an async block, the store's future made in
+/// it (a future handed in, or an `async fn` awaiting another, would be kept
+/// twice in every keyed request's box).
+// An async block rather than an `async fn`, which keeps each of its
+// parameters twice: this future is boxed on every keyed request.
+#[allow(clippy::manual_async_fn)]
+fn bounded<'a, T, M, F>(
+    timed: Option<(&'a ServerMetrics, Op)>,
+    limit: Duration,
+    make: M,
+) -> impl Future<Output = Result<T, StoreError>> + use<'a, T, M, F>
+where
+    M: FnOnce() -> F,
+    F: Future<Output = Result<T, StoreError>>,
+{
+    async move {
+        let start = timed
+            .filter(|(metrics, _)| metrics.is_on())
+            .map(|_| Instant::now());
+        let mut fut = std::pin::pin!(make());
+        let out = match fut.as_mut().now_or_never() {
+            Some(answered) => answered,
+            // Boxed: the timer is for a store across a network, whose
+            // answer takes far longer than the allocation; the memory
+            // store's calls, which answer at once, keep no room for it.
+            None => match Box::pin(tokio::time::timeout(limit, fut)).await {
+                Ok(answered) => answered,
+                Err(_) => Err(StoreError::new(format!("no answer within {limit:?}"))),
+            },
+        };
+        if let (Some((metrics, op)), Some(start)) = (timed, start) {
+            metrics.store_call(op, start.elapsed(), out.is_ok());
+        }
+        out
     }
-    out
 }
 
 #[cfg(test)]

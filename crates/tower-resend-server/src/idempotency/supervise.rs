@@ -26,59 +26,69 @@ pub(crate) enum Supervision<T> {
     DeadlineCut(Snapshot),
 }
 
-/// Runs `work` to its end, unless `deadline` comes first (then where the
-/// time went, read from `ledger`) or it panics; meanwhile `renew` runs every
-/// `every`, each renewal awaited before the next is due (the times a late
-/// one ran past are skipped). `work` is polled first, so an answer that is
-/// ready wins a tie with the clock.
-pub(crate) async fn supervise<F, R, RF>(
-    work: F,
+/// Runs the work `start` makes to its end, unless `deadline` comes first
+/// (then where the time went, read from `ledger`) or it panics; meanwhile
+/// `renew` runs every `every`, each renewal awaited before the next is due
+/// (the times a late one ran past are skipped). The work is polled first,
+/// so an answer that is ready wins a tie with the clock.
+///
+/// (The work is made inside, from `start`: a future handed in would be
+/// kept twice in this one, as a parameter and as the future raced, as an
+/// `async fn` keeps each of its parameters twice.)
+// An async block rather than an `async fn`, which keeps each of its
+// parameters twice: this future is boxed on every keyed request.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn supervise<S, F, R, RF>(
+    start: S,
     deadline: Option<Instant>,
     ledger: Option<&TimeLedger>,
     renewal: Option<(Duration, R)>,
-) -> Supervision<F::Output>
+) -> impl Future<Output = Supervision<F::Output>> + use<'_, S, F, R, RF>
 where
+    S: FnOnce() -> F,
     F: Future,
     R: FnMut() -> RF,
     RF: Future<Output = ()>,
 {
-    let work = AssertUnwindSafe(work).catch_unwind();
-    // Where the time went is read as the deadline passes, before the work
-    // is dropped (which ends what it was doing).
-    let cut = async {
-        match deadline {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
-        ledger.map(TimeLedger::snapshot).unwrap_or_default()
-    };
-    let renewals = async {
-        if let Some((every, mut renew)) = renewal {
-            let every = every.max(Duration::from_millis(1));
-            let mut next = on_grid(Instant::now() + every);
-            loop {
-                tokio::time::sleep_until(next).await;
-                renew().await;
-                // The times a late renewal ran past are skipped.
-                next += every;
-                while next <= Instant::now() {
+    async move {
+        // Where the time went is read as the deadline passes, before the work
+        // is dropped (which ends what it was doing).
+        let cut = async {
+            match deadline {
+                // Boxed: a request with no deadline keeps no room for its timer.
+                Some(at) => Box::pin(tokio::time::sleep_until(at)).await,
+                None => std::future::pending().await,
+            }
+            ledger.map(TimeLedger::snapshot).unwrap_or_default()
+        };
+        let renewals = async {
+            if let Some((every, mut renew)) = renewal {
+                let every = every.max(Duration::from_millis(1));
+                let mut next = on_grid(Instant::now() + every);
+                loop {
+                    tokio::time::sleep_until(next).await;
+                    renew().await;
+                    // The times a late renewal ran past are skipped.
                     next += every;
+                    while next <= Instant::now() {
+                        next += every;
+                    }
                 }
             }
+            std::future::pending::<Infallible>().await
+        };
+        tokio::select! {
+            biased;
+            out = AssertUnwindSafe(start()).catch_unwind() => match out {
+                Ok(out) => Supervision::Done(out),
+                Err(panic) => {
+                    tracing::error!(panic = %message(panic.as_ref()), "a keyed handler panicked");
+                    Supervision::Panicked
+                }
+            },
+            cut = cut => Supervision::DeadlineCut(cut),
+            never = renewals => match never {},
         }
-        std::future::pending::<Infallible>().await
-    };
-    tokio::select! {
-        biased;
-        out = work => match out {
-            Ok(out) => Supervision::Done(out),
-            Err(panic) => {
-                tracing::error!(panic = %message(panic.as_ref()), "a keyed handler panicked");
-                Supervision::Panicked
-            }
-        },
-        cut = cut => Supervision::DeadlineCut(cut),
-        never = renewals => match never {},
     }
 }
 
@@ -190,7 +200,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(60)).await;
         };
         let Supervision::DeadlineCut(cut) =
-            supervise(handler, Some(deadline), Some(&ledger), no_renewal()).await
+            supervise(|| handler, Some(deadline), Some(&ledger), no_renewal()).await
         else {
             panic!("not cut");
         };
@@ -215,13 +225,13 @@ mod tests {
             renewed.set(renewed.get() + 1);
             std::future::ready(())
         };
-        let out = supervise(work, None, None, Some((Duration::from_secs(1), renew))).await;
+        let out = supervise(|| work, None, None, Some((Duration::from_secs(1), renew))).await;
         assert!(matches!(out, Supervision::Done(())));
         assert_eq!(start.elapsed(), Duration::from_millis(3500));
         assert_eq!(renewed.get(), 3);
 
         let panics = async { panic!("boom") };
-        let out: Supervision<()> = supervise(panics, None, None, no_renewal()).await;
+        let out: Supervision<()> = supervise(|| panics, None, None, no_renewal()).await;
         assert!(matches!(out, Supervision::Panicked));
     }
 
@@ -240,7 +250,7 @@ mod tests {
         };
         let deadline = start + Duration::from_secs(5);
         let out = supervise(
-            std::future::pending::<()>(),
+            std::future::pending::<()>,
             Some(deadline),
             None,
             Some((Duration::from_secs(1), renew)),

@@ -6,6 +6,7 @@
 //! task of its own ([`to_its_end`]).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -79,23 +80,18 @@ impl<St: Backend> Work<St> {
     /// work runs in the caller's task while the caller waits (as a handler
     /// without the layer does); a caller that goes away hands it, where it
     /// is, to a task of its own ([`to_its_end`]), which runs it to its end.
-    pub(crate) async fn run_to_its_end<F, RB, E>(
+    pub(crate) fn run_to_its_end<F, RB, E>(
         self,
         hold: St::Hold,
-        handler: F,
-    ) -> Answering<RB, E>
+        handler: Pin<Box<F>>,
+    ) -> impl Future<Output = Answering<RB, E>>
     where
         F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
         RB: ResponseBody,
         E: Send + 'static,
     {
-        // Boxed: an async fn's future is as large as its largest state; a
-        // box is moved as one pointer, into a task too.
-        // (Made in a statement of its own: a temporary of the awaiting
-        // statement would keep its room in this future, the unboxed work
-        // beside the box: 4.9 KB rather than 2.1 KB for a keyed request.)
-        let work = Box::pin(self.run(hold, handler));
-        to_its_end(work).await
+        // Boxed: moved as one pointer, into a task too.
+        to_its_end(Box::pin(self.run(hold, handler)))
     }
 
     fn key(&self) -> &str {
@@ -103,46 +99,92 @@ impl<St: Backend> Work<St> {
     }
 
     /// The handler run to its end under its hold, and its end kept.
-    async fn run<F, RB, E>(self, mut hold: St::Hold, handler: F) -> Answering<RB, E>
+    // An async block rather than an `async fn`, which keeps each of its
+    // parameters twice: this future is boxed on every keyed request.
+    #[allow(clippy::manual_async_fn)]
+    fn run<F, RB, E>(
+        self,
+        hold: St::Hold,
+        handler: Pin<Box<F>>,
+    ) -> impl Future<Output = Answering<RB, E>>
     where
         F: Future<Output = Result<Response<RB>, E>> + Send,
         RB: ResponseBody,
         E: Send,
     {
-        let shared = &self.shared;
-        let cap = shared.config.response_cap;
-        let work = async move {
+        async move {
+            let supervised = self.supervise(&hold, handler).await;
+            // Boxed when it comes: this future keeps room for the handler's
+            // supervision only (the hold, moved on, would be kept twice).
+            Box::pin(self.end(hold, supervised)).await
+        }
+    }
+
+    /// How the handler ended, kept or let go as the rules say, and answered.
+    // An async block rather than an `async fn`, which keeps each of its
+    // parameters twice: this future is boxed on every keyed request.
+    #[allow(clippy::manual_async_fn)]
+    fn end<RB, E>(
+        &self,
+        mut hold: St::Hold,
+        supervised: Supervision<Result<Done<RB>, E>>,
+    ) -> impl Future<Output = Answering<RB, E>> + use<'_, St, RB, E>
+    where
+        RB: ResponseBody,
+        E: Send,
+    {
+        async move {
+            let shared = &self.shared;
+            if !St::take_back(shared, &mut hold).await {
+                tracing::error!("the handler's transaction is still in use after it ended: it is rolled back when let go");
+                Box::pin(St::release(shared, hold)).await;
+                return Ok(Answer::TransactionInUse.response(self.protocol));
+            }
+            match ended(St::MODE, how_it_ended(supervised)) {
+                // Boxed, as the rarer ends are: with this step's room it
+                // would pass the thread cache's largest block.
+                OnEnd::Keep(keep) => Box::pin(self.keep(hold, keep)).await,
+                OnEnd::Release(handled) => {
+                    Box::pin(St::release(shared, hold)).await;
+                    Ok(handler_response(handled))
+                }
+                OnEnd::RollBack(unkept) => {
+                    Box::pin(St::release(shared, hold)).await;
+                    self.unkept(unkept)
+                }
+            }
+        }
+    }
+
+    /// The handler (and the reading of its response) under [`supervise`]:
+    /// the hold renewed while it runs, cut by the deadline.
+    async fn supervise<F, RB, E>(
+        &self,
+        held: &St::Hold,
+        handler: Pin<Box<F>>,
+    ) -> Supervision<Result<Done<RB>, E>>
+    where
+        F: Future<Output = Result<Response<RB>, E>> + Send,
+        RB: ResponseBody,
+        E: Send,
+    {
+        let cap = self.shared.config.response_cap;
+        let work = move || async move {
             let (head, mut body) = handler.await?.into_parts();
             let read = read_capped(&mut body, cap).await;
             Ok::<Done<RB>, E>((head, body, read))
         };
-        let (this, held) = (&self, &hold);
         let renewal = St::renew_every(held).map(|every| {
             let renew = move || async move {
-                let renewal = St::renew(shared, held).await;
-                this.renewed(renewal);
+                // Boxed: a renewal comes every third of the lease, not in
+                // every request's room.
+                let renewal = Box::pin(St::renew(&self.shared, held)).await;
+                self.renewed(renewal);
             };
             (every, renew)
         });
         let deadline = self.deadline.map(|d| d.instant());
-        let supervised = supervise(work, deadline, self.ledger.as_ref(), renewal).await;
-
-        if !St::take_back(shared, &mut hold).await {
-            tracing::error!("the handler's transaction is still in use after it ended: it is rolled back when let go");
-            St::release(shared, hold).await;
-            return Ok(Answer::TransactionInUse.response(self.protocol));
-        }
-        match ended(St::MODE, how_it_ended(supervised)) {
-            OnEnd::Keep(keep) => self.keep(hold, keep).await,
-            OnEnd::Release(handled) => {
-                St::release(shared, hold).await;
-                Ok(handler_response(handled))
-            }
-            OnEnd::RollBack(unkept) => {
-                St::release(shared, hold).await;
-                self.unkept(unkept)
-            }
-        }
+        supervise(work, deadline, self.ledger.as_ref(), renewal).await
     }
 
     /// What a renewal found, reported.
@@ -168,78 +210,84 @@ impl<St: Backend> Work<St> {
     }
 
     /// Keeps `keep` as the key's end, and answers with it.
-    async fn keep<RB, E>(
+    // An async block rather than an `async fn`, which keeps each of its
+    // parameters twice: this future is boxed on every keyed request.
+    #[allow(clippy::manual_async_fn)]
+    fn keep<RB, E>(
         &self,
         mut hold: St::Hold,
         keep: Keep<Handled<RB>, E, Snapshot>,
-    ) -> Answering<RB, E>
+    ) -> impl Future<Output = Answering<RB, E>> + use<'_, St, RB, E>
     where
         RB: ResponseBody,
+        E: Send,
     {
-        let shared = &self.shared;
-        let (stored, status) = match &keep {
-            Keep::Response(Handled { head, read, .. }) => (
-                record(
+        async move {
+            let shared = &self.shared;
+            let (stored, status) = match &keep {
+                Keep::Response(Handled { head, read, .. }) => (
+                    record(
+                        head.status,
+                        &head.headers,
+                        &shared.config.per_caller,
+                        &read.bytes,
+                        read.whole,
+                        read.trailers.as_deref(),
+                    ),
                     head.status,
-                    &head.headers,
-                    &shared.config.per_caller,
-                    &read.bytes,
-                    read.whole,
-                    read.trailers.as_deref(),
                 ),
-                head.status,
-            ),
-            Keep::Deadline(cut) => {
-                tracing::warn!(
-                    key = self.key(),
-                    "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
-                );
-                (
-                    self.deadline_answer(cut.clone()),
-                    StatusCode::GATEWAY_TIMEOUT,
-                )
-            }
-            Keep::Answer(answer) | Keep::Failed(answer, _) => {
-                (answer.stored(self.protocol), answer.kind().status())
-            }
-        };
-        match St::keep(shared, &mut hold, &stored, status).await {
-            Kept::Stored(found) => match completed(found) {
-                OnCompletion::Stored => {}
-                OnCompletion::LeaseLost => {
-                    shared.config.stats.count_lease_lost();
-                    tracing::error!(key = self.key(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
-                }
-                OnCompletion::Hold => {
+                Keep::Deadline(cut) => {
                     tracing::warn!(
                         key = self.key(),
-                        "could not store an idempotent response: it is held, and stored in the background"
+                        "the inbound deadline cut a keyed handler: its 504 is kept as the operation's end"
                     );
-                    St::hold(shared, hold, stored.clone());
+                    (
+                        self.deadline_answer(cut.clone()),
+                        StatusCode::GATEWAY_TIMEOUT,
+                    )
                 }
-            },
-            Kept::Committed(commit, status) => match committed(commit, status) {
-                OnCommit::Answered => {}
-                // The handler's answer stands, unkept.
-                OnCommit::RollBack(Reply::Handler) => St::release(shared, hold).await,
-                OnCommit::RollBack(Reply::Answer(answer)) => {
-                    St::release(shared, hold).await;
-                    return Ok(answer.response(self.protocol));
+                Keep::Answer(answer) | Keep::Failed(answer, _) => {
+                    (answer.stored(self.protocol), answer.kind().status())
                 }
-                OnCommit::Answer(answer) => {
-                    tracing::error!(
-                        key = self.key(),
-                        "the transaction of a keyed request may not have committed"
-                    );
-                    return Ok(answer.response(self.protocol));
-                }
-            },
-        }
-        match keep {
-            Keep::Response(handled) => Ok(handler_response(handled)),
-            // A handler's error still reaches its first caller as it is.
-            Keep::Failed(_, e) => Err(e),
-            Keep::Answer(_) | Keep::Deadline(_) => Ok(answer(stored)),
+            };
+            match St::keep(shared, &mut hold, &stored, status).await {
+                Kept::Stored(found) => match completed(found) {
+                    OnCompletion::Stored => {}
+                    OnCompletion::LeaseLost => {
+                        shared.config.stats.count_lease_lost();
+                        tracing::error!(key = self.key(), "idempotency lease taken over before the response could be stored: another run of this key may have happened");
+                    }
+                    OnCompletion::Hold => {
+                        tracing::warn!(
+                            key = self.key(),
+                            "could not store an idempotent response: it is held, and stored in the background"
+                        );
+                        St::hold(shared, hold, stored.clone());
+                    }
+                },
+                Kept::Committed(commit, status) => match committed(commit, status) {
+                    OnCommit::Answered => {}
+                    // The handler's answer stands, unkept.
+                    OnCommit::RollBack(Reply::Handler) => Box::pin(St::release(shared, hold)).await,
+                    OnCommit::RollBack(Reply::Answer(answer)) => {
+                        Box::pin(St::release(shared, hold)).await;
+                        return Ok(answer.response(self.protocol));
+                    }
+                    OnCommit::Answer(answer) => {
+                        tracing::error!(
+                            key = self.key(),
+                            "the transaction of a keyed request may not have committed"
+                        );
+                        return Ok(answer.response(self.protocol));
+                    }
+                },
+            }
+            match keep {
+                Keep::Response(handled) => Ok(handler_response(handled)),
+                // A handler's error still reaches its first caller as it is.
+                Keep::Failed(_, e) => Err(e),
+                Keep::Answer(_) | Keep::Deadline(_) => Ok(answer(stored)),
+            }
         }
     }
 
@@ -318,3 +366,7 @@ fn handler_response<RB>(handled: Handled<RB>) -> Response<MaybeBuffered<RB>> {
     };
     Response::from_parts(head, body)
 }
+
+#[cfg(test)]
+#[path = "work_tests.rs"]
+pub(super) mod tests;
