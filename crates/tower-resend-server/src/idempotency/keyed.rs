@@ -233,8 +233,8 @@ fn refused<St, RB, E>(shared: &Shared<St>, protocol: Protocol, answer: Answer) -
 /// record.
 pub(crate) fn transact<St, S, B, RB>(
     shared: Arc<Shared<St>>,
-    inner: S,
-    parts: Parts,
+    mut inner: S,
+    mut parts: Parts,
     body: B,
     deadline: Option<Deadline>,
 ) -> Boxed<RB, S::Error>
@@ -244,43 +244,29 @@ where
     B: RequestBody,
     RB: ResponseBody,
 {
-    Box::pin(transact_then_run(shared, inner, parts, body, deadline))
-}
-
-async fn transact_then_run<St, S, B, RB>(
-    shared: Arc<Shared<St>>,
-    mut inner: S,
-    mut parts: Parts,
-    body: B,
-    deadline: Option<Deadline>,
-) -> Answering<RB, S::Error>
-where
-    St: Backend,
-    S: Handler<B, RB>,
-    B: RequestBody,
-    RB: ResponseBody,
-{
-    let started_at = Instant::now();
-    let protocol = Protocol::of(&parts.headers);
-    let mut hold = match St::transact(&shared).await {
-        Ok(hold) => hold,
-        Err(e) => {
-            tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
-            return Ok(unavailable(&e).response(protocol));
-        }
-    };
-    St::start(&mut hold, &mut parts.extensions);
-    let req = Request::from_parts(parts, MaybeBuffered::inner(body));
-    let handler = Box::pin(tower_resend::deadline::carry(inner.call(req)));
-    let work = Work {
-        shared,
-        protocol,
-        deadline,
-        ledger: tower_resend::deadline::server::current_ledger(),
-        started_at,
-        key: None,
-    };
-    work.run_to_its_end(hold, handler).await
+    Box::pin(async move {
+        let started_at = Instant::now();
+        let protocol = Protocol::of(&parts.headers);
+        let mut hold = match St::transact(&shared).await {
+            Ok(hold) => hold,
+            Err(e) => {
+                tracing::warn!(error = %e, "idempotency store unavailable: failing closed");
+                return Ok(unavailable(&e).response(protocol));
+            }
+        };
+        St::start(&mut hold, &mut parts.extensions);
+        let req = Request::from_parts(parts, MaybeBuffered::inner(body));
+        let handler = Box::pin(tower_resend::deadline::carry(inner.call(req)));
+        let work = Work {
+            shared,
+            protocol,
+            deadline,
+            ledger: tower_resend::deadline::server::current_ledger(),
+            started_at,
+            key: None,
+        };
+        work.run_to_its_end(hold, handler).await
+    })
 }
 
 #[cfg(test)]

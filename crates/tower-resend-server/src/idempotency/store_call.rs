@@ -42,8 +42,6 @@ where
 /// Both: a function returning an async block, the store's future made in
 /// it (a future handed in, or an `async fn` awaiting another, would be kept
 /// twice in every keyed request's box).
-// An async block rather than an `async fn`, which keeps each of its
-// parameters twice: this future is boxed on every keyed request.
 #[allow(clippy::manual_async_fn)]
 fn bounded<'a, T, M, F>(
     timed: Option<(&'a ServerMetrics, Op)>,
