@@ -35,8 +35,6 @@ pub(crate) enum Supervision<T> {
 /// (The work is made inside, from `start`: a future handed in would be
 /// kept twice in this one, as a parameter and as the future raced, as an
 /// `async fn` keeps each of its parameters twice.)
-// An async block rather than an `async fn`, which keeps each of its
-// parameters twice: this future is boxed on every keyed request.
 #[allow(clippy::manual_async_fn)]
 pub(crate) fn supervise<S, F, R, RF>(
     start: S,
