@@ -98,6 +98,10 @@ impl Attribution {
         if let Some(b) = self.budget {
             p = p.with("budget_ms", ms(b));
         }
+        if self.source == ErrorSource::Deadline {
+            // Spent before the handler ran: nothing was done.
+            p = p.nothing_done();
+        }
         p.with("spent_ms", Value::Object(spent))
     }
 

@@ -96,13 +96,8 @@ where
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let start = Instant::now();
         let budget = self.config.budget(&req);
-        let mut deadline = Deadline::after(budget);
-        if let Some(d) = req.extensions().get::<Deadline>() {
-            deadline = deadline.min(*d);
-        }
-        if let Some(d) = Deadline::current() {
-            deadline = deadline.min(d);
-        }
+        let deadline = Deadline::of(req.extensions())
+            .map_or(Deadline::after(budget), |d| d.min(Deadline::after(budget)));
         let protocol = Protocol::of(req.headers());
         if deadline.is_expired() {
             tracing::warn!(

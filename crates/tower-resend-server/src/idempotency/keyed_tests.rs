@@ -85,10 +85,11 @@ async fn a_body_past_the_cap_keeps_its_length() {
 }
 
 /// The marks a handler sets for the layer (here as headers) are read and
-/// taken off: the caller never sees them. Marked "nothing done", the answer
-/// is not kept, and the retry runs.
+/// taken off, but for "nothing done", which the caller gets (whoever said
+/// it): its client learns that this attempt did nothing. Marked so, the
+/// answer is not kept, and the retry runs.
 #[tokio::test]
-async fn a_handlers_marks_are_taken_off_its_answer() {
+async fn a_handlers_marks_are_taken_off_its_answer_but_nothing_done() {
     let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = runs.clone();
     let handler = tower::service_fn(move |_: Request<MaybeBuffered<Full<Bytes>>>| {
@@ -98,6 +99,10 @@ async fn a_handlers_marks_are_taken_off_its_answer() {
             *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             resp.headers_mut().insert(
                 crate::idempotency::IDEMPOTENT_NOTHING_DONE,
+                HeaderValue::from_static("TRUE"),
+            );
+            resp.headers_mut().insert(
+                crate::idempotency::IDEMPOTENT_KEEP,
                 HeaderValue::from_static("true"),
             );
             Ok::<_, std::convert::Infallible>(resp)
@@ -111,7 +116,8 @@ async fn a_handlers_marks_are_taken_off_its_answer() {
             .unwrap();
         let resp = svc.clone().oneshot(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert!(resp.headers().get("idempotent-nothing-done").is_none());
+        assert_eq!(resp.headers()["idempotent-nothing-done"], "true");
+        assert!(resp.headers().get("idempotent-keep").is_none());
         assert!(resp.headers().get("idempotent-replayed").is_none());
     }
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);

@@ -152,10 +152,12 @@ pub use transactional::{
 /// ([`nothing_processed`](tower_resend::Error::nothing_processed)).
 ///
 /// A handler that cannot set a response extension says the same with the
-/// header (or gRPC trailer) [`IDEMPOTENT_NOTHING_DONE`]`: true`, which the
-/// layer takes off: a tonic handler, in its `Status`'s metadata. A gRPC
-/// UNAVAILABLE, or RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`, says
-/// it without a mark.
+/// header (or gRPC trailer) [`IDEMPOTENT_NOTHING_DONE`]`: true`: a tonic
+/// handler, in its `Status`'s metadata. A gRPC UNAVAILABLE, or
+/// RESOURCE_EXHAUSTED with `grpc-retry-pushback-ms`, says it without a
+/// mark. Whichever way it was said, the answer that lets the key go carries
+/// the header to the caller (in its headers), so that tower-resend's client
+/// knows this attempt did nothing.
 ///
 /// ```
 /// use http::{Response, StatusCode};

@@ -9,10 +9,7 @@ use super::request::{IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED};
 use crate::body::MaybeBuffered;
 use crate::store::StoredResponse;
 
-/// `Idempotent-Nothing-Done: true` on a response (a header, or a gRPC
-/// trailer: a tonic `Status`'s metadata) marks it as
-/// [`NothingDone`](super::NothingDone). The layer reads it and takes it off.
-pub const IDEMPOTENT_NOTHING_DONE: HeaderName = HeaderName::from_static("idempotent-nothing-done");
+pub use tower_resend::classify::IDEMPOTENT_NOTHING_DONE;
 
 /// `Idempotent-Keep: true` on a response (a header, or a gRPC trailer)
 /// marks it as [`KeepResponse`](super::KeepResponse). The layer reads it and

@@ -86,7 +86,7 @@ where
         let config = &self.shared.config;
         // The work is bounded by the inbound deadline: the request's own, or
         // the ambient scope's (read here, inside it).
-        let deadline = deadline_in(&parts.extensions);
+        let deadline = Deadline::of(&parts.extensions);
         let (key, anonymous) = match request::key(&parts) {
             Ok(Some(key)) => {
                 let (scope, anonymous) = request::scope(&parts, &config.scope);
@@ -145,14 +145,5 @@ impl<S: Clone, St> Idempotency<S, St> {
     fn take_readied(&mut self) -> S {
         let clone = self.inner.clone();
         std::mem::replace(&mut self.inner, clone)
-    }
-}
-
-/// The inbound deadline of a request: its own, or the ambient scope's (read
-/// in `call`, inside it), whichever is earlier.
-fn deadline_in(extensions: &http::Extensions) -> Option<Deadline> {
-    match (extensions.get::<Deadline>(), Deadline::current()) {
-        (Some(a), Some(b)) => Some((*a).min(b)),
-        (a, b) => a.copied().or(b),
     }
 }

@@ -146,7 +146,7 @@ impl<St: Backend> Work<St> {
                 OnEnd::Keep(keep) => Box::pin(self.keep(hold, keep)).await,
                 OnEnd::Release(handled) => {
                     Box::pin(St::release(shared, hold)).await;
-                    Ok(handler_response(handled))
+                    Ok(said_nothing_done(handler_response(handled)))
                 }
                 OnEnd::RollBack(unkept) => {
                     Box::pin(St::release(shared, hold)).await;
@@ -297,10 +297,11 @@ impl<St: Backend> Work<St> {
         RB: ResponseBody,
     {
         match unkept {
-            Unkept::Response(handled) => Ok(handler_response(handled)),
+            // Rolled back: nothing of it was done, and it says so.
+            Unkept::Response(handled) => Ok(said_nothing_done(handler_response(handled))),
             Unkept::Error(e) => Err(e),
             Unkept::Answer(answer) => Ok(answer.response(self.protocol)),
-            Unkept::Deadline(cut) => Ok(answer(self.deadline_answer(cut))),
+            Unkept::Deadline(cut) => Ok(said_nothing_done(answer(self.deadline_answer(cut)))),
         }
     }
 
@@ -316,7 +317,8 @@ impl<St: Backend> Work<St> {
 }
 
 /// How the handler ended, for the rules; its marks read and taken off the
-/// response (they are for the layer, not the caller).
+/// response (they are for the layer; an answer that lets its key go says
+/// "nothing done" to the caller again, whoever marked it).
 fn how_it_ended<RB, E>(supervised: Supervision<Result<Done<RB>, E>>) -> HowItEnded<RB, E> {
     match supervised {
         Supervision::Done(Ok((mut head, body, Ok(mut read)))) => {
@@ -352,6 +354,13 @@ fn how_it_ended<RB, E>(supervised: Supervision<Result<Done<RB>, E>>) -> HowItEnd
         Supervision::Panicked => Ended::Panicked,
         Supervision::DeadlineCut(cut) => Ended::DeadlineCut(cut),
     }
+}
+
+/// `resp`, saying that nothing was done (`Idempotent-Nothing-Done: true`):
+/// its key was let go, or its work rolled back.
+fn said_nothing_done<B>(mut resp: Response<B>) -> Response<B> {
+    crate::problems::say_nothing_done(resp.headers_mut());
+    resp
 }
 
 /// The handler's own response, as its caller gets it: its head, and its

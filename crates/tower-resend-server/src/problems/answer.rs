@@ -143,7 +143,11 @@ impl Answer {
 
     /// The problem it is.
     pub(crate) fn problem(&self) -> Problem {
-        let p = Problem::new(self.kind(), self.detail());
+        let mut p = Problem::new(self.kind(), self.detail());
+        if let Self::Failed { undone: true, .. } = self {
+            // Rolled back: nothing of it was done.
+            p = p.nothing_done();
+        }
         match self.retry_after() {
             Some(after) => p.retry_after(after),
             None => p,

@@ -7,7 +7,9 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE as CONTENT_TYPE_HEADER, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde_json::{Map, Value};
-use tower_resend::classify::{GrpcCode, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
+use tower_resend::classify::{
+    GrpcCode, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, IDEMPOTENT_NOTHING_DONE,
+};
 
 use super::{ProblemType, Protocol, CONTENT_TYPE, TYPE_BASE};
 use crate::body::MaybeBuffered;
@@ -37,6 +39,8 @@ pub(crate) struct Problem {
     retry_after: Option<Duration>,
     /// `grpc-message` when it is not the `detail`.
     grpc_message: Option<String>,
+    /// Says `Idempotent-Nothing-Done: true`.
+    nothing_done: bool,
 }
 
 impl Problem {
@@ -48,7 +52,15 @@ impl Problem {
             members: Vec::new(),
             retry_after: None,
             grpc_message: None,
+            nothing_done: kind.nothing_done(),
         }
+    }
+
+    /// Says that nothing was done (`Idempotent-Nothing-Done: true`), as a
+    /// type that says so always does ([`ProblemType::nothing_done`]).
+    pub(crate) fn nothing_done(mut self) -> Self {
+        self.nothing_done = true;
+        self
     }
 
     /// The extension member `name` (replacing one already set).
@@ -136,6 +148,9 @@ impl Problem {
         if let Some(after) = self.retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
         }
+        if self.nothing_done {
+            say_nothing_done(&mut headers);
+        }
         headers
     }
 
@@ -164,6 +179,9 @@ impl Problem {
                 if let Some(ms) = pushback {
                     headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
                 }
+                if self.nothing_done {
+                    say_nothing_done(&mut headers);
+                }
                 StoredResponse::new(StatusCode::OK, headers, Bytes::new())
             }
         }
@@ -177,6 +195,12 @@ impl Problem {
         *resp.headers_mut() = stored.headers;
         resp
     }
+}
+
+/// `Idempotent-Nothing-Done: true` in `headers` (a response's headers, or
+/// the metadata of a trailers-only gRPC answer).
+pub(crate) fn say_nothing_done(headers: &mut HeaderMap) {
+    headers.insert(IDEMPOTENT_NOTHING_DONE, HeaderValue::from_static("true"));
 }
 
 /// `message` as a `grpc-message` value: percent-encoded, every byte outside

@@ -91,6 +91,20 @@
 //! The 409 and the 503s carry `Retry-After` (whole seconds, at least 1).
 //! Each code is a [`ProblemType`].
 //!
+//! An answer that says nothing was done carries `Idempotent-Nothing-Done:
+//! true` ([`IDEMPOTENT_NOTHING_DONE`](tower_resend::classify::IDEMPOTENT_NOTHING_DONE);
+//! a header, and over gRPC in the trailers-only metadata): `request_shed`,
+//! `idempotency_store_unavailable`, `idempotency_store_not_set_up`,
+//! `transaction_in_use`, `transaction_aborted`, `transaction_conflict`
+//! ([`ProblemType::nothing_done`]); `handler_failed`, `handler_panicked`
+//! and `response_lost` when their transaction was rolled back; a
+//! `deadline_exceeded` whose `error_source` is `deadline`; and a handler's
+//! own answer that released its key (marked `NothingDone`, a 429, a gRPC
+//! UNAVAILABLE) or was rolled back. tower-resend's client reads it: such an
+//! attempt was not processed, so the call may be sent again, and a call all
+//! of whose attempts were so answered ends as overload, never as outcome
+//! unknown.
+//!
 //! # Types
 //!
 //! ### deadline_exceeded
@@ -246,7 +260,7 @@ mod document;
 mod problem_type;
 
 pub(crate) use answer::{Answer, Failure};
-pub(crate) use document::{ms, Problem};
+pub(crate) use document::{ms, say_nothing_done, Problem};
 pub use problem_type::ProblemType;
 
 /// The media type of every problem document: `application/problem+json`.
@@ -308,5 +322,34 @@ mod tests {
             assert_eq!(ProblemType::from_code(code), Some(t));
         }
         assert_eq!(ProblemType::from_code("nonsense"), None);
+    }
+
+    /// The types that say nothing was done are the ones the docs list, and
+    /// their answers carry the marker in both forms; the others do not.
+    #[test]
+    fn the_nothing_done_marker_is_where_the_docs_say() {
+        let docs = include_str!("mod.rs");
+        let para = docs
+            .split("An answer that says nothing was done")
+            .nth(1)
+            .and_then(|p| p.split("([`ProblemType::nothing_done`])").next())
+            .expect("the paragraph");
+        for t in ProblemType::ALL {
+            assert_eq!(
+                para.contains(&format!("`{}`", t.code())),
+                t.nothing_done(),
+                "{}",
+                t.code()
+            );
+            let p = Problem::new(t, "detail");
+            for protocol in [Protocol::Http, Protocol::Grpc] {
+                let said = p
+                    .stored(protocol)
+                    .headers
+                    .get(tower_resend::classify::IDEMPOTENT_NOTHING_DONE)
+                    .is_some_and(|v| v == "true");
+                assert_eq!(said, t.nothing_done(), "{} {protocol:?}", t.code());
+            }
+        }
     }
 }

@@ -121,6 +121,32 @@ impl ProblemType {
         self.row().3
     }
 
+    /// True when an answer of this type says that nothing was done: the
+    /// request was refused before it ran (shed, the store down or not set
+    /// up) or everything it did was rolled back. Such an answer carries
+    /// [`Idempotent-Nothing-Done: true`](tower_resend::classify::IDEMPOTENT_NOTHING_DONE),
+    /// which tower-resend's client reads: the call may be sent again, and
+    /// one whose every attempt got such an answer ends as overload, not as
+    /// outcome unknown.
+    ///
+    /// ```
+    /// use tower_resend_server::problems::ProblemType;
+    ///
+    /// assert!(ProblemType::RequestShed.nothing_done());
+    /// assert!(!ProblemType::CommitOutcomeUnknown.nothing_done());
+    /// ```
+    pub const fn nothing_done(self) -> bool {
+        matches!(
+            self,
+            Self::RequestShed
+                | Self::IdempotencyStoreUnavailable
+                | Self::IdempotencyStoreNotSetUp
+                | Self::TransactionInUse
+                | Self::TransactionAborted
+                | Self::TransactionConflict
+        )
+    }
+
     /// The type whose code is `code`.
     pub fn from_code(code: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.code() == code)

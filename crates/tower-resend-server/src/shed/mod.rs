@@ -383,10 +383,7 @@ where
         let shared = &self.shared;
         let state = Arc::clone(&shared.state);
         let retry = is_retry(req.headers(), &shared.attempt_header);
-        let deadline = match (req.extensions().get::<Deadline>(), Deadline::current()) {
-            (Some(a), Some(b)) => Some((*a).min(b)),
-            (a, b) => a.copied().or(b),
-        };
+        let deadline = Deadline::of(req.extensions());
         let admitted = state.admit(retry, deadline, shared.max_queue);
         let replays = self.replays.clone();
         Box::pin(async move {

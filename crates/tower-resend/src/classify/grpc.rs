@@ -153,7 +153,11 @@ fn classify_code(code: GrpcCode, headers: &HeaderMap) -> Classification {
             Classification::new(Class::Unknown).with_pushback(pushback(headers))
         }
     };
-    c.with_grpc_code(Some(code))
+    let c = c.with_grpc_code(Some(code));
+    if c.class() != Class::Success && super::says_nothing_done(headers) {
+        return c.nothing_done();
+    }
+    c
 }
 
 /// Reads `grpc-retry-pushback-ms`: absent is `None`; negative or malformed

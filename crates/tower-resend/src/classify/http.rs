@@ -107,11 +107,16 @@ impl HttpClassifier {
         resp: &Response<B>,
     ) -> Classification {
         let c = self.class_of(req, resp.status());
-        if matches!(c.class(), Class::Overloaded | Class::InProgress) {
+        let c = if matches!(c.class(), Class::Overloaded | Class::InProgress) {
             c.with_pushback(retry_after(resp))
         } else {
             c
+        };
+        // Only a 5xx pays for the header lookup.
+        if resp.status().is_server_error() && super::says_nothing_done(resp.headers()) {
+            return c.nothing_done();
         }
+        c
     }
 
     /// The HTTP table for an error, whatever the protocol.

@@ -21,6 +21,8 @@
 //! | 500, 502, 504, other 5xx but 501, 505, 511 | [`Unknown`](Class::Unknown) | maybe |
 //! | a timeout after the request was written, a reset mid-response, a body error | [`Unknown`](Class::Unknown) | maybe |
 //! | other 4xx, 501, 505, 511, 409 without a key | [`Rejected`](Class::Rejected) | no, refused |
+//! | a 503 marked [`Idempotent-Nothing-Done: true`](IDEMPOTENT_NOTHING_DONE) (a server's shed or refusal) | [`Overloaded`](Class::Overloaded), with its `Retry-After` | no |
+//! | another 5xx so marked | [`NotProcessed`](Class::NotProcessed) | no |
 //!
 //! A timeout is never "it failed": it is "we do not know". Connect failures
 //! are the one place where we can know that nothing was sent.
@@ -46,6 +48,8 @@
 //! | DEADLINE_EXCEEDED | [`Unknown`](Class::Unknown), never retried | no: the deadline is the call's, shared by every attempt |
 //! | CANCELLED, INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE, UNIMPLEMENTED, UNAUTHENTICATED | [`Rejected`](Class::Rejected) | no |
 //! | UNKNOWN, INTERNAL, DATA_LOSS, a malformed status | [`Unknown`](Class::Unknown) (like HTTP 500) | when replay-safe |
+//! | UNAVAILABLE marked `idempotent-nothing-done: true` (a server's shed or refusal) | [`Overloaded`](Class::Overloaded), not processed | yes, as RESOURCE_EXHAUSTED |
+//! | another failing status so marked | [`NotProcessed`](Class::NotProcessed), its pushback kept | yes, unless its pushback says not to (DEADLINE_EXCEEDED's does) |
 //! | no `grpc-status` in the headers (it comes in the trailers) | [`Success`](Class::Success) for the retry layer | no |
 //! | an HTTP status other than 200 (a proxy answered) | as the HTTP table says | as for HTTP |
 //! | a refused connection (tonic's `ConnectError`) | [`NotSent`](Class::NotSent) | yes |
@@ -181,6 +185,33 @@ impl Classification {
         self.grpc
     }
 
+    /// The classification of a failure the server says it did nothing with
+    /// ([`IDEMPOTENT_NOTHING_DONE`]): an overloaded answer (503,
+    /// UNAVAILABLE) that was not processed, like a 429; any other failure
+    /// that may have been processed (a 500, INTERNAL, DEADLINE_EXCEEDED)
+    /// [`NotProcessed`](Class::NotProcessed). What the server said about
+    /// waiting, and its gRPC status, are kept. A success, a rejection or
+    /// "in progress" is left as it is.
+    ///
+    /// ```
+    /// use tower_resend::classify::{Class, Classification};
+    ///
+    /// let shed = Classification::new(Class::Overloaded).with_maybe_processed(true).nothing_done();
+    /// assert_eq!(shed.class(), Class::Overloaded);
+    /// assert!(!shed.maybe_processed());
+    /// assert_eq!(Classification::new(Class::Unknown).nothing_done().class(), Class::NotProcessed);
+    /// ```
+    #[must_use]
+    pub const fn nothing_done(mut self) -> Self {
+        match self.class {
+            Class::Unknown => self.class = Class::NotProcessed,
+            Class::Overloaded => {}
+            _ => return self,
+        }
+        self.maybe_processed = false;
+        self
+    }
+
     /// Marks that the server may have acted on the request (a 503).
     #[must_use]
     pub const fn with_maybe_processed(mut self, maybe: bool) -> Self {
@@ -239,6 +270,23 @@ pub(crate) const IDEMPOTENT_REPLAYED: ::http::HeaderName =
 pub(crate) fn is_replayed(headers: &HeaderMap) -> bool {
     headers
         .get(&IDEMPOTENT_REPLAYED)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+}
+
+/// `Idempotent-Nothing-Done: true` on a failure (a header, or the metadata
+/// of a trailers-only gRPC answer) says that the server did nothing with
+/// this attempt: tower-resend-server puts it on its shedding and refusal
+/// answers (and on a handler's answer marked `NothingDone`). The classifier
+/// reads it: such a failure was [not processed](Classification::maybe_processed),
+/// so the call may be sent again, keyed or not, and a call all of whose
+/// attempts say so ends as overload, never as outcome unknown.
+pub const IDEMPOTENT_NOTHING_DONE: ::http::HeaderName =
+    ::http::HeaderName::from_static("idempotent-nothing-done");
+
+/// True when `headers` say the server did nothing with the attempt.
+pub(crate) fn says_nothing_done(headers: &HeaderMap) -> bool {
+    headers
+        .get(&IDEMPOTENT_NOTHING_DONE)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
 }
 

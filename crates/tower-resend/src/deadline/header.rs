@@ -168,11 +168,7 @@ where
         if let Some(name) = name {
             // The request's deadline (a deadline layer's, or the caller's
             // own), and the ambient one.
-            let deadline = match (req.extensions().get::<Deadline>(), Deadline::current()) {
-                (Some(r), Some(a)) => Some(a.min(*r)),
-                (r, a) => a.or(r.copied()),
-            };
-            if let Some(deadline) = deadline {
+            if let Some(deadline) = Deadline::of(req.extensions()) {
                 let budget = deadline.remaining().saturating_sub(self.config.margin);
                 if name == GRPC_TIMEOUT {
                     set_lower(

@@ -121,6 +121,43 @@ impl Deadline {
     pub fn current() -> Option<Self> {
         AMBIENT.try_with(|a| a.deadline).ok()
     }
+
+    /// The deadline a request is bound by: the earlier of its own (a
+    /// `Deadline` in its `extensions`, which a deadline layer writes) and
+    /// the ambient one ([`Deadline::current`]). The one place where the two
+    /// are merged; every layer of both crates that needs the time left
+    /// starts here.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_resend::{deadline, Deadline};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let mut req = http::Request::new(());
+    /// assert_eq!(Deadline::of(req.extensions()), None);
+    /// let own = Deadline::after(Duration::from_secs(5));
+    /// req.extensions_mut().insert(own);
+    /// assert_eq!(Deadline::of(req.extensions()), Some(own));
+    /// let ambient = Deadline::after(Duration::from_secs(1));
+    /// deadline::scope(ambient, async move {
+    ///     // The ambient deadline is sooner: it binds the request.
+    ///     assert_eq!(Deadline::of(req.extensions()), Some(ambient));
+    /// })
+    /// .await;
+    /// # }
+    /// ```
+    pub fn of(extensions: &http::Extensions) -> Option<Self> {
+        Self::with_ambient(extensions.get::<Self>().copied())
+    }
+
+    /// [`Deadline::of`] for a request whose own deadline was already looked
+    /// up: `own` merged with the ambient one.
+    pub(crate) fn with_ambient(own: Option<Self>) -> Option<Self> {
+        match (own, Self::current()) {
+            (Some(own), Some(ambient)) => Some(own.min(ambient)),
+            (own, ambient) => own.or(ambient),
+        }
+    }
 }
 
 /// The longest budget resend works with: about thirty years, as tokio's

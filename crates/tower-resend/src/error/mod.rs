@@ -459,19 +459,23 @@ impl Error {
         self.inner.key.as_ref().and_then(|k| k.to_str().ok())
     }
 
-    /// An error of a call sent under `key` (resend's or the caller's): if the call
-    /// may have been processed (an attempt was sent, and not every attempt
-    /// says it was not acted on), it becomes outcome-unknown, with this
-    /// error as its cause, the key readable and the advice to retry with it;
-    /// otherwise it only carries the key.
+    /// The error of a call sent under `key` (resend's or the caller's),
+    /// carrying it. A key already set stays.
     pub(crate) fn with_key(mut self, key: http::HeaderValue) -> Self {
-        if self.inner.key.is_some() {
-            return self;
-        }
-        let processed = !self.inner.not_sent && !self.nothing_processed();
-        if !processed || self.inner.kind == ErrorKind::OutcomeUnknown {
+        if self.inner.key.is_none() {
             self.inner.key = Some(key);
-            return self;
+        }
+        self
+    }
+
+    /// The error of a keyed call that may have been processed, as the
+    /// retry rules decide (`retry::policy::ends`): outcome unknown,
+    /// with this error as its cause, `key` readable and the advice to send
+    /// it again with that key. An error that already carries a key stays
+    /// as it is.
+    pub(crate) fn outcome_unknown_over(self, key: http::HeaderValue) -> Self {
+        if self.inner.key.is_some() || self.inner.kind == ErrorKind::OutcomeUnknown {
+            return self.with_key(key);
         }
         let mut e = Self::new(ErrorKind::OutcomeUnknown);
         e.inner.upstream = self.inner.upstream.clone();

@@ -55,10 +55,7 @@ impl<F, S, B, C, R> ResponseFuture<F, S, B, C, R> {
         // The request's deadline and the ambient one: no backup goes out
         // after it (a timeout layer below, seeing a retry layer in charge,
         // does not check it again).
-        let deadline = match (template.extensions.get::<Deadline>(), Deadline::current()) {
-            (Some(r), Some(a)) => Some(a.min(*r)),
-            (r, a) => a.or(r.copied()),
-        };
+        let deadline = Deadline::of(&template.extensions);
         let inner = Box::new(Hedging {
             deadline,
             copies: vec![(1, Box::pin(first))],

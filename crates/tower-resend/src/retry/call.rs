@@ -14,14 +14,14 @@ use tokio::time::Instant;
 use super::budget::Want;
 use super::head::Head;
 use super::layer::Shared;
-use super::policy::{Attempted, Decision};
+use super::policy::{ends, Attempted, Decision, End, Ended, Ending, Retry};
 use super::{CallOptions, RetryBudget, Token};
 use crate::body::Replay;
 use crate::classify::{is_replayed, Class, Classification, Classify, RequestFacts};
 use crate::deadline::Deadline;
 use crate::error::{BoxError, Error, ErrorKind};
 use crate::telemetry::{self, Outcome, WaitReason};
-use crate::vocab::{Attempt, Attempts, GrpcCode, Hedged, RetryInCharge, Stop, Tried};
+use crate::vocab::{Attempt, Attempts, Hedged, RetryInCharge, Stop, Tried};
 
 /// What comes after an attempt.
 pub(crate) enum Next<R> {
@@ -36,15 +36,6 @@ pub(crate) enum Next<R> {
         wait: Duration,
         last: Result<Response<R>, BoxError>,
     },
-}
-
-/// Why an attempt was not sent.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Unsent {
-    /// The deadline had passed.
-    Deadline,
-    /// The adaptive throttle turned it away.
-    Throttled,
 }
 
 /// Everything a call needs to try again.
@@ -144,22 +135,9 @@ impl<S, B, C> Call<S, B, C> {
         })
     }
 
-    fn rng(&mut self) -> &mut fastrand::Rng {
-        let shared = &self.shared;
-        self.rng.get_or_insert_with(|| match shared.seed {
-            // Each call draws its own sequence, reproducibly.
-            Some(seed) => {
-                let n = shared.calls.fetch_add(1, Ordering::Relaxed);
-                fastrand::Rng::with_seed(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            }
-            None => fastrand::Rng::new(),
-        })
-    }
-
-    /// What the attempt that just ended with `result` leads to: it is
-    /// classified and recorded, its budget token settled, and the decision
-    /// table consulted; a retry takes its token (or waits for one), a stop
-    /// ends the call.
+    /// What the attempt that just ended with `result` leads to: observed
+    /// (classified and recorded), decided by the rules, and acted on (a
+    /// retry takes its token, or waits for one; a stop ends the call).
     pub(super) fn ended<R>(&mut self, result: Result<Response<R>, BoxError>) -> Next<R>
     where
         B: Replay,
@@ -168,33 +146,78 @@ impl<S, B, C> Call<S, B, C> {
         // One clock read for the attempt's end, the time left and the
         // call's total.
         let now = Instant::now();
+        let (c, circuit_open) = self.observe(&result, now);
+        // The body's copy is made only for an answer that is not final.
+        let next_body = match c.class() {
+            Class::Success | Class::Rejected => None,
+            _ => self.body.as_ref().and_then(Replay::try_copy),
+        };
+        let remaining = self.deadline.map(|d| d.remaining_at(now));
+        let attempted = Attempted {
+            class: &c,
+            status: result.as_ref().ok().map(Response::status),
+            made: self.history.len(),
+            replay_safe: self.replay_safe,
+            allowed: self.allowed,
+            circuit_open,
+            replayable: next_body.is_some(),
+            remaining,
+            max_attempts: self.options.max_attempts,
+            other_instance: self.head.tried().is_some_and(Tried::elsewhere),
+            call: ended_facts(&self.history, &self.head, &result),
+        };
+        let decision = self
+            .shared
+            .policy
+            .decide(attempted, rng(&mut self.rng, &self.shared));
+        trace_decision(&self.span, &attempted, decision);
+        self.decided_at = now;
+        match decision {
+            Decision::Stop(end) => {
+                let mut result = result;
+                self.finish(now.saturating_duration_since(self.start), &mut result, end);
+                Next::Done(result)
+            }
+            Decision::Retry(retry) => self.retry(retry, next_body, result),
+        }
+    }
+
+    /// What the attempt that ended with `result` at `now` says, recorded
+    /// where it counts: the throttle, the budget's token, the metrics, the
+    /// attempt's span and the call's history. Its classification, and
+    /// whether a circuit breaker refused it.
+    fn observe<R>(
+        &mut self,
+        result: &Result<Response<R>, BoxError>,
+        now: Instant,
+    ) -> (Classification, bool)
+    where
+        C: Classify<R>,
+    {
         let took = now.saturating_duration_since(self.attempt_start);
-        let c = self.classify(&result);
-        let status = result.as_ref().ok().map(Response::status);
+        let c = self.classify(result);
+        let circuit_open = c.class() == Class::NotSent && is_circuit_open(result);
         if let Some(throttle) = &self.shared.throttle {
-            // Overloaded and refused are the upstream's rejects (a circuit
-            // breaker's refusal never reached it).
-            let rejected = match c.class() {
-                Class::Overloaded => true,
-                Class::NotSent => !is_circuit_open(&result),
-                _ => false,
-            };
-            throttle.answered(self.throttle_bin, !rejected);
+            throttle.answered_as(self.throttle_bin, c.class(), circuit_open);
+        }
+        if let (Some(token), Some(budget)) = (self.token.take(), &self.shared.budget) {
+            budget.settle(token, c.class());
         }
         // The instance that answered, when the upstream is a fleet.
         let server = self.head.tried().and_then(Tried::take_answered);
         self.shared
             .metrics
-            .attempt_ended(&self.head.facts(), server.as_deref(), &result, &c, took);
+            .attempt_ended(&self.head.facts(), server.as_deref(), result, &c, took);
         if !self.attempt.is_disabled() {
             // The attempt's span ends here.
-            telemetry::attempt_ended(&self.attempt, &result, &c);
+            telemetry::attempt_ended(&self.attempt, result, &c);
             self.attempt = tracing::Span::none();
         }
-        let made = self.history.len() + 1;
+        let status = result.as_ref().ok().map(Response::status);
         let mut attempt = Attempt::new(c.class(), status, self.waited, took, c.retry_after())
             .with_grpc_code(c.grpc_code())
             .with_replayed(c.replayed())
+            .with_maybe_processed(c.maybe_processed())
             .with_server(server);
         if let Some(h) = result
             .as_ref()
@@ -204,94 +227,35 @@ impl<S, B, C> Call<S, B, C> {
             attempt = attempt.with_copies(h.sent, h.won);
         }
         self.history.push(attempt);
-        self.settle_token(c.class());
+        (c, circuit_open)
+    }
 
-        // The inputs of the decision table; the body's copy is made only
-        // for an answer that is not final.
-        let final_answer = matches!(c.class(), Class::Success | Class::Rejected);
-        let next_body = if final_answer {
-            None
-        } else {
-            self.body.as_ref().and_then(Replay::try_copy)
-        };
-        let remaining = self.deadline.map(|d| d.remaining_at(now));
-        // Another instance of a fleet can take the next attempt, and the
-        // answer spoke for its own instance only (a 429, or gRPC's
-        // RESOURCE_EXHAUSTED, speaks for the whole service: a rate limit
-        // or a quota is the caller's wherever it goes).
-        let for_service = status == Some(http::StatusCode::TOO_MANY_REQUESTS)
-            || c.grpc_code() == Some(GrpcCode::ResourceExhausted);
-        let elsewhere =
-            !final_answer && !for_service && self.head.tried().is_some_and(Tried::elsewhere);
-        let decided = Attempted {
-            elsewhere,
-            class: &c,
-            made,
-            replay_safe: self.replay_safe,
-            allowed: self.allowed,
-            circuit_open: c.class() == Class::NotSent && is_circuit_open(&result),
-            replayable: next_body.is_some(),
-            remaining,
-            max_attempts: self.options.max_attempts,
-        };
-        let policy = self.shared.policy;
-        let decision = policy.decide(decided, self.rng());
-        tracing::debug!(
-            parent: &self.span,
-            attempt = made,
-            class = c.class().as_str(),
-            status = status.map(|s| s.as_u16()),
-            wait_ms = match decision {
-                Decision::Retry { wait, .. } => Some(wait.as_millis() as u64),
-                Decision::Stop(_) => None,
-            },
-            stop = match decision {
-                Decision::Stop(s) => Some(tracing::field::display(s)),
-                Decision::Retry { .. } => None,
-            },
-            time_left_ms = remaining.map(|d| d.as_millis() as u64),
-            "attempt"
-        );
-        self.decided_at = now;
-        let (wait, token) = match decision {
-            Decision::Stop(stop) => {
-                // The first attempt began with the call.
-                let elapsed = if self.attempt_start == self.start {
-                    took
-                } else {
-                    now.saturating_duration_since(self.start)
-                };
-                let mut result = result;
-                self.finish(elapsed, &mut result, stop);
-                return Next::Done(result);
-            }
-            Decision::Retry { wait, token } => (wait, token),
-        };
+    /// A retry decided: its body kept, its token taken (or waited for,
+    /// holding `last` to end with if none comes).
+    fn retry<R>(
+        &mut self,
+        retry: Retry,
+        next_body: Option<B>,
+        last: Result<Response<R>, BoxError>,
+    ) -> Next<R> {
         self.next_body = next_body;
-        self.waited = wait;
-        self.wait_reason = if c.retry_after().is_some() {
-            WaitReason::RetryAfter
-        } else if c.class() == Class::Overloaded {
-            WaitReason::Overloaded
-        } else {
-            WaitReason::Backoff
-        };
-        if let Some(budget) = self.shared.budget.as_ref().filter(|_| token) {
-            // A keyed call whose attempt may have run (its answer lost, or
-            // its key still running) retries to learn its outcome: first
-            // in line for a token.
-            let outcome = matches!(c.class(), Class::Unknown | Class::InProgress)
-                && self.head.facts().has_idempotency_key();
-            self.wants = if outcome { Want::Outcome } else { Want::Retry };
-            match budget.withdraw_for(self.wants) {
+        self.waited = retry.wait;
+        self.wait_reason = retry.reason;
+        if let (Some(wants), Some(budget)) = (retry.token, &self.shared.budget) {
+            self.wants = wants;
+            match budget.withdraw_for(wants) {
                 Some(token) => self.token = Some(token),
-                // No token: wait for one, holding this answer to end with
-                // if none comes.
-                None => return Next::Throttled { wait, last: result },
+                None => {
+                    return Next::Throttled {
+                        wait: retry.wait,
+                        last,
+                    }
+                }
             }
         }
-        telemetry::wait_event(&self.span, self.wait_reason, wait, None, made);
-        Next::Retry { wait }
+        let made = self.history.len();
+        telemetry::wait_event(&self.span, retry.reason, retry.wait, None, made);
+        Next::Retry { wait: retry.wait }
     }
 
     /// What the server may have done, by the classifier; a failure the
@@ -311,23 +275,6 @@ impl<S, B, C> Call<S, B, C> {
                 c.with_replayed(replayed)
             }
             Err(e) => self.shared.classifier.classify_error(&facts, &**e),
-        }
-    }
-
-    /// A retry that succeeded gives its budget token back: as the upstream
-    /// recovers, tokens return as fast as it answers.
-    fn settle_token(&mut self, class: Class) {
-        let (Some(token), Some(budget)) = (self.token.take(), &self.shared.budget) else {
-            return;
-        };
-        match class {
-            // The upstream answered as a well one does: a success, a final
-            // refusal, or "another attempt holds this key" (409): not a
-            // failed probe.
-            Class::Success | Class::Rejected | Class::InProgress => budget.give_back(),
-            // A probe of a failing upstream failed.
-            _ if token == Token::Floor => budget.floor_failed(),
-            _ => budget.failed(),
         }
     }
 
@@ -372,89 +319,116 @@ impl<S, B, C> Call<S, B, C> {
             .call_ended(&self.head.facts(), outcome, Some(stop), history);
     }
 
-    /// Ends the call, `elapsed` after it began, with `result` and the reason
-    /// retrying stopped: the history written on the response, or the error
+    /// Ends the call, `elapsed` after it began, with `result` as the rules
+    /// said (`end`): the history written on the response, or the error
     /// made the call's. In place: the response is moved by value through
     /// every layer already, and this saves it two more moves.
     pub(super) fn finish<R>(
         &mut self,
         elapsed: Duration,
         result: &mut Result<Response<R>, BoxError>,
-        stop: Stop,
+        end: End,
     ) {
         let mut history = std::mem::replace(&mut self.history, Attempts::new());
-        history.finish(elapsed, stop);
-        let upstream = self.shared.upstream.as_ref();
-        // A keyed call whose last answer leaves it unsettled (an outer
-        // retry layer, when there is one, is in charge of that).
-        let unsettled = stop != Stop::Disabled
-            && unsettled(&history)
-            && self.head.facts().has_idempotency_key();
-        match result {
-            Ok(resp) if !matches!(stop, Stop::OutcomeUnknown | Stop::Replayed) && !unsettled => {
+        history.finish(elapsed, end.stop);
+        match (&mut *result, end.ending) {
+            (Ok(resp), Ending::Answer) => {
                 resp.extensions_mut().insert(history);
             }
-            Ok(_) => {
-                let mut e = Error::retry(ErrorKind::OutcomeUnknown, history, None);
-                e.set_upstream_if_none(upstream);
-                if let Some(key) = self.head.key() {
-                    e = e.with_key(key);
-                }
-                *result = Err(e.into());
+            // (The rules make a response an error only as outcome unknown.)
+            (Ok(_), _) => {
+                let e = Error::retry(ErrorKind::OutcomeUnknown, history, None);
+                *result = Err(self.keyed(e, false).into());
             }
-            Err(source) => {
+            (Err(source), ending) => {
                 // (A zero-sized placeholder: no allocation.)
                 let source = std::mem::replace(source, Box::new(Taken));
-                // A deadline that ran out stays the reason, whatever else
-                // also stopped the call: the caller can tell which limit fired.
-                let deadline = source
-                    .downcast_ref::<Error>()
-                    .is_some_and(Error::is_deadline_exceeded);
-                let kind = match stop {
-                    Stop::OutcomeUnknown => Some(ErrorKind::OutcomeUnknown),
-                    _ if deadline => Some(ErrorKind::DeadlineExceeded),
-                    Stop::MaxAttempts if history.len() > 1 => Some(ErrorKind::RetriesExhausted),
-                    Stop::Budget => Some(ErrorKind::BudgetExhausted),
-                    Stop::NotReplayable => Some(ErrorKind::BodyNotReplayable),
-                    Stop::Deadline => Some(ErrorKind::DeadlineExceeded),
-                    _ => None,
+                let (kind, unknown) = match ending {
+                    Ending::Answer => (None, false),
+                    Ending::Error(kind) => (Some(kind), false),
+                    Ending::Unknown { under } => (under, true),
                 };
-                let mut e = match kind {
+                let e = match kind {
                     Some(kind) => Error::retry(kind, history, Some(source)),
                     None => Error::from_box(source).with_history(history),
                 };
-                e.set_upstream_if_none(upstream);
-                // Sent under a key (resend's or the caller's): a call that
-                // may have been processed is outcome-unknown, and says the
-                // key a retry must carry.
-                if let Some(key) = self.head.key() {
-                    e = e.with_key(key);
-                }
-                *result = Err(e.into());
+                *result = Err(self.keyed(e, unknown).into());
             }
         }
-        self.report(result, stop);
+        self.report(result, end.stop);
+    }
+
+    /// `e` as the call's error: named after the upstream, and carrying the
+    /// key the call was sent under (resend's or the caller's); outcome
+    /// unknown over it when the rules say so.
+    fn keyed(&self, mut e: Error, unknown: bool) -> Error {
+        e.set_upstream_if_none(self.shared.upstream.as_ref());
+        match self.head.key() {
+            Some(key) if unknown => e.outcome_unknown_over(key),
+            Some(key) => e.with_key(key),
+            None => e,
+        }
+    }
+
+    /// The call ends for `stop` with `result`, which no attempt of it made
+    /// (its deadline passed, the throttle or the budget turned the next
+    /// attempt away, the service failed): as the rules say.
+    pub(super) fn stopped<R>(&mut self, result: &mut Result<Response<R>, BoxError>, stop: Stop) {
+        let end = ends(stop, &ended_facts(&self.history, &self.head, result));
+        let elapsed = Instant::now().saturating_duration_since(self.start);
+        self.finish(elapsed, result, end);
     }
 }
 
-/// True when a keyed call's last answer leaves its operation unsettled:
-/// another attempt under the key still runs (409 "in progress"), or the
-/// server turned the last attempt away (overloaded, a shed) after an
-/// earlier one that may have run. The caller must send it again with the
-/// same key, whose record then answers (a plain 409 or 503 would not say
-/// so). Only keyed calls answer 409 "in progress".
-fn unsettled(history: &Attempts) -> bool {
-    let Some(last) = history.last() else {
-        return false;
-    };
-    match last.class() {
-        Class::InProgress => true,
-        Class::Overloaded if last.may_have_run() => {
-            let earlier = history.len().saturating_sub(1) as usize;
-            history.iter().take(earlier).any(Attempt::may_have_run)
-        }
-        _ => false,
+/// What the end of a call whose last result is `result` is decided from.
+fn ended_facts<'a, R>(
+    history: &'a Attempts,
+    head: &Head,
+    result: &Result<Response<R>, BoxError>,
+) -> Ended<'a> {
+    Ended {
+        history,
+        answered: result.is_ok(),
+        deadline: result.as_ref().err().is_some_and(|e| {
+            e.downcast_ref::<Error>()
+                .is_some_and(Error::is_deadline_exceeded)
+        }),
+        keyed: head.facts().has_idempotency_key(),
     }
+}
+
+/// The debug event of a decision, on the call's span.
+fn trace_decision(span: &tracing::Span, attempted: &Attempted<'_>, decision: Decision) {
+    let (wait, stop) = match decision {
+        Decision::Retry(r) => (Some(r.wait.as_millis() as u64), None),
+        Decision::Stop(end) => (None, Some(tracing::field::display(end.stop))),
+    };
+    tracing::debug!(
+        parent: span,
+        attempt = attempted.made,
+        class = attempted.class.class().as_str(),
+        status = attempted.status.map(|s| s.as_u16()),
+        wait_ms = wait,
+        stop,
+        time_left_ms = attempted.remaining.map(|d| d.as_millis() as u64),
+        "attempt"
+    );
+}
+
+/// The call's random numbers, drawn from one generator made when first
+/// needed.
+fn rng<'a, S, C>(
+    slot: &'a mut Option<fastrand::Rng>,
+    shared: &Shared<S, C>,
+) -> &'a mut fastrand::Rng {
+    slot.get_or_insert_with(|| match shared.seed {
+        // Each call draws its own sequence, reproducibly.
+        Some(seed) => {
+            let n = shared.calls.fetch_add(1, Ordering::Relaxed);
+            fastrand::Rng::with_seed(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        }
+        None => fastrand::Rng::new(),
+    })
 }
 
 /// True when `result` is a circuit breaker's refusal, anywhere in the

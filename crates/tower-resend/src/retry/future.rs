@@ -19,7 +19,8 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::call::{Call, Next, Unsent};
+use super::call::{Call, Next};
+use super::policy::Unsent;
 use super::run::TokenWait;
 use crate::body::Replay;
 use crate::classify::Classify;

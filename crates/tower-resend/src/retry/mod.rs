@@ -81,7 +81,7 @@ mod call;
 mod future;
 mod head;
 mod layer;
-mod policy;
+pub(crate) mod policy;
 mod run;
 mod service;
 mod throttle;

@@ -13,7 +13,8 @@ use tower_service::Service;
 
 use super::announce::announce;
 use super::budget::Want;
-use super::call::{Call, Unsent};
+use super::call::Call;
+use super::policy::{gate, Unsent};
 use super::{RetryBudget, Token};
 use crate::error::{BoxError, Error, Phase};
 use crate::telemetry::{self, WaitReason};
@@ -24,7 +25,7 @@ use crate::vocab::Stop;
 pub(super) type TokenWait = Pin<Box<dyn Future<Output = Option<Token>> + Send>>;
 
 /// How a call ended: its answer, or its error.
-pub(super) type Ended<R> = Result<Response<R>, BoxError>;
+pub(super) type CallResult<R> = Result<Response<R>, BoxError>;
 
 impl<S, B, C> Call<S, B, C> {
     /// Makes the service ready and sends the next attempt; the call's end
@@ -34,7 +35,7 @@ impl<S, B, C> Call<S, B, C> {
         &mut self,
         cx: &mut Context<'_>,
         deadline: &mut Option<Pin<Box<Sleep>>>,
-    ) -> Poll<Result<S::Future, Ended<R>>>
+    ) -> Poll<Result<S::Future, CallResult<R>>>
     where
         S: Service<Request<B>, Response = Response<R>> + Clone,
         S::Error: Into<BoxError>,
@@ -50,7 +51,7 @@ impl<S, B, C> Call<S, B, C> {
             Poll::Ready(Err(e)) => {
                 // Nothing was sent: the service failed before the call.
                 let mut result = Err(Error::from_box(e.into()).into());
-                self.finish(self.start.elapsed(), &mut result, Stop::Final);
+                self.stopped(&mut result, Stop::Final);
                 Poll::Ready(Err(result))
             }
             Poll::Pending => {
@@ -69,42 +70,35 @@ impl<S, B, C> Call<S, B, C> {
     /// The call ends, its deadline passed before the next attempt went
     /// out (`phase`: before the first, or while waiting to send a later
     /// one); nothing more is sent.
-    pub(super) fn out_of_time<R>(&mut self, phase: Phase) -> Ended<R> {
+    pub(super) fn out_of_time<R>(&mut self, phase: Phase) -> CallResult<R> {
         let elapsed = self.start.elapsed();
         let mut result = Err(Error::deadline_exceeded(phase, elapsed).into());
-        self.finish(elapsed, &mut result, Stop::Deadline);
+        self.stopped(&mut result, Stop::Deadline);
         result
     }
 
     /// The call ends, its next attempt not sent (`why`).
-    pub(super) fn unsent<R>(&mut self, why: Unsent) -> Ended<R> {
+    pub(super) fn unsent<R>(&mut self, why: Unsent) -> CallResult<R> {
         match why {
             Unsent::Deadline => self.out_of_time(Phase::Start),
             Unsent::Throttled => {
-                let elapsed = self.start.elapsed();
                 let mut result = Err(Error::throttled().into());
-                self.finish(elapsed, &mut result, Stop::Throttled);
+                self.stopped(&mut result, Stop::Throttled);
                 result
             }
         }
     }
 
     /// Sends the next attempt through the service, now ready.
-    fn send<R>(&mut self) -> Result<S::Future, Ended<R>>
+    fn send<R>(&mut self) -> Result<S::Future, CallResult<R>>
     where
         S: Service<Request<B>>,
     {
         let now = Instant::now();
-        if self.deadline.is_some_and(|d| d.instant() <= now) {
-            // (A timeout layer below, seeing this layer in charge, does
-            // not read the clock again to check.)
-            return Err(self.out_of_time(Phase::Waiting));
-        }
-        if let Some(throttle) = &self.shared.throttle {
-            match throttle.admit(now) {
-                Some(bin) => self.throttle_bin = bin,
-                None => return Err(self.unsent(Unsent::Throttled)),
-            }
+        match gate(now, self.deadline, self.shared.throttle.as_ref()) {
+            Ok(bin) => self.throttle_bin = bin,
+            Err(Unsent::Deadline) => return Err(self.out_of_time(Phase::Waiting)),
+            Err(why) => return Err(self.unsent(why)),
         }
         let (Some(body), Some(service)) = (self.next_body.take(), self.service.as_mut()) else {
             return Err(Err("retry without a body or a service".into()));
@@ -144,8 +138,7 @@ impl<S, B, C> Call<S, B, C> {
 
     /// The call ends out of budget with `last`, its last attempt's answer.
     pub(super) fn out_of_budget<R>(&mut self, last: &mut Result<Response<R>, BoxError>) {
-        let elapsed = Instant::now().saturating_duration_since(self.start);
-        self.finish(elapsed, last, Stop::Budget);
+        self.stopped(last, Stop::Budget);
     }
 
     /// A token came: the retry holds it, and goes out at `not_before` (at

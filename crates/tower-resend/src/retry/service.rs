@@ -5,9 +5,10 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::call::{Call, Unsent};
+use super::call::Call;
 use super::future::ResponseFuture;
 use super::layer::Shared;
+use super::policy::gate;
 use super::{CallOptions, NoRetry, RetryLayer};
 use crate::body::Replay;
 use crate::classify::{Classify, HttpClassifier, RequestFacts};
@@ -112,13 +113,9 @@ where
             )
         };
         let now = Instant::now();
-        // The request's deadline (a deadline layer's, which already took
-        // the ambient one into account, or the caller's own), and the
-        // ambient one.
-        let deadline = match (own, Deadline::current()) {
-            (Some(d), Some(a)) => Some(d.min(a)),
-            (d, a) => d.or(a),
-        };
+        // The request's deadline (a deadline layer's, or the caller's own),
+        // and the ambient one.
+        let deadline = Deadline::with_ambient(own);
         let shared = Arc::clone(&self.shared);
         let replay_safe = shared.classifier.is_replay_safe(&RequestFacts::of(&req));
         if let Some(budget) = &shared.budget {
@@ -147,17 +144,11 @@ where
             options,
             now,
         );
-        if deadline.is_some_and(|d| d.instant() <= now) {
-            // The deadline passed before the call began: nothing is sent.
-            // (A timeout layer below, seeing this layer in charge, does
-            // not read the clock again to check.)
-            return ResponseFuture::unsent(call, Unsent::Deadline);
-        }
-        if let Some(throttle) = &call.shared.throttle {
-            match throttle.admit(now) {
-                Some(bin) => call.throttle_bin = bin,
-                None => return ResponseFuture::unsent(call, Unsent::Throttled),
-            }
+        match gate(now, deadline, call.shared.throttle.as_ref()) {
+            Ok(bin) => call.throttle_bin = bin,
+            // Not sent: the deadline passed before the call began, or the
+            // throttle turned it away.
+            Err(why) => return ResponseFuture::unsent(call, why),
         }
         // The layers below, and the transport, call inside the attempt's span.
         let future = {

@@ -286,6 +286,20 @@ impl AdaptiveThrottle {
         Some(bin)
     }
 
+    /// An attempt that `admit` let through in `bin` ended, answered as
+    /// `class`: the upstream's reject when it was overloaded or refused the
+    /// connection (a circuit breaker's refusal, `circuit_open`, never
+    /// reached it), else its accept.
+    pub(crate) fn answered_as(&self, bin: u64, class: crate::vocab::Class, circuit_open: bool) {
+        use crate::vocab::Class;
+        let rejected = match class {
+            Class::Overloaded => true,
+            Class::NotSent => !circuit_open,
+            _ => false,
+        };
+        self.answered(bin, !rejected);
+    }
+
     /// An attempt that `admit` let through in `bin` ended: `accepted`
     /// unless the upstream was overloaded or refused it. It counts in the
     /// newest bin (the clock is not read again: the window has moved on

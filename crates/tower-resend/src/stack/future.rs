@@ -5,6 +5,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 
 use crate::error::{BoxError, Error};
+use crate::retry::policy::unknown_under_key;
 
 pin_project! {
     /// Response future of [`Stack`].
@@ -28,7 +29,10 @@ where
         let this = self.project();
         this.inner.poll(cx).map_err(|e| {
             let e = Error::from_box(e);
+            // An error the retry layer did not end (the call's deadline cut
+            // it from outside) is judged by the same rule.
             match this.key.take() {
+                Some(key) if unknown_under_key(&e) => e.outcome_unknown_over(*key),
                 Some(key) => e.with_key(*key),
                 None => e,
             }

@@ -72,11 +72,7 @@ where
             .map_or(self.per_attempt, clamp);
         // The request's deadline (a deadline layer's, or the caller's own),
         // and the ambient one.
-        let deadline = match (ext.get::<Deadline>(), Deadline::current()) {
-            (Some(r), Some(a)) => Some(a.min(*r)),
-            (r, a) => a.or(r.copied()),
-        }
-        .map(Deadline::instant);
+        let deadline = Deadline::of(ext).map(Deadline::instant);
         if marker.is_some() {
             // The retry layer in charge sends an attempt only while its
             // deadline holds, by the clock it has just read: the attempt's

@@ -18,6 +18,8 @@ pub struct Attempt {
     // In the padding after `status`.
     grpc: Option<GrpcCode>,
     replayed: bool,
+    // The classification's "may the server have acted on it?".
+    maybe_processed: bool,
     // Copies sent (more than 1: hedged), and the one whose answer came
     // back; saturating, and in the padding too.
     copies: u8,
@@ -41,6 +43,12 @@ impl Attempt {
             status,
             grpc: None,
             replayed: false,
+            // The HTTP table's answer, until the classification says.
+            maybe_processed: match class {
+                Class::Unknown => true,
+                Class::Overloaded => !matches!(status, Some(StatusCode::TOO_MANY_REQUESTS)),
+                _ => false,
+            },
             copies: 1,
             won: 1,
             waited,
@@ -77,6 +85,13 @@ impl Attempt {
         self
     }
 
+    /// The attempt, whose classification says whether the server may have
+    /// acted on it ([`Classification::maybe_processed`](crate::classify::Classification::maybe_processed)).
+    pub(crate) const fn with_maybe_processed(mut self, maybe: bool) -> Self {
+        self.maybe_processed = maybe;
+        self
+    }
+
     /// The attempt, hedged: `sent` copies went, and copy `won` answered.
     pub(crate) fn with_copies(mut self, sent: u32, won: u32) -> Self {
         self.copies = u8::try_from(sent).unwrap_or(u8::MAX);
@@ -105,13 +120,15 @@ impl Attempt {
 
     /// False when the attempt's result promises that the server did not act
     /// on it: [not sent](Class::NotSent), answered
-    /// [not processed](Class::NotProcessed) (408, 425), or refused with
-    /// 429; true otherwise (a 503 makes no such promise).
+    /// [not processed](Class::NotProcessed) (408, 425, or a failure marked
+    /// `idempotent-nothing-done`), or refused as overloaded in a way that
+    /// says so (429, RESOURCE_EXHAUSTED, a shed 503); true otherwise (a
+    /// plain 503 makes no such promise).
     pub(crate) fn may_have_run(&self) -> bool {
         match self.class {
             Class::NotSent | Class::NotProcessed => false,
-            Class::Overloaded => self.status != Some(StatusCode::TOO_MANY_REQUESTS),
-            _ => true,
+            Class::Overloaded | Class::Unknown => self.maybe_processed,
+            Class::Success | Class::Rejected | Class::InProgress => true,
         }
     }
 
@@ -327,9 +344,12 @@ impl Attempts {
 
     /// True when attempts were made and the server can have acted on none of
     /// them: each was [not sent](Class::NotSent), answered
-    /// [not processed](Class::NotProcessed) (408, 425), or refused with 429
-    /// (an [overloaded](Class::Overloaded) 503, or a gRPC status, does not
-    /// count: it makes no such promise).
+    /// [not processed](Class::NotProcessed) (408, 425, a failure marked
+    /// `idempotent-nothing-done: true`), or refused as overloaded in a way
+    /// that says so (429, RESOURCE_EXHAUSTED, a 503 or UNAVAILABLE marked
+    /// `idempotent-nothing-done: true`, as tower-resend-server's shedding
+    /// marks it). A plain 503 or UNAVAILABLE does not count: it makes no
+    /// such promise.
     ///
     /// The whole call then did nothing upstream, and running the operation
     /// again is safe; when this is false, the outcome may be unknown.

@@ -289,6 +289,19 @@ impl RetryBudget {
         }
     }
 
+    /// The retry that held `token` ended, answered as `class`: a success,
+    /// a final refusal, or "another attempt holds this key" (409) is the
+    /// upstream answering as a well one does, and gives the token back; any
+    /// other answer is a failed retry (of a probe, when the floor paid).
+    pub(crate) fn settle(&self, token: Token, class: crate::vocab::Class) {
+        use crate::vocab::Class;
+        match class {
+            Class::Success | Class::Rejected | Class::InProgress => self.give_back(),
+            _ if token == Token::Floor => self.floor_failed(),
+            _ => self.failed(),
+        }
+    }
+
     /// A retry paid for by the floor failed. While the floor still holds
     /// tokens, that is all: a quiet client's first retries go out at once,
     /// whatever they get. Once it is spent, the upstream is taken as still

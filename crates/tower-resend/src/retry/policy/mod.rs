@@ -1,0 +1,224 @@
+//! The rules of the retry layer, each a pure function of what was
+//! observed: [`Policy::decide`] after an attempt (the decision table of the
+//! [module docs](super)), [`ends`] for how a call that stops ends, and
+//! [`gate`] before each attempt goes out. The I/O (timers, the budget, the
+//! body, telemetry) stays around them, in the call.
+
+mod end;
+mod gate;
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+pub(crate) use self::end::{ends, unknown_under_key, End, Ended, Ending};
+pub(crate) use self::gate::{gate, Unsent};
+use super::budget::Want;
+use super::{Backoff, Stop};
+use crate::classify::{Class, Classification, GrpcCode, Pushback};
+use crate::telemetry::WaitReason;
+
+/// The limits and waits of a retry layer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy {
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Backoff,
+    pub(crate) overload_floor: Duration,
+    pub(crate) max_server_wait: Duration,
+    pub(crate) min_attempt: Duration,
+    pub(crate) replay_cap: usize,
+    /// A server-requested wait (or the overload floor) is spread over
+    /// `[wait, wait * (1 + spread)]`.
+    pub(crate) wait_spread: f64,
+    /// The longest a retry waits for a budget token.
+    pub(crate) max_budget_wait: Duration,
+}
+
+/// Default attempts in all, first included.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// Default least wait after an overloaded answer without `Retry-After`.
+pub const DEFAULT_OVERLOAD_FLOOR: Duration = Duration::from_secs(1);
+/// Default longest server-requested wait the layer will honour.
+pub const DEFAULT_MAX_SERVER_WAIT: Duration = Duration::from_secs(30);
+/// Default least time an attempt must have for a retry to be worth it.
+pub const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_millis(50);
+/// Default spread of a server-requested wait (and of the overload floor):
+/// clients told to wait `w` come back over `[w, 1.5 w]`.
+pub const DEFAULT_WAIT_SPREAD: f64 = 0.5;
+/// Default longest wait for a retry budget token: 5 s.
+pub const DEFAULT_MAX_BUDGET_WAIT: Duration = Duration::from_secs(5);
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff: Backoff::DEFAULT,
+            overload_floor: DEFAULT_OVERLOAD_FLOOR,
+            max_server_wait: DEFAULT_MAX_SERVER_WAIT,
+            min_attempt: DEFAULT_MIN_ATTEMPT,
+            replay_cap: crate::body::DEFAULT_REPLAY_CAP,
+            wait_spread: DEFAULT_WAIT_SPREAD,
+            max_budget_wait: DEFAULT_MAX_BUDGET_WAIT,
+        }
+    }
+}
+
+/// What the decision needs to know of one attempt and of its call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Attempted<'a> {
+    /// What the server may have done.
+    pub(crate) class: &'a Classification,
+    /// The attempt's HTTP status, when it was answered.
+    pub(crate) status: Option<StatusCode>,
+    /// The attempt's number: 1 for the first.
+    pub(crate) made: u32,
+    /// The request may be sent again even if it was processed (an
+    /// idempotent method, or an Idempotency-Key).
+    pub(crate) replay_safe: bool,
+    /// Retries are allowed for this request (it carries no `NoRetry`).
+    pub(crate) allowed: bool,
+    /// A circuit breaker below refused the attempt.
+    pub(crate) circuit_open: bool,
+    /// Its body can be sent again.
+    pub(crate) replayable: bool,
+    /// Time left before the deadline, if the call has one.
+    pub(crate) remaining: Option<Duration>,
+    /// This request's own attempt cap (`CallOptions`), if it set one.
+    pub(crate) max_attempts: Option<u32>,
+    /// Another instance of the upstream (a fleet's) that this call has not
+    /// used can take the next attempt.
+    pub(crate) other_instance: bool,
+    /// How the call ends if it stops here (see [`Ended`]).
+    pub(crate) call: Ended<'a>,
+}
+
+/// What to do after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Send it again, after the wait.
+    Retry(Retry),
+    /// Stop, for this reason, ending as the rules say.
+    Stop(End),
+}
+
+/// A retry: how long to wait, why, and what budget token it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Retry {
+    pub(crate) wait: Duration,
+    pub(crate) reason: WaitReason,
+    /// The retry budget's token it spends, and how urgently it wants one:
+    /// none for a request that was not sent (it costs the upstream nothing,
+    /// as gRPC's transparent retries); first in line for a keyed call whose
+    /// attempt may have run (it retries to learn its outcome).
+    pub(crate) token: Option<Want>,
+}
+
+impl Policy {
+    /// The decision table (the [module docs](super)), every row of it: what
+    /// to do after `attempt`, and if it stops, how the call ends. Only the
+    /// budget's token is left to the caller (it is taken, or waited for,
+    /// once a retry is decided, so that a token is spent on real retries
+    /// only).
+    pub(crate) fn decide(&self, attempt: Attempted<'_>, rng: &mut fastrand::Rng) -> Decision {
+        let stop = |why| Decision::Stop(ends(why, &attempt.call));
+        let c = attempt.class;
+        // 1. Is the answer final, and may this request go out again at all?
+        match c.class() {
+            Class::Success | Class::Rejected => return stop(Stop::Final),
+            // A circuit breaker below refused it: the upstream is known to
+            // be unwell, and trying again now would be refused too.
+            Class::NotSent if attempt.circuit_open => return stop(Stop::CircuitOpen),
+            _ if !attempt.allowed => return stop(Stop::Disabled),
+            Class::NotSent | Class::NotProcessed => {}
+            Class::Overloaded | Class::InProgress | Class::Unknown => {
+                // The server's stored answer of an earlier attempt under this
+                // key: every retry gets it again, and the work it records may
+                // be half done (a handler cut by its deadline).
+                if c.replayed() {
+                    return stop(Stop::Replayed);
+                }
+                if c.maybe_processed() && !attempt.replay_safe {
+                    return stop(Stop::OutcomeUnknown);
+                }
+            }
+        }
+        if c.pushback() == Some(Pushback::DoNotRetry) {
+            return stop(Stop::ServerSaidNo);
+        }
+        // The deadline has passed: say so, whatever the attempt count.
+        if attempt.remaining == Some(Duration::ZERO) {
+            return stop(Stop::Deadline);
+        }
+        // 2. Attempts left?
+        let max = attempt.max_attempts.map_or(self.max_attempts, |n| n.max(1));
+        if attempt.made >= max {
+            return stop(Stop::MaxAttempts);
+        }
+        // 3. How long to wait: full jitter; after an overloaded answer, the
+        // server's wait (or the floor), spread over half as much again and
+        // never shorter, plus the jittered backoff, so that clients told the
+        // same thing do not come back in step. A server wait on another
+        // class (gRPC's pushback on any retryable status) is honoured the
+        // same way.
+        // With another instance to go to, an answer that speaks for its
+        // own instance only has its wait: the next attempt goes elsewhere
+        // after the usual backoff, or at once if nothing was sent. A 429
+        // (or gRPC's RESOURCE_EXHAUSTED) speaks for the whole service: a
+        // rate limit or a quota is the caller's wherever it goes.
+        let for_service = attempt.status == Some(StatusCode::TOO_MANY_REQUESTS)
+            || c.grpc_code() == Some(GrpcCode::ResourceExhausted);
+        let elsewhere = attempt.other_instance && !for_service;
+        let server_wait = c.retry_after().filter(|_| !elsewhere);
+        if server_wait.is_some_and(|w| w > self.max_server_wait) {
+            return stop(Stop::ServerSaidNo);
+        }
+        let jitter = match c.class() {
+            Class::NotSent if elsewhere => Duration::ZERO,
+            _ => self.backoff.wait(attempt.made.saturating_sub(1), rng),
+        };
+        let (asked, reason) = match (server_wait, c.class()) {
+            (Some(w), _) => (Some(w), WaitReason::RetryAfter),
+            (None, Class::Overloaded) if !elsewhere => {
+                (Some(self.overload_floor), WaitReason::Overloaded)
+            }
+            (None, _) => (None, WaitReason::Backoff),
+        };
+        let spread = asked.map_or(Duration::ZERO, |w| w.mul_f64(self.wait_spread * rng.f64()));
+        let at_least = asked.unwrap_or_default();
+        let mut wait = at_least.saturating_add(spread).saturating_add(jitter);
+        // 4. Time left: the wait and a useful attempt must fit; a server
+        // wait past the deadline means give up now, not sleep. What the
+        // server asked must fit; the spread and the jitter shrink to fit.
+        if let Some(left) = attempt.remaining {
+            if server_wait.is_some_and(|w| w >= left) || at_least + self.min_attempt > left {
+                return stop(Stop::Deadline);
+            }
+            if wait + self.min_attempt > left {
+                if asked.is_none() {
+                    return stop(Stop::Deadline);
+                }
+                wait = left - self.min_attempt;
+            }
+        }
+        // 5. A body to send again?
+        if !attempt.replayable {
+            return stop(Stop::NotReplayable);
+        }
+        // 6. Which token: none for what was not sent; a keyed call whose
+        // attempt may have run (its answer lost, or its key still running)
+        // retries to learn its outcome, first in line.
+        let token = match c.class() {
+            Class::NotSent => None,
+            Class::Unknown | Class::InProgress if attempt.call.keyed => Some(Want::Outcome),
+            _ => Some(Want::Retry),
+        };
+        Decision::Retry(Retry {
+            wait,
+            reason,
+            token,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

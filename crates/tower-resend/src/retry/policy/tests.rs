@@ -1,0 +1,605 @@
+use super::*;
+use crate::vocab::{Attempt, Attempts};
+
+const S: Duration = Duration::from_secs(1);
+
+fn policy() -> Policy {
+    Policy {
+        backoff: Backoff::new(Duration::from_millis(100), 2.0, Duration::from_secs(5)).unwrap(),
+        ..Policy::default()
+    }
+}
+
+/// An attempt of a call that may be retried: allowed, no breaker, a
+/// body to send again, the policy's cap.
+fn attempted(c: &Classification, safe: bool, made: u32, left: Option<Duration>) -> Attempted<'_> {
+    Attempted {
+        class: c,
+        status: None,
+        made,
+        replay_safe: safe,
+        allowed: true,
+        circuit_open: false,
+        replayable: true,
+        remaining: left,
+        max_attempts: None,
+        other_instance: false,
+        call: unkeyed_answer(),
+    }
+}
+
+/// A call with no history, ended by a response, not keyed.
+fn unkeyed_answer() -> Ended<'static> {
+    Ended {
+        history: Box::leak(Box::new(Attempts::new())),
+        answered: true,
+        deadline: false,
+        keyed: false,
+    }
+}
+
+fn decide(c: Classification, safe: bool, made: u32, left: Option<Duration>) -> Decision {
+    policy().decide(
+        attempted(&c, safe, made, left),
+        &mut fastrand::Rng::with_seed(1),
+    )
+}
+
+fn cls(class: Class) -> Classification {
+    Classification::new(class)
+}
+
+fn retries(d: Decision) -> bool {
+    matches!(d, Decision::Retry(_))
+}
+
+/// Why the decision stops, if it does.
+fn why(d: Decision) -> Option<Stop> {
+    match d {
+        Decision::Stop(end) => Some(end.stop),
+        Decision::Retry(_) => None,
+    }
+}
+
+/// The wait of a retry.
+fn wait_of(d: Decision) -> Duration {
+    match d {
+        Decision::Retry(r) => r.wait,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_design_decision_table_row_by_row() {
+    // Success, Rejected: return it.
+    for safe in [true, false] {
+        assert_eq!(
+            why(decide(cls(Class::Success), safe, 1, None)),
+            Some(Stop::Final)
+        );
+        assert_eq!(
+            why(decide(cls(Class::Rejected), safe, 1, None)),
+            Some(Stop::Final)
+        );
+    }
+    // NotSent, NotProcessed: retry after backoff, safe or not.
+    for safe in [true, false] {
+        assert!(retries(decide(cls(Class::NotSent), safe, 1, None)));
+        assert!(retries(decide(cls(Class::NotProcessed), safe, 1, None)));
+    }
+    // Overloaded: 429 (not processed) retried either way; 503 (maybe
+    // processed) only when replay-safe, else OutcomeUnknown.
+    let c429 = cls(Class::Overloaded);
+    let c503 = cls(Class::Overloaded).with_maybe_processed(true);
+    assert!(retries(decide(c429, true, 1, None)));
+    assert!(retries(decide(c429, false, 1, None)));
+    assert!(retries(decide(c503, true, 1, None)));
+    assert_eq!(
+        why(decide(c503, false, 1, None)),
+        Some(Stop::OutcomeUnknown)
+    );
+    // InProgress: retry with the same key.
+    assert!(retries(decide(cls(Class::InProgress), true, 1, None)));
+    // Unknown: retry when replay-safe, else OutcomeUnknown.
+    assert!(retries(decide(cls(Class::Unknown), true, 1, None)));
+    assert_eq!(
+        why(decide(cls(Class::Unknown), false, 1, None)),
+        Some(Stop::OutcomeUnknown)
+    );
+}
+
+#[test]
+fn a_replayed_failure_stops_and_a_replayed_success_is_final() {
+    // The server's stored answer of an earlier attempt: every retry under
+    // the key would get it again, safe or not.
+    for class in [Class::Unknown, Class::Overloaded, Class::InProgress] {
+        for safe in [true, false] {
+            assert_eq!(
+                why(decide(cls(class).with_replayed(true), safe, 1, None)),
+                Some(Stop::Replayed),
+                "{class:?} {safe}"
+            );
+        }
+    }
+    assert_eq!(
+        why(decide(
+            cls(Class::Success).with_replayed(true),
+            true,
+            1,
+            None
+        )),
+        Some(Stop::Final)
+    );
+    assert_eq!(
+        why(decide(
+            cls(Class::Rejected).with_replayed(true),
+            true,
+            1,
+            None
+        )),
+        Some(Stop::Final)
+    );
+}
+
+#[test]
+fn waits_follow_the_class() {
+    let wait = |c, made| match decide(c, true, made, None) {
+        Decision::Retry(r) => r.wait,
+        other => panic!("{other:?}"),
+    };
+    // Full jitter under the ceiling.
+    assert!(wait(cls(Class::Unknown), 1) <= Duration::from_millis(100));
+    assert!(wait(cls(Class::Unknown), 2) <= Duration::from_millis(200));
+    // Overloaded without Retry-After: at least the floor, spread over
+    // half as much again, plus the backoff's jitter.
+    let w = wait(cls(Class::Overloaded), 1);
+    assert!(
+        w >= S && w <= S * 3 / 2 + Duration::from_millis(100),
+        "{w:?}"
+    );
+    // With Retry-After: at least what the server asked.
+    let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(3 * S)));
+    let w = wait(ra, 1);
+    assert!(
+        w >= 3 * S && w <= 3 * S * 3 / 2 + Duration::from_millis(100),
+        "{w:?}"
+    );
+    // A server asking for more than we honour: stop.
+    let long = cls(Class::Overloaded).with_pushback(Some(Pushback::After(120 * S)));
+    assert_eq!(why(decide(long, true, 1, None)), Some(Stop::ServerSaidNo));
+    // A server wait on another class (gRPC pushback on INTERNAL) is
+    // honoured too.
+    let pushed = cls(Class::Unknown).with_pushback(Some(Pushback::After(2 * S)));
+    let w = wait(pushed, 1);
+    assert!(
+        w >= 2 * S && w <= 3 * S + Duration::from_millis(100),
+        "{w:?}"
+    );
+    let no = cls(Class::Overloaded).with_pushback(Some(Pushback::DoNotRetry));
+    assert_eq!(why(decide(no, true, 1, None)), Some(Stop::ServerSaidNo));
+}
+
+/// Clients told the same wait come back spread over half as much
+/// again: never earlier than asked, and not in step.
+#[test]
+fn server_waits_are_spread_never_shortened() {
+    let p = policy();
+    let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(S)));
+    let mut rng = fastrand::Rng::with_seed(3);
+    let waits: Vec<Duration> = (0..1000)
+        .map(
+            |_| match p.decide(attempted(&ra, true, 1, None), &mut rng) {
+                Decision::Retry(r) => r.wait,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    assert!(waits.iter().all(|w| *w >= S));
+    // 50 ms windows over [1 s, 1.6 s]: the busiest holds at most twice
+    // its share.
+    let mut windows = [0usize; 12];
+    for w in &waits {
+        windows[((w.as_millis() - 1000) / 50).min(11) as usize] += 1;
+    }
+    let busiest = *windows.iter().max().unwrap();
+    assert!(busiest <= 2 * 1000 / 11, "{windows:?}");
+    // Under a deadline, what was asked must fit; the spread shrinks.
+    match p.decide(
+        attempted(&ra, true, 1, Some(S + Duration::from_millis(100))),
+        &mut rng,
+    ) {
+        Decision::Retry(Retry { wait, .. }) => {
+            assert!(
+                wait >= S && wait <= S + Duration::from_millis(50),
+                "{wait:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_spent_deadline_is_blamed_before_the_attempt_cap() {
+    assert_eq!(
+        why(decide(cls(Class::Unknown), true, 3, Some(Duration::ZERO))),
+        Some(Stop::Deadline)
+    );
+}
+
+#[test]
+fn attempts_and_time_bound_retries() {
+    assert!(retries(decide(cls(Class::NotSent), true, 2, None)));
+    assert_eq!(
+        why(decide(cls(Class::NotSent), true, 3, None)),
+        Some(Stop::MaxAttempts)
+    );
+    // A Retry-After at or past the deadline: stop at once.
+    let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(60 * S)));
+    let p = Policy {
+        max_server_wait: 120 * S,
+        ..policy()
+    };
+    assert_eq!(
+        why(p.decide(
+            attempted(&ra, true, 1, Some(10 * S)),
+            &mut fastrand::Rng::with_seed(1)
+        )),
+        Some(Stop::Deadline)
+    );
+    // The wait plus a useful attempt must fit.
+    assert_eq!(
+        why(decide(
+            cls(Class::Unknown),
+            true,
+            1,
+            Some(Duration::from_millis(40))
+        )),
+        Some(Stop::Deadline)
+    );
+    assert!(retries(decide(
+        cls(Class::Unknown),
+        true,
+        1,
+        Some(Duration::from_millis(200))
+    )));
+}
+
+/// The rows around the class table: a breaker's refusal, `NoRetry`, the
+/// request's own cap, a body that cannot be sent again, and which
+/// retries spend a budget token.
+#[test]
+fn the_rows_around_the_class_table() {
+    let p = policy();
+    let rng = &mut fastrand::Rng::with_seed(1);
+    let unknown = cls(Class::Unknown);
+    let not_sent = cls(Class::NotSent);
+
+    let open = Attempted {
+        circuit_open: true,
+        ..attempted(&not_sent, true, 1, None)
+    };
+    assert_eq!(why(p.decide(open, rng)), Some(Stop::CircuitOpen));
+    // A final answer is final whatever else is true.
+    let success = cls(Class::Success);
+    let final_open = Attempted {
+        circuit_open: true,
+        allowed: false,
+        ..attempted(&success, true, 1, None)
+    };
+    assert_eq!(why(p.decide(final_open, rng)), Some(Stop::Final));
+
+    let off = Attempted {
+        allowed: false,
+        ..attempted(&unknown, true, 1, None)
+    };
+    assert_eq!(why(p.decide(off, rng)), Some(Stop::Disabled));
+
+    let own_cap = Attempted {
+        max_attempts: Some(5),
+        ..attempted(&unknown, true, 3, None)
+    };
+    assert!(retries(p.decide(own_cap, rng)));
+    let own_cap = Attempted {
+        max_attempts: Some(0), // counts as 1
+        ..attempted(&unknown, true, 1, None)
+    };
+    assert_eq!(why(p.decide(own_cap, rng)), Some(Stop::MaxAttempts));
+
+    let capped = Attempted {
+        replayable: false,
+        ..attempted(&unknown, true, 1, None)
+    };
+    assert_eq!(why(p.decide(capped, rng)), Some(Stop::NotReplayable));
+    // Every other stop comes first: the attempts...
+    let capped_last = Attempted {
+        replayable: false,
+        ..attempted(&unknown, true, 3, None)
+    };
+    assert_eq!(why(p.decide(capped_last, rng)), Some(Stop::MaxAttempts));
+
+    // A request not sent costs the upstream nothing: no token.
+    assert!(matches!(
+        p.decide(attempted(&not_sent, false, 1, None), rng),
+        Decision::Retry(Retry { token: None, .. })
+    ));
+    for class in [
+        Class::NotProcessed,
+        Class::Overloaded,
+        Class::InProgress,
+        Class::Unknown,
+    ] {
+        let c = cls(class);
+        assert!(
+            matches!(
+                p.decide(attempted(&c, true, 1, None), rng),
+                Decision::Retry(Retry {
+                    token: Some(Want::Retry),
+                    ..
+                })
+            ),
+            "{class:?}"
+        );
+    }
+}
+
+#[test]
+fn with_another_instance_the_wait_is_the_instances() {
+    let p = policy();
+    let rng = &mut fastrand::Rng::with_seed(5);
+    let elsewhere = |c| Attempted {
+        other_instance: true,
+        ..attempted(c, true, 1, Some(2 * S))
+    };
+    let wait = |d| match d {
+        Decision::Retry(r) => r.wait,
+        other => panic!("{other:?}"),
+    };
+    // An overloaded answer: no floor, no Retry-After, the usual backoff.
+    let c503 = cls(Class::Overloaded).with_maybe_processed(true);
+    assert!(wait(p.decide(elsewhere(&c503), rng)) <= Duration::from_millis(100));
+    let ra = cls(Class::Overloaded).with_pushback(Some(Pushback::After(60 * S)));
+    assert!(wait(p.decide(elsewhere(&ra), rng)) <= Duration::from_millis(100));
+    // (The same answers from the only instance: the floor, and a wait
+    // past what is honoured stops the call.)
+    assert!(wait(p.decide(attempted(&c503, true, 1, Some(2 * S)), rng)) >= S);
+    assert_eq!(
+        why(p.decide(attempted(&ra, true, 1, Some(2 * S)), rng)),
+        Some(Stop::ServerSaidNo)
+    );
+    // Not sent: at once, and without a token.
+    let not_sent = cls(Class::NotSent);
+    assert_eq!(
+        p.decide(elsewhere(&not_sent), rng),
+        Decision::Retry(Retry {
+            wait: Duration::ZERO,
+            reason: WaitReason::Backoff,
+            token: None,
+        })
+    );
+    // A 429, or RESOURCE_EXHAUSTED, speaks for the whole service (a rate
+    // limit, a quota): its wait holds wherever the next attempt goes.
+    let limited = Attempted {
+        status: Some(StatusCode::TOO_MANY_REQUESTS),
+        ..elsewhere(&ra)
+    };
+    assert_eq!(why(p.decide(limited, rng)), Some(Stop::ServerSaidNo));
+    let quota = cls(Class::Overloaded)
+        .with_pushback(Some(Pushback::After(S)))
+        .with_grpc_code(Some(GrpcCode::ResourceExhausted));
+    let d = p.decide(elsewhere(&quota), rng);
+    assert!(wait_of(d) >= S, "{d:?}");
+    // The rest of the table holds: an unsafe request that may have run
+    // still stops.
+    let unknown = cls(Class::Unknown);
+    let unsafe_unknown = Attempted {
+        replay_safe: false,
+        ..elsewhere(&unknown)
+    };
+    assert_eq!(
+        why(p.decide(unsafe_unknown, rng)),
+        Some(Stop::OutcomeUnknown)
+    );
+}
+
+/// Which token a retry asks the budget for, and why it waits.
+#[test]
+fn tokens_and_wait_reasons() {
+    let p = policy();
+    let rng = &mut fastrand::Rng::with_seed(9);
+    let token = |c: &Classification, keyed: bool| {
+        let a = Attempted {
+            call: Ended {
+                keyed,
+                ..unkeyed_answer()
+            },
+            ..attempted(c, true, 1, None)
+        };
+        match p.decide(a, &mut fastrand::Rng::with_seed(9)) {
+            Decision::Retry(r) => r.token,
+            other => panic!("{other:?}"),
+        }
+    };
+    // A keyed call whose attempt may have run retries to learn its
+    // outcome: first in line. Not keyed, or a refusal: any retry.
+    for class in [Class::Unknown, Class::InProgress] {
+        assert_eq!(token(&cls(class), true), Some(Want::Outcome), "{class:?}");
+        assert_eq!(token(&cls(class), false), Some(Want::Retry), "{class:?}");
+    }
+    for class in [Class::Overloaded, Class::NotProcessed] {
+        assert_eq!(token(&cls(class), true), Some(Want::Retry), "{class:?}");
+    }
+    assert_eq!(token(&cls(Class::NotSent), true), None);
+
+    let mut reason = |c: Classification| match p.decide(attempted(&c, true, 1, None), rng) {
+        Decision::Retry(r) => r.reason,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(reason(cls(Class::Unknown)), WaitReason::Backoff);
+    assert_eq!(reason(cls(Class::Overloaded)), WaitReason::Overloaded);
+    assert_eq!(
+        reason(cls(Class::Overloaded).with_pushback(Some(Pushback::After(S)))),
+        WaitReason::RetryAfter
+    );
+    assert_eq!(
+        reason(cls(Class::Unknown).with_pushback(Some(Pushback::After(S)))),
+        WaitReason::RetryAfter
+    );
+}
+
+/// An attempt's record, as the call keeps it.
+fn attempt(class: Class, status: Option<u16>, maybe_processed: bool) -> Attempt {
+    let status = status.map(|s| StatusCode::from_u16(s).unwrap());
+    Attempt::new(class, status, Duration::ZERO, Duration::ZERO, None)
+        .with_maybe_processed(maybe_processed)
+}
+
+fn history(attempts: &[Attempt]) -> Attempts {
+    let mut h = Attempts::new();
+    for a in attempts {
+        h.push(a.clone());
+    }
+    h
+}
+
+/// [`ends`], row by row: how a call that stops ends.
+#[test]
+fn how_a_call_ends_row_by_row() {
+    use crate::error::ErrorKind::*;
+    let ok = attempt(Class::Success, Some(200), false);
+    let timed_out = attempt(Class::Unknown, None, true);
+    let plain_503 = attempt(Class::Overloaded, Some(503), true);
+    let shed_503 = attempt(Class::Overloaded, Some(503), false);
+    let too_many = attempt(Class::Overloaded, Some(429), false);
+    let busy_409 = attempt(Class::InProgress, Some(409), false);
+    let refused = attempt(Class::NotSent, None, false);
+    let ended = |h: &Attempts, answered, deadline, keyed, stop| {
+        let call = Ended {
+            history: h,
+            answered,
+            deadline,
+            keyed,
+        };
+        ends(stop, &call).ending
+    };
+    let answer = |h: &[Attempt], keyed, stop| ended(&history(h), true, false, keyed, stop);
+    let error =
+        |h: &[Attempt], deadline, keyed, stop| ended(&history(h), false, deadline, keyed, stop);
+    let unknown = Ending::Error(OutcomeUnknown);
+
+    // Answers.
+    assert_eq!(answer(&[ok.clone()], true, Stop::Final), Ending::Answer);
+    assert_eq!(
+        answer(&[timed_out.clone()], false, Stop::OutcomeUnknown),
+        unknown
+    );
+    assert_eq!(answer(&[plain_503.clone()], true, Stop::Replayed), unknown);
+    // Keyed, and the last answer does not settle it: still running, or
+    // turned away after an earlier attempt that may have run.
+    assert_eq!(
+        answer(&[busy_409.clone()], true, Stop::MaxAttempts),
+        unknown
+    );
+    for last in [&plain_503, &shed_503, &too_many] {
+        assert_eq!(
+            answer(&[timed_out.clone(), last.clone()], true, Stop::MaxAttempts),
+            unknown,
+            "{last:?}"
+        );
+        // Not keyed: the answer as it is.
+        assert_eq!(
+            answer(&[timed_out.clone(), last.clone()], false, Stop::MaxAttempts),
+            Ending::Answer
+        );
+    }
+    // Keyed, every attempt turned away and none may have run: overload,
+    // the answer as it is.
+    assert_eq!(
+        answer(
+            &[shed_503.clone(), too_many.clone(), shed_503.clone()],
+            true,
+            Stop::MaxAttempts
+        ),
+        Ending::Answer
+    );
+    assert_eq!(
+        answer(&[shed_503.clone(), shed_503.clone()], true, Stop::Budget),
+        Ending::Answer
+    );
+    // NoRetry, or an outer retry layer in charge: the answer as it is.
+    assert_eq!(
+        answer(&[busy_409.clone()], true, Stop::Disabled),
+        Ending::Answer
+    );
+
+    // Errors.
+    assert_eq!(
+        error(&[timed_out.clone()], false, false, Stop::OutcomeUnknown),
+        unknown
+    );
+    assert_eq!(
+        error(
+            &[timed_out.clone(), timed_out.clone()],
+            false,
+            false,
+            Stop::MaxAttempts
+        ),
+        Ending::Error(RetriesExhausted)
+    );
+    assert_eq!(
+        error(&[timed_out.clone()], false, false, Stop::MaxAttempts),
+        Ending::Answer
+    );
+    assert_eq!(
+        error(&[timed_out.clone()], false, false, Stop::Budget),
+        Ending::Error(BudgetExhausted)
+    );
+    assert_eq!(
+        error(&[timed_out.clone()], false, false, Stop::NotReplayable),
+        Ending::Error(BodyNotReplayable)
+    );
+    assert_eq!(
+        error(&[], true, false, Stop::Deadline),
+        Ending::Error(DeadlineExceeded)
+    );
+    // The deadline stays the reason, whatever else stopped the call.
+    assert_eq!(
+        error(
+            &[timed_out.clone(), timed_out.clone()],
+            true,
+            false,
+            Stop::MaxAttempts
+        ),
+        Ending::Error(DeadlineExceeded)
+    );
+    assert_eq!(
+        error(&[refused.clone()], false, false, Stop::Final),
+        Ending::Answer
+    );
+    // Keyed, and an attempt may have run: outcome unknown over the rest.
+    assert_eq!(
+        error(&[timed_out.clone()], true, true, Stop::Deadline),
+        Ending::Unknown {
+            under: Some(DeadlineExceeded)
+        }
+    );
+    assert_eq!(
+        error(
+            &[timed_out.clone(), refused.clone()],
+            false,
+            true,
+            Stop::Final
+        ),
+        Ending::Unknown { under: None }
+    );
+    // Keyed, and nothing may have run (refused, shed, 429): not unknown.
+    assert_eq!(
+        error(
+            &[refused.clone(), shed_503.clone(), too_many.clone()],
+            true,
+            true,
+            Stop::Deadline
+        ),
+        Ending::Error(DeadlineExceeded)
+    );
+    assert_eq!(error(&[], false, true, Stop::Throttled), Ending::Answer);
+}
