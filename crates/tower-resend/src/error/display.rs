@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{Error, ErrorKind};
+use super::{Error, ErrorKind, RetryAdvice};
 use crate::vocab::{percent, write_ms, Readable, Refusal, Why};
 
 impl fmt::Debug for Error {
@@ -154,20 +154,40 @@ impl Error {
                 write_cause(f, self, &**s, foreign)?;
             }
         }
-        if i.kind == ErrorKind::OutcomeUnknown {
-            match i.key.as_ref().and_then(|k| k.to_str().ok()) {
-                Some(key) => write!(
+        self.write_advice(f)
+    }
+
+    /// What to do next, in words rendered from [`Error::retry_advice`]
+    /// alone, so that the sentence never advises what the advice does not.
+    /// `After` adds nothing: the words of the kind already say why to wait
+    /// (nothing was sent, the circuit is open for so long).
+    fn write_advice(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.retry_advice() {
+            RetryAdvice::SameKey(wait) => {
+                // (SameKey is advised only with a key to send again.)
+                let key = self.idempotency_key().unwrap_or("?");
+                write!(
                     f,
                     "; the server may have processed the request: send it again only with \
                      the same Idempotency-Key, {key}"
-                )?,
-                None => f.write_str(
-                    "; the server may have processed the request, which is not safe to send \
-                     again: verify (look the resource up) before resending",
-                )?,
+                )?;
+                if !wait.is_zero() {
+                    write!(f, ", after {}", Readable(wait))?;
+                }
+                Ok(())
             }
+            RetryAdvice::VerifyFirst if self.replayed() => f.write_str(
+                "; the server answers every attempt under this Idempotency-Key with its record \
+                 of this failure, and the work may be half done: verify (look the resource up) \
+                 before sending it again",
+            ),
+            RetryAdvice::VerifyFirst => f.write_str(
+                "; the server may have processed the request, which is not safe to send again: \
+                 verify (look the resource up) before resending",
+            ),
+            RetryAdvice::Never => f.write_str("; sending it again will not help"),
+            RetryAdvice::After(_) => Ok(()),
         }
-        Ok(())
     }
 }
 

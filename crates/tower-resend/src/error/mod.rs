@@ -404,16 +404,13 @@ impl Error {
     pub fn retry_advice(&self) -> RetryAdvice {
         const LATER: Duration = Duration::from_secs(1);
         let last = self.inner.history.as_ref().and_then(Attempts::last);
+        let wait = last.and_then(Attempt::server_wait).unwrap_or(LATER);
         match self.inner.kind {
             // The server replayed the recorded failure of an earlier attempt
             // (a handler cut by its deadline, say): the same key gets the same
             // answer for the record's life, and the work may be half done.
-            ErrorKind::OutcomeUnknown if last.is_some_and(Attempt::replayed) => {
-                RetryAdvice::VerifyFirst
-            }
-            ErrorKind::OutcomeUnknown if self.inner.key.is_some() => {
-                RetryAdvice::SameKey(last.and_then(|a| a.server_wait()).unwrap_or(LATER))
-            }
+            ErrorKind::OutcomeUnknown if self.replayed() => RetryAdvice::VerifyFirst,
+            ErrorKind::OutcomeUnknown if self.inner.key.is_some() => RetryAdvice::SameKey(wait),
             ErrorKind::OutcomeUnknown => RetryAdvice::VerifyFirst,
             // Not sent, but sending again before the circuit closes fails
             // the same way.
@@ -421,12 +418,22 @@ impl Error {
             // Not sent, and the upstream is rejecting most calls: later.
             ErrorKind::Throttled => RetryAdvice::After(LATER),
             _ if self.inner.not_sent => RetryAdvice::After(Duration::ZERO),
-            ErrorKind::BodyNotReplayable => RetryAdvice::VerifyFirst,
-            _ => match last.map(|a| a.class()) {
-                Some(Class::Rejected) => RetryAdvice::Never,
-                _ => RetryAdvice::After(last.and_then(|a| a.server_wait()).unwrap_or(LATER)),
-            },
+            _ if last.is_some_and(|a| a.class() == Class::Rejected) => RetryAdvice::Never,
+            // A retry was needed and could not be made: unless nothing was
+            // processed, the server may have acted.
+            ErrorKind::BodyNotReplayable if !self.nothing_processed() => RetryAdvice::VerifyFirst,
+            _ => RetryAdvice::After(wait),
         }
+    }
+
+    /// True when the call's last answer was one the server replayed from
+    /// its idempotency store.
+    fn replayed(&self) -> bool {
+        self.inner
+            .history
+            .as_ref()
+            .and_then(Attempts::last)
+            .is_some_and(Attempt::replayed)
     }
 
     /// The Idempotency-Key the call was sent under (the one resend chose,
@@ -516,166 +523,4 @@ impl std::error::Error for Error {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::fmt;
-
-    #[test]
-    fn boxed_resend_error_comes_back_as_it_was() {
-        let e = Error::attempt_timeout(Duration::from_millis(400));
-        let back = Error::from_box(Box::new(e));
-        assert_eq!(back.kind(), ErrorKind::AttemptTimeout);
-        assert_eq!(back.limit(), Some(Duration::from_millis(400)));
-    }
-
-    #[test]
-    fn not_sent_is_found_down_the_source_chain() {
-        #[derive(Debug)]
-        struct Wrapper(Error);
-        impl fmt::Display for Wrapper {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("client error")
-            }
-        }
-        impl std::error::Error for Wrapper {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                Some(&self.0)
-            }
-        }
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let e = Error::from_box(Box::new(Wrapper(Error::connect(Box::new(refused)))));
-        assert_eq!(e.kind(), ErrorKind::Transport);
-        assert!(e.is_not_sent());
-        // The original error is kept as the source.
-        assert!(std::error::Error::source(&e)
-            .and_then(|s| s.downcast_ref::<Wrapper>())
-            .is_some());
-
-        let e = Error::from_box(Box::new(Wrapper(Error::connect_timeout(
-            Duration::from_secs(2),
-        ))));
-        assert_eq!(e.kind(), ErrorKind::ConnectTimeout);
-        assert!(e.is_not_sent());
-    }
-
-    #[test]
-    fn foreign_errors_are_transport_and_maybe_sent() {
-        let e = Error::from_box("boom".into());
-        assert_eq!(e.kind(), ErrorKind::Transport);
-        assert!(!e.is_not_sent());
-        assert_eq!(e.to_string(), "transport error: boom");
-    }
-
-    #[test]
-    fn messages_say_what_fired() {
-        let mut e = Error::deadline_exceeded(Phase::Waiting, Duration::from_secs(1));
-        e.set_upstream_if_none(Some(&crate::name::Name::from("shipping")));
-        assert_eq!(
-            e.to_string(),
-            "shipping: deadline exceeded while waiting to retry after 1 s"
-        );
-        assert_eq!(
-            Error::attempt_timeout(Duration::from_millis(400)).to_string(),
-            "attempt timed out after 400 ms"
-        );
-    }
-
-    #[test]
-    fn nothing_processed_when_not_sent_or_no_attempt_was_acted_on() {
-        use crate::vocab::{Attempt, Stop};
-        use http::StatusCode;
-
-        fn history(attempts: &[(Class, u16)]) -> Attempts {
-            let mut a = Attempts::new();
-            for &(class, status) in attempts {
-                let status = StatusCode::from_u16(status).unwrap();
-                a.push(Attempt::new(
-                    class,
-                    Some(status),
-                    Duration::ZERO,
-                    Duration::ZERO,
-                    None,
-                ));
-            }
-            a.finish(Duration::from_secs(1), Stop::MaxAttempts);
-            a
-        }
-
-        // Not sent: from the connector, the connect timeout, a deadline
-        // that had passed before the start.
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert!(Error::connect(Box::new(refused)).nothing_processed());
-        assert!(Error::connect_timeout(Duration::from_secs(2)).nothing_processed());
-        assert!(Error::deadline_exceeded(Phase::Start, Duration::ZERO).nothing_processed());
-
-        // The upstream may have acted.
-        assert!(
-            !Error::deadline_exceeded(Phase::Attempt, Duration::from_secs(1)).nothing_processed()
-        );
-        assert!(!Error::attempt_timeout(Duration::from_secs(1)).nothing_processed());
-        assert!(!Error::from_box("reset".into()).nothing_processed());
-
-        // Every attempt refused with 429 or 408, then the cap: nothing done.
-        let h = history(&[(Class::Overloaded, 429), (Class::NotProcessed, 408)]);
-        let e = Error::retry(ErrorKind::RetriesExhausted, h, Some("last".into()));
-        assert!(!e.is_not_sent());
-        assert!(e.nothing_processed());
-
-        // One attempt got a 503 or a 500: unknown.
-        for (class, status) in [(Class::Overloaded, 503), (Class::Unknown, 500)] {
-            let h = history(&[(Class::Overloaded, 429), (class, status)]);
-            let e = Error::retry(ErrorKind::RetriesExhausted, h, Some("last".into()));
-            assert!(!e.nothing_processed(), "{status}");
-        }
-        let h = history(&[(Class::Unknown, 500)]);
-        assert!(!Error::retry(ErrorKind::OutcomeUnknown, h, None).nothing_processed());
-    }
-
-    #[test]
-    fn a_circuit_open_call_is_not_sent_unless_an_earlier_attempt_was() {
-        use crate::vocab::{Attempt, Stop};
-        use crate::vocab::{Refusal, Why};
-
-        let open = || {
-            Error::circuit_open(
-                Refusal::Open {
-                    left: Duration::from_secs(2),
-                    why: Why::Probe,
-                },
-                None,
-            )
-        };
-        let history = |classes: &[Class]| {
-            let mut a = Attempts::new();
-            for &class in classes {
-                a.push(Attempt::new(
-                    class,
-                    None,
-                    Duration::ZERO,
-                    Duration::ZERO,
-                    None,
-                ));
-            }
-            a.finish(Duration::from_secs(1), Stop::Final);
-            a
-        };
-        let e = open().with_history(history(&[Class::NotSent]));
-        assert!(e.is_not_sent());
-        assert_eq!(e.retry_advice(), RetryAdvice::After(Duration::from_secs(2)));
-        // The first attempt timed out in flight: the call may have reached it.
-        let e = open().with_history(history(&[Class::Unknown, Class::NotSent]));
-        assert_eq!(e.kind(), ErrorKind::CircuitOpen);
-        assert!(!e.is_not_sent());
-        assert!(!e.nothing_processed());
-        assert_eq!(e.retry_advice(), RetryAdvice::After(Duration::from_secs(2)));
-        assert_eq!(
-            e.to_string(),
-            "circuit open for another 2 s after a probe failed (2 attempts)"
-        );
-    }
-
-    #[test]
-    fn error_is_one_pointer_wide() {
-        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
-    }
-}
+mod tests;
