@@ -408,7 +408,9 @@ async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
     let err = resend_error(&status).expect("the resend error behind the status");
     assert!(err.is_deadline_exceeded());
 
-    // A charge that did the work, then hung: UNKNOWN, outcome unknown.
+    // A charge that did the work, then hung past its attempt's limit:
+    // DEADLINE_EXCEEDED, as gRPC says a time limit (which already means
+    // "may have completed"); outcome unknown behind it, and in its words.
     grpc.ready().await.expect("ready");
     let status = within(grpc.unary(
         tonic::Request::new(msg.clone()),
@@ -417,7 +419,8 @@ async fn a_generated_style_client_sees_the_stack_errors_as_grpc_statuses() {
     ))
     .await
     .expect_err("nobody answers");
-    assert_eq!(status.code(), Code::Unknown, "{status:?}");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().contains("outcome unknown"), "{status:?}");
     assert!(resend_error(&status).is_some_and(tower_resend::Error::is_outcome_unknown));
     assert_eq!(server.effects(), 1);
 
@@ -625,7 +628,9 @@ async fn a_method_not_on_an_allowlist_is_not_resent_with_no_classifier_named() {
     let status = unary(&mut grpc, GET_BALANCE, charge_request())
         .await
         .expect_err("UNAVAILABLE may have been processed");
-    assert_eq!(status.code(), Code::Unknown, "{status:?}");
+    // The server's own status, as grpc-go returns it; the words say what
+    // is unknown.
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(
         status.message().contains("verify") && status.message().contains("UNAVAILABLE"),
         "{status:?}"
@@ -637,10 +642,50 @@ async fn a_method_not_on_an_allowlist_is_not_resent_with_no_classifier_named() {
     let status = unary(&mut grpc, CHARGE, charge_request())
         .await
         .expect_err("nobody answers");
-    assert_eq!(status.code(), Code::Unknown, "{status:?}");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     assert!(resend_error(&status).is_some_and(tower_resend::Error::is_outcome_unknown));
 
     idle(30 * SECOND).await;
     assert_eq!(server.arrival_count(), 2, "each sent once");
+    assert_eq!(server.effects(), 1);
+}
+
+/// A keyed Charge cut by its deadline, as a generated client sees it:
+/// DEADLINE_EXCEEDED (gRPC's code for a deadline, which already says the
+/// call may have completed), never UNKNOWN; behind it the outcome is
+/// unknown, with the key to send it again under and advice that says so
+/// in the same words.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_call_cut_by_its_deadline_is_deadline_exceeded() {
+    let server = GrpcServer::start(|_, _| Do::WorkThenHang).await;
+    let mut grpc = grpc_client(
+        stack()
+            .total(SECOND)
+            .attempt_timeout(5 * SECOND)
+            .service(TonicTransport::new(server.channel())),
+    );
+    let mut request = charge_request();
+    request
+        .metadata_mut()
+        .insert("idempotency-key", "charge-order-9".parse().unwrap());
+    let status = unary(&mut grpc, CHARGE, request)
+        .await
+        .expect_err("nobody answers");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        status.message().contains("outcome unknown")
+            && status
+                .message()
+                .contains("same Idempotency-Key, charge-order-9"),
+        "{status:?}"
+    );
+    let err = resend_error(&status).expect("the resend error behind the status");
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert_eq!(err.idempotency_key(), Some("charge-order-9"));
+    assert!(
+        matches!(err.retry_advice(), tower_resend::RetryAdvice::SameKey(_)),
+        "{err}"
+    );
+    idle(30 * SECOND).await;
     assert_eq!(server.effects(), 1);
 }

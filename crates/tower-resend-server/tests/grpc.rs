@@ -334,7 +334,8 @@ async fn another_payload_under_the_same_key_is_invalid_argument() {
 
 /// 5. UNAVAILABLE from the handler says nothing was done, and so does a
 /// status marked so in its metadata: neither is kept, the retry runs the
-/// handler again, and the mark never reaches the caller.
+/// handler again, and the caller is told so (`idempotent-nothing-done:
+/// true`, which tower-resend's client reads), whoever said it.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn nothing_done_frees_the_key() {
     let server = GrpcServer::start(IdempotencyLayer::new(MemoryStore::new())).await;
@@ -349,7 +350,14 @@ async fn nothing_done_frees_the_key() {
                 .expect_err("the handler's status");
             assert_eq!(status.code(), code, "{status:?}");
             assert!(status.metadata().get("idempotent-replayed").is_none());
-            assert!(status.metadata().get("idempotent-nothing-done").is_none());
+            assert_eq!(
+                status
+                    .metadata()
+                    .get("idempotent-nothing-done")
+                    .map(|v| v.to_str().unwrap()),
+                Some("true"),
+                "{status:?}"
+            );
         }
         assert_eq!(server.runs(), before + 2, "{account}: run again");
     }

@@ -826,3 +826,72 @@ async fn at_capacity_a_keyed_grpc_retry_gets_its_replay_not_a_shed() {
     let c = k.send_as(Some("c"), true, true).await.await.unwrap();
     assert_eq!(text(c.into_body()), "charged c, run 3");
 }
+
+/// A keyed call that the server only ever shed did nothing: each shed says
+/// so (`idempotent-nothing-done: true`), and tower-resend's client ends the
+/// call as overload, the server's last 503 (or UNAVAILABLE) with its
+/// history, every attempt not processed, never as "outcome unknown".
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_keyed_call_only_ever_shed_ends_as_overload_not_outcome_unknown() {
+    let k = Keyed::new();
+    // "b" takes the one slot and holds it: everything else is shed.
+    let b = k.send(Some("b"), false).await;
+    let client = |total| {
+        tower_resend::stack()
+            .name("payments")
+            .total(total)
+            .max_attempts(3)
+            .service(k.svc.clone())
+    };
+    for grpc in [false, true] {
+        let call = |key: &'static str| {
+            let mut req = Request::post("http://payments/charges")
+                .header("idempotency-key", key)
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            if grpc {
+                req.headers_mut()
+                    .insert("content-type", "application/grpc".parse().unwrap());
+            }
+            req
+        };
+        let key = if grpc { "shed-grpc" } else { "shed-http" };
+        let resp = client(Duration::from_secs(10))
+            .oneshot(call(key))
+            .await
+            .expect("the server's own answer, not outcome unknown");
+        if grpc {
+            assert_eq!(
+                tower_resend::tonic::grpc_status(resp.headers()),
+                Some(tonic::Code::Unavailable)
+            );
+        } else {
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert_eq!(resp.headers()["idempotent-nothing-done"], "true");
+        let attempts = resp.extensions().get::<Attempts>().expect("its history");
+        assert_eq!(attempts.len(), 3, "{attempts}");
+        assert!(attempts.none_processed(), "{attempts}");
+
+        // The same with too little time for three attempts over HTTP (its
+        // Retry-After is a whole second; a gRPC pushback is the queue's
+        // drain time): still the server's answer, whatever stopped it.
+        let key = if grpc { "cut-grpc" } else { "cut-http" };
+        let resp = client(Duration::from_millis(1500))
+            .oneshot(call(key))
+            .await
+            .expect("the server's own answer");
+        let attempts = resp.extensions().get::<Attempts>().expect("its history");
+        if !grpc {
+            assert_eq!(
+                attempts.stop(),
+                tower_resend::retry::Stop::Deadline,
+                "{attempts}"
+            );
+        }
+        assert!(attempts.none_processed(), "{attempts}");
+    }
+    assert_eq!(k.runs.load(Ordering::SeqCst), 1, "only b ran");
+    k.gate.add_permits(1);
+    assert_eq!(b.await.unwrap().status(), StatusCode::OK);
+}
