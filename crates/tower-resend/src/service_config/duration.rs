@@ -9,12 +9,16 @@ use std::time::Duration;
 /// The most seconds a proto `Duration` holds (10 000 years).
 const MAX_SECONDS: u64 = 315_576_000_000;
 
+/// Why a string is not a duration: the rest of a sentence that begins
+/// with the string (`"100ms" is not a duration such as …`).
+pub(crate) const NOT_A_DURATION: &str =
+    "is not a duration such as \"1.5s\" (seconds, up to 9 decimals, then \"s\")";
+const FORM: &str = NOT_A_DURATION;
+
 /// Reads `"<seconds>[.<up to 9 digits>]s"`; the reason when it is not one.
 pub(crate) fn parse(s: &str) -> Result<Duration, &'static str> {
-    const FORM: &str =
-        "must be a duration such as \"1.5s\" (seconds, up to 9 decimals, then \"s\")";
     if s.starts_with('-') {
-        return Err("must not be negative");
+        return Err("is negative");
     }
     let Some(number) = s.strip_suffix('s') else {
         return Err(FORM);
@@ -32,12 +36,15 @@ pub(crate) fn parse(s: &str) -> Result<Duration, &'static str> {
             .checked_mul(10)
             .and_then(|s| s.checked_add(u64::from(b - b'0')))
             .filter(|&s| s <= MAX_SECONDS)
-            .ok_or("must be at most 315576000000s")?;
+            .ok_or("is more than 315576000000s, the most a duration holds")?;
     }
     let mut nanos: u32 = 0;
     if let Some(f) = fraction {
-        if f.is_empty() || f.len() > 9 || !f.bytes().all(|b| b.is_ascii_digit()) {
+        if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
             return Err(FORM);
+        }
+        if f.len() > 9 {
+            return Err("has more than 9 decimals (a duration counts nanoseconds)");
         }
         for b in f.bytes() {
             nanos = nanos * 10 + u32::from(b - b'0');
@@ -80,7 +87,7 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(parse("-1s"), Err("must not be negative"));
+        assert_eq!(parse("-1s"), Err("is negative"));
         assert!(parse("315576000001s").is_err());
         assert!(parse("99999999999999999999999s").is_err());
     }

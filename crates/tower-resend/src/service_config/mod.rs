@@ -98,7 +98,7 @@ impl ServiceConfig {
     ///     "retryPolicy": {"maxAttempts": 1, "initialBackoff": "1s", "maxBackoff": "1s",
     ///                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
     /// }]}"#).unwrap_err();
-    /// assert_eq!(err.to_string(), "methodConfig[0].retryPolicy.maxAttempts: must be an integer greater than 1");
+    /// assert_eq!(err.to_string(), "methodConfig[0].retryPolicy.maxAttempts: 1 is not an integer greater than 1");
     /// ```
     pub fn from_json(json: &str) -> Result<Self, InvalidConfig> {
         let v: serde_json::Value = serde_json::from_str(json)

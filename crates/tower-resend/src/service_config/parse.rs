@@ -30,7 +30,7 @@ pub(crate) fn join(path: &str, key: &str) -> String {
 /// The object at `path`.
 pub(crate) fn object<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>> {
     v.as_object()
-        .ok_or_else(|| InvalidConfig::new(path, "must be an object"))
+        .ok_or_else(|| InvalidConfig::value(path, v, "is not an object"))
 }
 
 /// The field `key` of `map`; `null` is as absent (proto JSON's default).
@@ -50,29 +50,29 @@ pub(crate) fn required<'a>(
 /// A string.
 pub(crate) fn string<'a>(v: &'a Value, path: &str) -> Result<&'a str> {
     v.as_str()
-        .ok_or_else(|| InvalidConfig::new(path, "must be a string"))
+        .ok_or_else(|| InvalidConfig::value(path, v, "is not a string"))
 }
 
 /// A list.
 pub(crate) fn list<'a>(v: &'a Value, path: &str) -> Result<&'a [Value]> {
     v.as_array()
         .map(Vec::as_slice)
-        .ok_or_else(|| InvalidConfig::new(path, "must be a list"))
+        .ok_or_else(|| InvalidConfig::value(path, v, "is not a list"))
 }
 
 /// A proto JSON duration (`"1.5s"`).
 pub(crate) fn duration_at(v: &Value, path: &str) -> Result<Duration> {
     let s = v
         .as_str()
-        .ok_or_else(|| InvalidConfig::new(path, "must be a duration string such as \"1.5s\""))?;
-    duration::parse(s).map_err(|reason| InvalidConfig::new(path, reason))
+        .ok_or_else(|| InvalidConfig::value(path, v, duration::NOT_A_DURATION))?;
+    duration::parse(s).map_err(|why| InvalidConfig::value(path, v, why))
 }
 
 /// A duration greater than zero.
 pub(crate) fn positive_duration(v: &Value, path: &str) -> Result<Duration> {
     let d = duration_at(v, path)?;
     if d.is_zero() {
-        return Err(InvalidConfig::new(path, "must be greater than 0s"));
+        return Err(InvalidConfig::value(path, v, "is not greater than 0s"));
     }
     Ok(d)
 }
@@ -81,7 +81,7 @@ pub(crate) fn positive_duration(v: &Value, path: &str) -> Result<Duration> {
 pub(crate) fn positive_number(v: &Value, path: &str) -> Result<f64> {
     v.as_f64()
         .filter(|n| n.is_finite() && *n > 0.0)
-        .ok_or_else(|| InvalidConfig::new(path, "must be a number greater than 0"))
+        .ok_or_else(|| InvalidConfig::value(path, v, "is not a number greater than 0"))
 }
 
 /// An attempt count: an integer greater than 1, clamped to 5.
@@ -89,15 +89,15 @@ pub(crate) fn attempts(v: &Value, path: &str) -> Result<u32> {
     let n = v
         .as_u64()
         .filter(|&n| n > 1)
-        .ok_or_else(|| InvalidConfig::new(path, "must be an integer greater than 1"))?;
+        .ok_or_else(|| InvalidConfig::value(path, v, "is not an integer greater than 1"))?;
     Ok(u32::try_from(n).unwrap_or(u32::MAX).min(MAX_ATTEMPTS_CAP))
 }
 
 /// A status code, by name (`"UNAVAILABLE"`) or number (`14`).
 fn code(v: &Value, path: &str) -> Result<GrpcCode> {
     const WHAT: &str =
-        "must be a status code: a name such as \"UNAVAILABLE\" or a number from 0 to 16";
-    let bad = || InvalidConfig::new(path, WHAT);
+        "is not a gRPC status code (a name such as \"UNAVAILABLE\", or a number from 0 to 16)";
+    let bad = || InvalidConfig::value(path, v, WHAT);
     if let Some(n) = v.as_u64() {
         let n = i32::try_from(n).ok().filter(|n| *n <= 16).ok_or_else(bad)?;
         return Ok(GrpcCode::from_i32(n));
@@ -164,9 +164,10 @@ fn method_config(v: &Value, path: &str) -> Result<MethodConfig> {
         names.push(name(n, &format!("{names_path}[{j}]"))?);
     }
     if names.is_empty() {
-        return Err(InvalidConfig::new(
+        return Err(InvalidConfig::value(
             names_path,
-            "must list at least one name",
+            names_v,
+            "is empty: it must list at least one name",
         ));
     }
     let timeout = field(m, "timeout")
@@ -206,9 +207,10 @@ fn name(v: &Value, path: &str) -> Result<MethodName> {
     };
     let service = part("service")?;
     let method = part("method")?;
-    if service.is_none() && method.is_some() {
-        return Err(InvalidConfig::new(
+    if let (None, Some(method)) = (&service, &method) {
+        return Err(InvalidConfig::value(
             join(path, "method"),
+            &Value::from(method.as_str()),
             "must be empty when service is empty (an empty service names the default for every method)",
         ));
     }
@@ -226,14 +228,13 @@ fn retry_policy(v: &Value, path: &str) -> Result<RetryPolicy> {
         required(r, path, "backoffMultiplier")?,
         &at("backoffMultiplier"),
     )?;
-    let retryable_status_codes = codes(
-        required(r, path, "retryableStatusCodes")?,
-        &at("retryableStatusCodes"),
-    )?;
+    let codes_v = required(r, path, "retryableStatusCodes")?;
+    let retryable_status_codes = codes(codes_v, &at("retryableStatusCodes"))?;
     if retryable_status_codes.is_empty() {
-        return Err(InvalidConfig::new(
+        return Err(InvalidConfig::value(
             at("retryableStatusCodes"),
-            "must list at least one status code",
+            codes_v,
+            "is empty: it must list at least one status code",
         ));
     }
     let per_attempt_recv_timeout = field(r, "perAttemptRecvTimeout")
@@ -271,11 +272,18 @@ fn hedging_policy(v: &Value, path: &str) -> Result<HedgingPolicy> {
 fn throttling(v: &Value, path: &str) -> Result<RetryThrottling> {
     let t = object(v, path)?;
     let at = |key: &str| join(path, key);
-    let max_tokens = required(t, path, "maxTokens")?
+    let tokens_v = required(t, path, "maxTokens")?;
+    let max_tokens = tokens_v
         .as_u64()
         .filter(|n| (1..=1000).contains(n))
         .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| InvalidConfig::new(at("maxTokens"), "must be an integer from 1 to 1000"))?;
+        .ok_or_else(|| {
+            InvalidConfig::value(
+                at("maxTokens"),
+                tokens_v,
+                "is not an integer from 1 to 1000",
+            )
+        })?;
     let token_ratio = positive_number(required(t, path, "tokenRatio")?, &at("tokenRatio"))?;
     Ok(RetryThrottling {
         max_tokens,

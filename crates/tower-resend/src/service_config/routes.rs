@@ -65,7 +65,7 @@ impl Routes {
                 .map(|m| {
                     let at = join(&path, "method");
                     Method::from_bytes(string(m, &at)?.as_bytes())
-                        .map_err(|_| InvalidConfig::new(at, "must be an HTTP method"))
+                        .map_err(|_| InvalidConfig::value(at, m, "is not an HTTP method"))
                 })
                 .transpose()?;
             let prefix = string(required(o, &path, "path")?, &join(&path, "path"))?;
@@ -88,13 +88,13 @@ fn policy(o: &serde_json::Map<String, Value>, path: &str) -> Result<RoutePolicy>
     if let Some(t) = field(o, "attemptTimeout") {
         p = p.attempt_timeout(positive_duration(t, &at("attemptTimeout"))?);
     }
-    if let Some(n) = field(o, "maxAttempts") {
-        let n = n
+    if let Some(v) = field(o, "maxAttempts") {
+        let n = v
             .as_u64()
             .filter(|&n| n >= 1)
             .and_then(|n| u32::try_from(n).ok())
             .ok_or_else(|| {
-                InvalidConfig::new(at("maxAttempts"), "must be an integer, 1 or more")
+                InvalidConfig::value(at("maxAttempts"), v, "is not an integer, 1 or more")
             })?;
         p = p.max_attempts(n);
     }
@@ -106,11 +106,17 @@ fn policy(o: &serde_json::Map<String, Value>, path: &str) -> Result<RoutePolicy>
         let multiplier =
             positive_number(required(bo, &bp, "multiplier")?, &join(&bp, "multiplier"))?;
         let backoff = Backoff::new(initial, multiplier, max).map_err(|e| {
-            let field = match e.reason() {
+            let key = match e.reason() {
                 r if r.contains("multiplier") => "multiplier",
                 _ => "max",
             };
-            InvalidConfig::new(join(&bp, field), e.reason())
+            // Both were read above: never null here.
+            let value = field(bo, key).unwrap_or(&Value::Null);
+            InvalidConfig::value(
+                join(&bp, key),
+                value,
+                &format!("is refused: {}", e.reason()),
+            )
         })?;
         p = p.backoff(backoff);
     }
@@ -219,5 +225,18 @@ mod tests {
             let err = Routes::from_json(json).unwrap_err();
             assert_eq!(err.path(), path, "{json}: {err}");
         }
+        // The value is quoted in the message.
+        let err = Routes::from_json(r#"{"routes": [{"path": "/", "maxAttempts": 0}]}"#);
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "routes[0].maxAttempts: 0 is not an integer, 1 or more"
+        );
+        let err = Routes::from_json(
+            r#"{"routes": [{"path": "/", "backoff": {"initial": "2s", "max": "1s", "multiplier": 2}}]}"#,
+        );
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "routes[0].backoff.max: \"1s\" is refused: cap must not be less than base"
+        );
     }
 }
