@@ -61,7 +61,10 @@ mod classify;
 mod count;
 mod duration;
 mod error;
+mod keys;
 mod parse;
+#[cfg(test)]
+mod peers_tests;
 mod routes;
 #[cfg(test)]
 mod tests;
@@ -108,7 +111,10 @@ impl ServiceConfig {
 
     /// Reads and validates a service config already parsed.
     pub fn from_value(value: &serde_json::Value) -> Result<Self, InvalidConfig> {
-        parse::service_config(value)
+        let mut reader = keys::Reader::default();
+        let config = parse::service_config(&mut reader, value);
+        reader.log("service config");
+        config
     }
 }
 

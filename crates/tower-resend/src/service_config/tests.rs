@@ -167,7 +167,7 @@ fn hedging_with(body: &str) -> String {
     format!(r#"{{"methodConfig": [{{"name": [{{"service": "s.S"}}], "hedgingPolicy": {body}}}]}}"#)
 }
 
-fn error_of(json: &str) -> InvalidConfig {
+pub(super) fn error_of(json: &str) -> InvalidConfig {
     match ServiceConfig::from_json(json) {
         Ok(c) => panic!("accepted {json}: {c:?}"),
         Err(e) => e,
