@@ -102,7 +102,16 @@ impl Reader {
             }
         }
         let hint = (!unknown_here.is_empty()).then(|| {
-            let keys: Vec<String> = unknown_here.iter().map(|k| format!("{k:?}")).collect();
+            // A few: an object of a thousand strange keys needs no list.
+            const SHOWN: usize = 5;
+            let mut keys: Vec<String> = unknown_here
+                .iter()
+                .take(SHOWN)
+                .map(|k| format!("{k:?}"))
+                .collect();
+            if unknown_here.len() > SHOWN {
+                keys.push(format!("and {} more", unknown_here.len() - SHOWN));
+            }
             format!(" (the keys here that name no field: {})", keys.join(", "))
         });
         Ok(std::array::from_fn(|i| match found[i] {
@@ -194,6 +203,8 @@ mod tests {
     use std::fmt;
     use std::sync::{Arc, Mutex};
 
+    use serde_json::Map;
+
     use super::*;
 
     #[test]
@@ -284,6 +295,17 @@ mod tests {
                     r#"["m[0].wait_for_ready"]"#.to_owned()
                 ),
             ]
+        );
+
+        // Of many keys that name nothing, a few are shown.
+        let many: Map<String, Value> = (0..8).map(|i| (format!("k{i}"), Value::Null)).collect();
+        let many = Value::Object(many);
+        let [absent] = Reader::default()
+            .object(&many, "p", ["maxAttempts"], &[])
+            .unwrap();
+        assert_eq!(
+            absent.require(|_, _| Ok(())).unwrap_err().message(),
+            "is required (the keys here that name no field: \"k0\", \"k1\", \"k2\", \"k3\", \"k4\", and 3 more)"
         );
 
         // Two keys for one field, applied or not: an error naming both.

@@ -66,9 +66,9 @@ pub(crate) fn attempts(v: &Value, path: &str) -> Result<u32> {
     Ok(u32::try_from(n).unwrap_or(u32::MAX).min(MAX_ATTEMPTS_CAP))
 }
 
-/// A status code, by name (`"UNAVAILABLE"`, or `"unavailable"`: gRFC A6
-/// has names read whatever their case) or number (`14`), as grpc-go's
-/// `codes.Code.UnmarshalJSON` reads it.
+/// A status code, by name or number (`"UNAVAILABLE"`, `14`), as grpc-go's
+/// `codes.Code.UnmarshalJSON` reads it, but a name in any case
+/// (`"unavailable"`), as gRFC A6 says (grpc-go takes upper case only).
 fn code(v: &Value, path: &str) -> Result<GrpcCode> {
     const WHAT: &str =
         "is not a gRPC status code (a name such as \"UNAVAILABLE\", or a number from 0 to 16)";
