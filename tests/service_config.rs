@@ -3,7 +3,9 @@
 //! against tonic servers on loopback (paused clock): the retry policy's
 //! method retried on its codes only, the hedging policy's method hedged
 //! after its delay, other methods neither, and `retryThrottling` stopping
-//! retries and hedges once half its tokens are gone.
+//! retries and hedges once half its tokens are gone. grpc-go's retry
+//! example, pasted as grpc-go publishes it (capitalised keys, `".01s"`),
+//! and spelt with proto field names, retries as its `MaxAttempts` says.
 //!
 //! `cargo test -p tower-resend-tests --features service-config --test service_config`
 
@@ -16,9 +18,10 @@ use std::time::Duration;
 
 use tonic::Code;
 use tower::ServiceExt;
+use tower_resend::classify::GrpcCode;
 use tower_resend::retry::Stop;
 use tower_resend::routes::Router;
-use tower_resend::service_config::{ConfiguredStack, ServiceConfig};
+use tower_resend::service_config::{ConfiguredStack, MethodPolicy, ServiceConfig};
 use tower_resend::tonic::{grpc_status, TonicTransport};
 
 use common::grpc::{answer, call, Do, GrpcServer};
@@ -282,4 +285,161 @@ async fn the_routers_clones_share_the_channels_tokens() {
         assert_eq!(attempts(&resp).len(), want, "call {i}");
     }
     assert_eq!(down.load(Ordering::SeqCst), 6);
+}
+
+/// grpc-go's retry example config: between the backquotes of
+/// `examples/features/retry/README.md` at grpc-go
+/// 4793ad0474669eafbd5346c8a3d098fdfa542498, as it is but for its two `//`
+/// comment lines, removed (JSON has no comments).
+const GRPC_GO_README: &str = r#"{
+            "methodConfig": [{
+                "name": [{"service": "grpc.examples.echo.Echo"}],
+
+                "retryPolicy": {
+                    "MaxAttempts": 4,
+                    "InitialBackoff": ".01s",
+                    "MaxBackoff": ".01s",
+                    "BackoffMultiplier": 1.0,
+                    "RetryableStatusCodes": [ "UNAVAILABLE" ]
+                }
+            }]
+        }"#;
+
+/// The same example's `retryPolicy` string, in
+/// `examples/features/retry/client/main.go` at the same commit, as it is.
+const GRPC_GO_CLIENT: &str = r#"{
+		"methodConfig": [{
+		  "name": [{"service": "grpc.examples.echo.Echo"}],
+		  "retryPolicy": {
+			  "MaxAttempts": 4,
+			  "InitialBackoff": ".01s",
+			  "MaxBackoff": ".01s",
+			  "BackoffMultiplier": 1.0,
+			  "RetryableStatusCodes": [ "UNAVAILABLE" ]
+		  }
+		}]}"#;
+
+/// The README's config spelt with proto field names, which proto3's JSON
+/// mapping has parsers accept beside the JSON names.
+const GRPC_GO_PROTO_NAMES: &str = r#"{
+  "method_config": [{
+    "name": [{"service": "grpc.examples.echo.Echo"}],
+    "retry_policy": {
+      "max_attempts": 4,
+      "initial_backoff": ".01s",
+      "max_backoff": ".01s",
+      "backoff_multiplier": 1.0,
+      "retryable_status_codes": [ "UNAVAILABLE" ]
+    }
+  }]
+}"#;
+
+const GRPC_GO_ECHO: &str = "/grpc.examples.echo.Echo/UnaryEcho";
+
+/// What grpc-go's example says: every method of `grpc.examples.echo.Echo`
+/// makes up to 4 attempts, 10 ms apart at most, retrying UNAVAILABLE.
+fn assert_is_grpc_gos_example(config: &ServiceConfig) {
+    let [method] = config.methods.as_slice() else {
+        panic!("one methodConfig: {config:?}")
+    };
+    let [name] = method.names.as_slice() else {
+        panic!("one name: {method:?}")
+    };
+    assert_eq!(name.service.as_deref(), Some("grpc.examples.echo.Echo"));
+    assert_eq!(name.method, None);
+    assert_eq!(method.timeout, None);
+    let Some(MethodPolicy::Retry(r)) = &method.policy else {
+        panic!("a retry policy: {method:?}")
+    };
+    assert_eq!(r.max_attempts, 4);
+    assert_eq!((r.initial_backoff, r.max_backoff), (10 * MS, 10 * MS));
+    assert_eq!(r.backoff_multiplier, 1.0);
+    assert_eq!(r.retryable_status_codes, [GrpcCode::Unavailable]);
+    assert_eq!(config.retry_throttling, None);
+}
+
+/// `json` (grpc-go's example, however spelt) through a stack: against the
+/// example's own server, which answers UNAVAILABLE but to every fourth call
+/// (`examples/features/retry/server/main.go`), the fourth attempt answers;
+/// against a server that is down, UNAVAILABLE is retried three times, four
+/// attempts in all, and the call ends with it; another service's method is
+/// sent once.
+async fn grpc_gos_example_retries_as_it_says(json: &str) {
+    let config = ServiceConfig::from_json(json).expect("grpc-go's example config");
+    assert_is_grpc_gos_example(&config);
+
+    let server = GrpcServer::start(|n, _| {
+        if n % 4 == 3 {
+            Do::Answer
+        } else {
+            Do::Status(Code::Unavailable, None)
+        }
+    })
+    .await;
+    let echo = client(json, &server);
+    let resp = within(echo.oneshot(call(GRPC_GO_ECHO, None)))
+        .await
+        .expect("the fourth attempt answers");
+    let a = attempts(&resp).clone();
+    assert_eq!(a.len(), 4);
+    // MaxBackoff ".01s": no retry waited longer.
+    let waits: Vec<Duration> = a.iter().map(|a| a.waited()).collect();
+    assert!(waits.iter().all(|w| *w <= 10 * MS), "{waits:?}");
+    let (_, code) = answer(resp).await;
+    assert_eq!(code, Some(Code::Ok));
+    let previous: Vec<_> = server.arrivals().into_iter().map(|a| a.previous).collect();
+    assert_eq!(
+        previous,
+        [None, Some("1".into()), Some("2".into()), Some("3".into())]
+    );
+
+    let down = GrpcServer::start(|_, _| Do::Status(Code::Unavailable, None)).await;
+    let echo = client(json, &down);
+    let resp = within(echo.clone().oneshot(call(GRPC_GO_ECHO, None)))
+        .await
+        .expect("the last UNAVAILABLE");
+    assert_eq!(grpc_status(resp.headers()), Some(Code::Unavailable));
+    assert_eq!(attempts(&resp).len(), 4);
+    assert_eq!(attempts(&resp).stop(), Stop::MaxAttempts);
+    assert_eq!(down.arrival_count(), 4);
+    let resp = within(echo.oneshot(call("/grpc.examples.echo.Other/UnaryEcho", None)))
+        .await
+        .expect("an UNAVAILABLE");
+    assert_eq!(attempts(&resp).len(), 1);
+    assert_eq!(down.arrival_count(), 5);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn grpc_gos_retry_example_as_published_retries_unavailable_three_times() {
+    grpc_gos_example_retries_as_it_says(GRPC_GO_README).await;
+    grpc_gos_example_retries_as_it_says(GRPC_GO_CLIENT).await;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn grpc_gos_retry_example_with_proto_names_works_the_same() {
+    grpc_gos_example_retries_as_it_says(GRPC_GO_PROTO_NAMES).await;
+}
+
+#[test]
+fn a_misspelt_status_code_is_quoted_with_its_path() {
+    const WHY: &str =
+        "is not a gRPC status code (a name such as \"UNAVAILABLE\", or a number from 0 to 16)";
+    // In grpc-go's example: the path as the document spells it.
+    let json = GRPC_GO_README.replace("\"UNAVAILABLE\"", "\"UNAVAILBLE\"");
+    let err = ServiceConfig::from_json(&json).expect_err("UNAVAILBLE is no status code");
+    assert_eq!(
+        err.path(),
+        "methodConfig[0].retryPolicy.RetryableStatusCodes[0]"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("methodConfig[0].retryPolicy.RetryableStatusCodes[0]: \"UNAVAILBLE\" {WHY}")
+    );
+    // Second in gRFC A6's list.
+    let json = A6_RETRY.replace(r#"["UNAVAILABLE"]"#, r#"["UNAVAILABLE", "UNAVAILBLE"]"#);
+    let err = ServiceConfig::from_json(&json).expect_err("UNAVAILBLE is no status code");
+    assert_eq!(
+        err.to_string(),
+        format!("methodConfig[0].retryPolicy.retryableStatusCodes[1]: \"UNAVAILBLE\" {WHY}")
+    );
 }

@@ -48,6 +48,75 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Spellings
+//!
+//! The JSON is read as the big implementations read it, so that a config
+//! pasted from grpc-go's, grpc-java's or gRPC's own documents works as
+//! published:
+//!
+//! - **Keys** in any case, as grpc-go matches them (Go's `encoding/json`:
+//!   `"MaxAttempts"`, as grpc-go's retry example writes it), or as proto
+//!   field names (`method_config`, `retry_policy`, `max_attempts`), which
+//!   proto3's JSON mapping has parsers accept beside the JSON names
+//!   (`maxAttempts`). One rule for every field; two keys of one object
+//!   that name the same field are an error naming both.
+//! - **Durations** as grpc-go reads them: seconds, up to 9 decimals, then
+//!   `s`, either part optional (`"1s"`, `"0.5s"`, `".01s"`, `"1.s"`,
+//!   `"1.000000001s"`); a negative one is refused.
+//! - **Status codes** by name, in any case as gRFC A6 says
+//!   (`"UNAVAILABLE"`, `"unavailable"`), or by number (`14`).
+//! - **Unknown fields** are ignored, as gRPC ignores them, and listed with
+//!   the gRPC settings a stack does not apply (`waitForReady`,
+//!   `loadBalancingConfig`, ...) in one `tracing` event at debug level.
+//! - **An invalid value** is an [`InvalidConfig`] that quotes it, with its
+//!   path as the document spells it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_resend::service_config::{MethodPolicy, ServiceConfig};
+//!
+//! // grpc-go's retry example, as grpc-go writes it.
+//! let go = ServiceConfig::from_json(r#"{
+//!   "methodConfig": [{
+//!     "name": [{"service": "grpc.examples.echo.Echo"}],
+//!     "retryPolicy": {
+//!       "MaxAttempts": 4,
+//!       "InitialBackoff": ".01s",
+//!       "MaxBackoff": ".01s",
+//!       "BackoffMultiplier": 1.0,
+//!       "RetryableStatusCodes": [ "UNAVAILABLE" ]
+//!     }
+//!   }]
+//! }"#)?;
+//! // The same with proto field names, and the code by number.
+//! let proto = ServiceConfig::from_json(r#"{
+//!   "method_config": [{
+//!     "name": [{"service": "grpc.examples.echo.Echo"}],
+//!     "retry_policy": {"max_attempts": 4, "initial_backoff": "0.01s", "max_backoff": "0.01s",
+//!                      "backoff_multiplier": 1, "retryable_status_codes": [14]}
+//!   }]
+//! }"#)?;
+//! assert_eq!(go, proto);
+//! match &go.methods[0].policy {
+//!     Some(MethodPolicy::Retry(r)) => {
+//!         assert_eq!(r.max_attempts, 4);
+//!         assert_eq!(r.initial_backoff, Duration::from_millis(10));
+//!     }
+//!     other => panic!("not a retry policy: {other:?}"),
+//! }
+//!
+//! let err = ServiceConfig::from_json(r#"{"methodConfig": [{
+//!   "name": [{"service": "grpc.examples.echo.Echo"}],
+//!   "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+//!                   "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE", "UNAVAILBLE"]}
+//! }]}"#).unwrap_err();
+//! assert_eq!(err.path(), "methodConfig[0].retryPolicy.retryableStatusCodes[1]");
+//! assert!(err.to_string().starts_with(
+//!     r#"methodConfig[0].retryPolicy.retryableStatusCodes[1]: "UNAVAILBLE" is not a gRPC status code"#
+//! ));
+//! # Ok::<(), tower_resend::service_config::InvalidConfig>(())
+//! ```
+//!
 //! How gRPC's fields map onto the stack is on [`ServiceConfig::service`].
 //! Where it differs from gRPC's own clients: a `backoffMultiplier` below 1
 //! counts as 1 (waits never shrink); the throttle counts what the stack
@@ -61,7 +130,10 @@ mod classify;
 mod count;
 mod duration;
 mod error;
+mod keys;
 mod parse;
+#[cfg(test)]
+mod peers_tests;
 mod routes;
 #[cfg(test)]
 mod tests;
@@ -76,7 +148,7 @@ use crate::classify::GrpcCode;
 
 /// A gRPC service config: its `methodConfig` list and its
 /// `retryThrottling`; the rest of the document (load balancing, health
-/// checks) is not read.
+/// checks) is not applied (see [the spellings](self#spellings)).
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct ServiceConfig {
@@ -87,8 +159,9 @@ pub struct ServiceConfig {
 }
 
 impl ServiceConfig {
-    /// Reads and validates a service config (JSON): the first invalid
-    /// field is the error, named by its path.
+    /// Reads and validates a service config (JSON), spelt as grpc-go,
+    /// grpc-java or proto JSON spell it ([spellings](self#spellings)): the
+    /// first invalid field is the error, named by its path.
     ///
     /// ```
     /// use tower_resend::service_config::ServiceConfig;
@@ -98,7 +171,7 @@ impl ServiceConfig {
     ///     "retryPolicy": {"maxAttempts": 1, "initialBackoff": "1s", "maxBackoff": "1s",
     ///                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
     /// }]}"#).unwrap_err();
-    /// assert_eq!(err.to_string(), "methodConfig[0].retryPolicy.maxAttempts: must be an integer greater than 1");
+    /// assert_eq!(err.to_string(), "methodConfig[0].retryPolicy.maxAttempts: 1 is not an integer greater than 1");
     /// ```
     pub fn from_json(json: &str) -> Result<Self, InvalidConfig> {
         let v: serde_json::Value = serde_json::from_str(json)
@@ -108,7 +181,10 @@ impl ServiceConfig {
 
     /// Reads and validates a service config already parsed.
     pub fn from_value(value: &serde_json::Value) -> Result<Self, InvalidConfig> {
-        parse::service_config(value)
+        let mut reader = keys::Reader::default();
+        let config = parse::service_config(&mut reader, value);
+        reader.log("service config");
+        config
     }
 }
 

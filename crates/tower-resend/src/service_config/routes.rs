@@ -6,10 +6,8 @@
 use http::Method;
 use serde_json::Value;
 
-use super::parse::{
-    attempts, duration_at, field, join, list, object, positive_duration, positive_number, required,
-    string,
-};
+use super::keys::Reader;
+use super::parse::{attempts, duration_at, list, positive_duration, positive_number, string};
 use super::InvalidConfig;
 use crate::retry::Backoff;
 use crate::routes::{RoutePolicy, Routes};
@@ -31,8 +29,11 @@ impl Routes {
     /// `path` (a prefix) is required, `method` absent means every method;
     /// durations are written as gRPC's service config writes them
     /// (`"1.5s"`); `maxAttempts` is at least 1 (1: no retries); every
-    /// invalid field is an [`InvalidConfig`] naming it
-    /// (`routes[1].backoff.multiplier: …`).
+    /// invalid field is an [`InvalidConfig`] naming it and quoting its
+    /// value (`routes[1].backoff.multiplier: …`). Keys are matched as a
+    /// [service config](crate::service_config)'s are (`maxAttempts`,
+    /// `MaxAttempts`, `max_attempts`); a key that names nothing is ignored
+    /// and logged at debug level.
     ///
     /// ```
     /// use tower_resend::routes::Routes;
@@ -53,78 +54,92 @@ impl Routes {
     /// Reads a route table already parsed; see [`from_json`](Self::from_json).
     #[cfg_attr(docsrs, doc(cfg(feature = "service-config")))]
     pub fn from_value(v: &Value) -> Result<Self> {
-        let top = object(v, "")?;
-        let mut routes = Routes::new();
-        let Some(list_v) = field(top, "routes") else {
-            return Ok(routes);
-        };
-        for (i, r) in list(list_v, "routes")?.iter().enumerate() {
-            let path = format!("routes[{i}]");
-            let o = object(r, &path)?;
-            let method = field(o, "method")
-                .map(|m| {
-                    let at = join(&path, "method");
-                    Method::from_bytes(string(m, &at)?.as_bytes())
-                        .map_err(|_| InvalidConfig::new(at, "must be an HTTP method"))
-                })
-                .transpose()?;
-            let prefix = string(required(o, &path, "path")?, &join(&path, "path"))?;
-            let policy = policy(o, &path)?;
-            routes = match method {
-                Some(m) => routes.route(m, prefix, policy),
-                None => routes.any_method(prefix, policy),
-            };
-        }
-        Ok(routes)
+        let mut reader = Reader::default();
+        let routes = table(&mut reader, v);
+        reader.log("route table");
+        routes
     }
 }
 
-fn policy(o: &serde_json::Map<String, Value>, path: &str) -> Result<RoutePolicy> {
-    let at = |key: &str| join(path, key);
-    let mut p = RoutePolicy::new();
-    if let Some(t) = field(o, "timeout") {
-        p = p.total(positive_duration(t, &at("timeout"))?);
-    }
-    if let Some(t) = field(o, "attemptTimeout") {
-        p = p.attempt_timeout(positive_duration(t, &at("attemptTimeout"))?);
-    }
-    if let Some(n) = field(o, "maxAttempts") {
-        let n = n
-            .as_u64()
-            .filter(|&n| n >= 1)
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| {
-                InvalidConfig::new(at("maxAttempts"), "must be an integer, 1 or more")
-            })?;
-        p = p.max_attempts(n);
-    }
-    if let Some(b) = field(o, "backoff") {
-        let bp = at("backoff");
-        let bo = object(b, &bp)?;
-        let initial = positive_duration(required(bo, &bp, "initial")?, &join(&bp, "initial"))?;
-        let max = positive_duration(required(bo, &bp, "max")?, &join(&bp, "max"))?;
-        let multiplier =
-            positive_number(required(bo, &bp, "multiplier")?, &join(&bp, "multiplier"))?;
-        let backoff = Backoff::new(initial, multiplier, max).map_err(|e| {
-            let field = match e.reason() {
-                r if r.contains("multiplier") => "multiplier",
-                _ => "max",
-            };
-            InvalidConfig::new(join(&bp, field), e.reason())
+fn table(reader: &mut Reader, v: &Value) -> Result<Routes> {
+    let [routes_f] = reader.object(v, "", ["routes"], &[])?;
+    let mut routes = Routes::new();
+    let Some(list_v) = routes_f.value() else {
+        return Ok(routes);
+    };
+    for (i, r) in list(list_v, routes_f.path())?.iter().enumerate() {
+        let path = format!("{}[{i}]", routes_f.path());
+        let [method, prefix, timeout, attempt_timeout, max_attempts, backoff, hedge] = reader
+            .object(
+                r,
+                &path,
+                [
+                    "method",
+                    "path",
+                    "timeout",
+                    "attemptTimeout",
+                    "maxAttempts",
+                    "backoff",
+                    "hedge",
+                ],
+                &[],
+            )?;
+        let method = method.read(|m, at| {
+            Method::from_bytes(string(m, at)?.as_bytes())
+                .map_err(|_| InvalidConfig::value(at, m, "is not an HTTP method"))
         })?;
-        p = p.backoff(backoff);
-    }
-    if let Some(h) = field(o, "hedge") {
-        let hp = at("hedge");
-        let ho = object(h, &hp)?;
-        let delay = duration_at(required(ho, &hp, "delay")?, &join(&hp, "delay"))?;
-        let copies = match field(ho, "copies") {
-            Some(c) => attempts(c, &join(&hp, "copies"))?,
-            None => 2,
+        let prefix = prefix.require(string)?;
+        let mut p = RoutePolicy::new();
+        if let Some(t) = timeout.read(positive_duration)? {
+            p = p.total(t);
+        }
+        if let Some(t) = attempt_timeout.read(positive_duration)? {
+            p = p.attempt_timeout(t);
+        }
+        if let Some(n) = max_attempts.read(|v, at| {
+            v.as_u64()
+                .filter(|&n| n >= 1)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| InvalidConfig::value(at, v, "is not an integer, 1 or more"))
+        })? {
+            p = p.max_attempts(n);
+        }
+        if let Some(b) = backoff.read(|b, at| read_backoff(reader, b, at))? {
+            p = p.backoff(b);
+        }
+        if let Some((delay, copies)) = hedge.read(|h, at| {
+            let [delay, copies] = reader.object(h, at, ["delay", "copies"], &[])?;
+            Ok((
+                delay.require(duration_at)?,
+                copies.read(attempts)?.unwrap_or(2),
+            ))
+        })? {
+            p = p.hedge(delay, copies);
+        }
+        routes = match method {
+            Some(m) => routes.route(m, prefix, p),
+            None => routes.any_method(prefix, p),
         };
-        p = p.hedge(delay, copies);
     }
-    Ok(p)
+    Ok(routes)
+}
+
+fn read_backoff(reader: &mut Reader, v: &Value, path: &str) -> Result<Backoff> {
+    let [initial, max, multiplier] =
+        reader.object(v, path, ["initial", "max", "multiplier"], &[])?;
+    let base = initial.require(positive_duration)?;
+    let cap = max.require(positive_duration)?;
+    let factor = multiplier.require(positive_number)?;
+    Backoff::new(base, factor, cap).map_err(|e| {
+        let field = if e.reason().contains("multiplier") {
+            &multiplier
+        } else {
+            &max
+        };
+        // Both were read above: never absent here.
+        let value = field.value().unwrap_or(&Value::Null);
+        InvalidConfig::value(field.path(), value, &format!("is refused: {}", e.reason()))
+    })
 }
 
 /// A route table from any serde format (feature `service-config`), as
@@ -219,5 +234,29 @@ mod tests {
             let err = Routes::from_json(json).unwrap_err();
             assert_eq!(err.path(), path, "{json}: {err}");
         }
+        // Keys as a service config's: any case, proto names; others ignored.
+        let spelt = Routes::from_json(
+            r#"{"Routes": [{"PATH": "/a", "attempt_timeout": "2s", "MaxAttempts": 2, "typo": 1}]}"#,
+        );
+        let want = Routes::new().any_method(
+            "/a",
+            RoutePolicy::new()
+                .attempt_timeout(Duration::from_secs(2))
+                .max_attempts(2),
+        );
+        assert_eq!(spelt, Ok(want));
+        // The value is quoted in the message.
+        let err = Routes::from_json(r#"{"routes": [{"path": "/", "maxAttempts": 0}]}"#);
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "routes[0].maxAttempts: 0 is not an integer, 1 or more"
+        );
+        let err = Routes::from_json(
+            r#"{"routes": [{"path": "/", "backoff": {"initial": "2s", "max": "1s", "multiplier": 2}}]}"#,
+        );
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "routes[0].backoff.max: \"1s\" is refused: cap must not be less than base"
+        );
     }
 }

@@ -167,122 +167,152 @@ fn hedging_with(body: &str) -> String {
     format!(r#"{{"methodConfig": [{{"name": [{{"service": "s.S"}}], "hedgingPolicy": {body}}}]}}"#)
 }
 
-fn error_of(json: &str) -> InvalidConfig {
+pub(super) fn error_of(json: &str) -> InvalidConfig {
     match ServiceConfig::from_json(json) {
         Ok(c) => panic!("accepted {json}: {c:?}"),
         Err(e) => e,
     }
 }
 
+/// The end of a message about a string that is not a duration.
+const NOT_A_DURATION: &str =
+    "is not a duration such as \"1.5s\" (seconds, up to 9 decimals, then \"s\")";
+/// The end of a message about a value that is not a status code.
+const NOT_A_CODE: &str =
+    "is not a gRPC status code (a name such as \"UNAVAILABLE\", or a number from 0 to 16)";
+
 #[test]
-fn every_invalid_case_is_an_error_naming_its_field() {
+fn every_invalid_case_is_an_error_naming_its_field_and_quoting_its_value() {
     const RP: &str = "methodConfig[0].retryPolicy";
-    let cases: Vec<(String, String, &str)> = vec![
+    const HP: &str = "methodConfig[0].hedgingPolicy";
+    let at = |field: &str| format!("{RP}.{field}");
+    let d = |value: &str| format!("{value} {NOT_A_DURATION}");
+    let c = |value: &str| format!("{value} {NOT_A_CODE}");
+    let cases: Vec<(String, String, String)> = vec![
         // retryPolicy.maxAttempts: required, an integer > 1.
-        (retry_with("maxAttempts", None), format!("{RP}.maxAttempts"), "is required"),
-        (retry_with("maxAttempts", Some("1")), format!("{RP}.maxAttempts"), "must be an integer greater than 1"),
-        (retry_with("maxAttempts", Some("0")), format!("{RP}.maxAttempts"), "must be an integer greater than 1"),
-        (retry_with("maxAttempts", Some("-3")), format!("{RP}.maxAttempts"), "must be an integer greater than 1"),
-        (retry_with("maxAttempts", Some("2.5")), format!("{RP}.maxAttempts"), "must be an integer greater than 1"),
-        (retry_with("maxAttempts", Some("\"3\"")), format!("{RP}.maxAttempts"), "must be an integer greater than 1"),
+        (retry_with("maxAttempts", None), at("maxAttempts"), "is required".into()),
+        (retry_with("maxAttempts", Some("1")), at("maxAttempts"), "1 is not an integer greater than 1".into()),
+        (retry_with("maxAttempts", Some("0")), at("maxAttempts"), "0 is not an integer greater than 1".into()),
+        (retry_with("maxAttempts", Some("-3")), at("maxAttempts"), "-3 is not an integer greater than 1".into()),
+        (retry_with("maxAttempts", Some("2.5")), at("maxAttempts"), "2.5 is not an integer greater than 1".into()),
+        (retry_with("maxAttempts", Some("\"3\"")), at("maxAttempts"), "\"3\" is not an integer greater than 1".into()),
         // initialBackoff, maxBackoff: required, > 0.
-        (retry_with("initialBackoff", None), format!("{RP}.initialBackoff"), "is required"),
-        (retry_with("initialBackoff", Some("\"0s\"")), format!("{RP}.initialBackoff"), "must be greater than 0s"),
-        (retry_with("initialBackoff", Some("\"100ms\"")), format!("{RP}.initialBackoff"), "must be a duration"),
-        (retry_with("initialBackoff", Some("0.1")), format!("{RP}.initialBackoff"), "must be a duration string"),
-        (retry_with("maxBackoff", None), format!("{RP}.maxBackoff"), "is required"),
-        (retry_with("maxBackoff", Some("\"0.0s\"")), format!("{RP}.maxBackoff"), "must be greater than 0s"),
-        (retry_with("maxBackoff", Some("\"-1s\"")), format!("{RP}.maxBackoff"), "must not be negative"),
-        (retry_with("maxBackoff", Some("\"1.0000000001s\"")), format!("{RP}.maxBackoff"), "must be a duration"),
+        (retry_with("initialBackoff", None), at("initialBackoff"), "is required".into()),
+        (retry_with("initialBackoff", Some("\"0s\"")), at("initialBackoff"), "\"0s\" is not greater than 0s".into()),
+        (retry_with("initialBackoff", Some("\"100ms\"")), at("initialBackoff"), d("\"100ms\"")),
+        (retry_with("initialBackoff", Some("0.1")), at("initialBackoff"), d("0.1")),
+        (retry_with("maxBackoff", None), at("maxBackoff"), "is required".into()),
+        (retry_with("maxBackoff", Some("\"0.0s\"")), at("maxBackoff"), "\"0.0s\" is not greater than 0s".into()),
+        (retry_with("maxBackoff", Some("\"-1s\"")), at("maxBackoff"), "\"-1s\" is negative".into()),
+        (retry_with("maxBackoff", Some("\"1.0000000001s\"")), at("maxBackoff"), "\"1.0000000001s\" has more than 9 decimals (a duration counts nanoseconds)".into()),
         // backoffMultiplier: required, > 0.
-        (retry_with("backoffMultiplier", None), format!("{RP}.backoffMultiplier"), "is required"),
-        (retry_with("backoffMultiplier", Some("0")), format!("{RP}.backoffMultiplier"), "must be a number greater than 0"),
-        (retry_with("backoffMultiplier", Some("-2")), format!("{RP}.backoffMultiplier"), "must be a number greater than 0"),
-        (retry_with("backoffMultiplier", Some("\"2\"")), format!("{RP}.backoffMultiplier"), "must be a number greater than 0"),
+        (retry_with("backoffMultiplier", None), at("backoffMultiplier"), "is required".into()),
+        (retry_with("backoffMultiplier", Some("0")), at("backoffMultiplier"), "0 is not a number greater than 0".into()),
+        (retry_with("backoffMultiplier", Some("-2")), at("backoffMultiplier"), "-2 is not a number greater than 0".into()),
+        (retry_with("backoffMultiplier", Some("\"2\"")), at("backoffMultiplier"), "\"2\" is not a number greater than 0".into()),
         // retryableStatusCodes: required, non-empty, codes.
-        (retry_with("retryableStatusCodes", None), format!("{RP}.retryableStatusCodes"), "is required"),
-        (retry_with("retryableStatusCodes", Some("[]")), format!("{RP}.retryableStatusCodes"), "must list at least one status code"),
-        (retry_with("retryableStatusCodes", Some("\"UNAVAILABLE\"")), format!("{RP}.retryableStatusCodes"), "must be a list"),
-        (retry_with("retryableStatusCodes", Some("[\"UNAVAILABLE\", \"unavailable\"]")), format!("{RP}.retryableStatusCodes[1]"), "must be a status code"),
-        (retry_with("retryableStatusCodes", Some("[17]")), format!("{RP}.retryableStatusCodes[0]"), "must be a status code"),
-        (retry_with("retryableStatusCodes", Some("[-1]")), format!("{RP}.retryableStatusCodes[0]"), "must be a status code"),
-        (retry_with("retryableStatusCodes", Some("[\"NOPE\"]")), format!("{RP}.retryableStatusCodes[0]"), "must be a status code"),
+        (retry_with("retryableStatusCodes", None), at("retryableStatusCodes"), "is required".into()),
+        (retry_with("retryableStatusCodes", Some("[]")), at("retryableStatusCodes"), "[] is empty: it must list at least one status code".into()),
+        (retry_with("retryableStatusCodes", Some("\"UNAVAILABLE\"")), at("retryableStatusCodes"), "\"UNAVAILABLE\" is not a list".into()),
+        (retry_with("retryableStatusCodes", Some("[\"UNAVAILABLE\", \"UNAVAILBLE\"]")), at("retryableStatusCodes[1]"), c("\"UNAVAILBLE\"")),
+        (retry_with("retryableStatusCodes", Some("[17]")), at("retryableStatusCodes[0]"), c("17")),
+        (retry_with("retryableStatusCodes", Some("[-1]")), at("retryableStatusCodes[0]"), c("-1")),
+        (retry_with("retryableStatusCodes", Some("[14.0]")), at("retryableStatusCodes[0]"), c("14.0")),
+        (retry_with("retryableStatusCodes", Some("[\"14\"]")), at("retryableStatusCodes[0]"), c("\"14\"")),
+        (retry_with("retryableStatusCodes", Some("[null]")), at("retryableStatusCodes[0]"), c("null")),
         // perAttemptRecvTimeout: optional, > 0.
-        (retry_with("perAttemptRecvTimeout", Some("\"0s\"")), format!("{RP}.perAttemptRecvTimeout"), "must be greater than 0s"),
-        (retry_with("perAttemptRecvTimeout", Some("\"1\"")), format!("{RP}.perAttemptRecvTimeout"), "must be a duration"),
+        (retry_with("perAttemptRecvTimeout", Some("\"0s\"")), at("perAttemptRecvTimeout"), "\"0s\" is not greater than 0s".into()),
+        (retry_with("perAttemptRecvTimeout", Some("\"1\"")), at("perAttemptRecvTimeout"), d("\"1\"")),
         // hedgingPolicy.
-        (hedging_with("{}"), "methodConfig[0].hedgingPolicy.maxAttempts".into(), "is required"),
-        (hedging_with(r#"{"maxAttempts": 1}"#), "methodConfig[0].hedgingPolicy.maxAttempts".into(), "must be an integer greater than 1"),
-        (hedging_with(r#"{"maxAttempts": 2, "hedgingDelay": "1"}"#), "methodConfig[0].hedgingPolicy.hedgingDelay".into(), "must be a duration"),
-        (hedging_with(r#"{"maxAttempts": 2, "nonFatalStatusCodes": ["OOPS"]}"#), "methodConfig[0].hedgingPolicy.nonFatalStatusCodes[0]".into(), "must be a status code"),
-        (hedging_with(r#"{"maxAttempts": 2, "nonFatalStatusCodes": 14}"#), "methodConfig[0].hedgingPolicy.nonFatalStatusCodes".into(), "must be a list"),
-        (hedging_with("[]"), "methodConfig[0].hedgingPolicy".into(), "must be an object"),
+        (hedging_with("{}"), format!("{HP}.maxAttempts"), "is required".into()),
+        (hedging_with(r#"{"maxAttempts": 1}"#), format!("{HP}.maxAttempts"), "1 is not an integer greater than 1".into()),
+        (hedging_with(r#"{"maxAttempts": 2, "hedgingDelay": "1"}"#), format!("{HP}.hedgingDelay"), d("\"1\"")),
+        (hedging_with(r#"{"maxAttempts": 2, "nonFatalStatusCodes": ["OOPS"]}"#), format!("{HP}.nonFatalStatusCodes[0]"), c("\"OOPS\"")),
+        (hedging_with(r#"{"maxAttempts": 2, "nonFatalStatusCodes": 14}"#), format!("{HP}.nonFatalStatusCodes"), "14 is not a list".into()),
+        (hedging_with("[]"), HP.into(), "[] is not an object".into()),
         // Both policies.
         (
             r#"{"methodConfig": [{"name": [{"service": "s.S"}], "hedgingPolicy": {"maxAttempts": 2},
                 "retryPolicy": {"maxAttempts": 2, "initialBackoff": "1s", "maxBackoff": "1s",
                                 "backoffMultiplier": 1, "retryableStatusCodes": [14]}}]}"#.into(),
             "methodConfig[0]".into(),
-            "has both retryPolicy and hedgingPolicy",
+            "has both retryPolicy and hedgingPolicy: a method may have one or the other".into(),
         ),
         // timeout.
         (
             r#"{"methodConfig": [{"name": [{"service": "s.S"}], "timeout": "1.5"}]}"#.into(),
             "methodConfig[0].timeout".into(),
-            "must be a duration",
+            d("\"1.5\""),
         ),
         // Names: a method without a service, duplicates, two defaults.
         (
             r#"{"methodConfig": [{"name": [{"method": "M"}]}]}"#.into(),
             "methodConfig[0].name[0].method".into(),
-            "must be empty when service is empty",
+            "\"M\" must be empty when service is empty (an empty service names the default for every method)".into(),
         ),
         (
             r#"{"methodConfig": [{"name": [{"service": "s.S", "method": "M"}]},
                                  {"name": [{"service": "t.T"}, {"service": "s.S", "method": "M"}]}]}"#.into(),
             "methodConfig[1].name[1]".into(),
-            "names the same method as methodConfig[0].name[0]",
+            "names the same method as methodConfig[0].name[0]".into(),
         ),
         (
             r#"{"methodConfig": [{"name": [{"service": "s.S"}, {"service": "s.S", "method": ""}]}]}"#.into(),
             "methodConfig[0].name[1]".into(),
-            "names the same method as methodConfig[0].name[0]",
+            "names the same method as methodConfig[0].name[0]".into(),
         ),
         (
             r#"{"methodConfig": [{"name": [{}]}, {"name": [{"service": ""}]}]}"#.into(),
             "methodConfig[1].name[0]".into(),
-            "a second default (empty name); the first is methodConfig[0].name[0]",
+            "a second default (empty name); the first is methodConfig[0].name[0]".into(),
         ),
-        (r#"{"methodConfig": [{}]}"#.into(), "methodConfig[0].name".into(), "is required"),
-        (r#"{"methodConfig": [{"name": []}]}"#.into(), "methodConfig[0].name".into(), "must list at least one name"),
-        (r#"{"methodConfig": [{"name": [{"service": 1}]}]}"#.into(), "methodConfig[0].name[0].service".into(), "must be a string"),
-        (r#"{"methodConfig": {}}"#.into(), "methodConfig".into(), "must be a list"),
-        (r#"{"methodConfig": [7]}"#.into(), "methodConfig[0]".into(), "must be an object"),
+        (r#"{"methodConfig": [{}]}"#.into(), "methodConfig[0].name".into(), "is required".into()),
+        (r#"{"methodConfig": [{"name": []}]}"#.into(), "methodConfig[0].name".into(), "[] is empty: it must list at least one name".into()),
+        (r#"{"methodConfig": [{"name": [{"service": 1}]}]}"#.into(), "methodConfig[0].name[0].service".into(), "1 is not a string".into()),
+        (r#"{"methodConfig": {}}"#.into(), "methodConfig".into(), "{} is not a list".into()),
+        (r#"{"methodConfig": [7]}"#.into(), "methodConfig[0]".into(), "7 is not an object".into()),
         // retryThrottling.
-        (r#"{"retryThrottling": {"tokenRatio": 0.1}}"#.into(), "retryThrottling.maxTokens".into(), "is required"),
-        (r#"{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}"#.into(), "retryThrottling.maxTokens".into(), "must be an integer from 1 to 1000"),
-        (r#"{"retryThrottling": {"maxTokens": 1001, "tokenRatio": 0.1}}"#.into(), "retryThrottling.maxTokens".into(), "must be an integer from 1 to 1000"),
-        (r#"{"retryThrottling": {"maxTokens": 1.5, "tokenRatio": 0.1}}"#.into(), "retryThrottling.maxTokens".into(), "must be an integer from 1 to 1000"),
-        (r#"{"retryThrottling": {"maxTokens": 10}}"#.into(), "retryThrottling.tokenRatio".into(), "is required"),
-        (r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": 0}}"#.into(), "retryThrottling.tokenRatio".into(), "must be a number greater than 0"),
-        (r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": -0.5}}"#.into(), "retryThrottling.tokenRatio".into(), "must be a number greater than 0"),
-        (r#"{"retryThrottling": 3}"#.into(), "retryThrottling".into(), "must be an object"),
+        (r#"{"retryThrottling": {"tokenRatio": 0.1}}"#.into(), "retryThrottling.maxTokens".into(), "is required".into()),
+        (r#"{"retryThrottling": {"maxTokens": 0, "tokenRatio": 0.1}}"#.into(), "retryThrottling.maxTokens".into(), "0 is not an integer from 1 to 1000".into()),
+        (r#"{"retryThrottling": {"maxTokens": 1001, "tokenRatio": 0.1}}"#.into(), "retryThrottling.maxTokens".into(), "1001 is not an integer from 1 to 1000".into()),
+        (r#"{"retryThrottling": {"maxTokens": 1.5, "tokenRatio": 0.1}}"#.into(), "retryThrottling.maxTokens".into(), "1.5 is not an integer from 1 to 1000".into()),
+        (r#"{"retryThrottling": {"maxTokens": 10}}"#.into(), "retryThrottling.tokenRatio".into(), "is required".into()),
+        (r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": 0}}"#.into(), "retryThrottling.tokenRatio".into(), "0 is not a number greater than 0".into()),
+        (r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": -0.5}}"#.into(), "retryThrottling.tokenRatio".into(), "-0.5 is not a number greater than 0".into()),
+        (r#"{"retryThrottling": 3}"#.into(), "retryThrottling".into(), "3 is not an object".into()),
         // The document.
-        ("[]".into(), String::new(), "must be an object"),
-        ("{".into(), String::new(), "not JSON"),
+        ("[]".into(), String::new(), "[] is not an object".into()),
     ];
     for (json, path, message) in cases {
         let err = error_of(&json);
         assert_eq!(err.path(), path, "{json}: {err}");
-        assert!(
-            err.message().starts_with(message),
-            "{json}: {err} (wanted {message:?})"
-        );
+        assert_eq!(err.message(), message, "{json}");
         // The message names the field, as the path says.
-        if !path.is_empty() {
-            assert!(err.to_string().starts_with(&format!("{path}: ")), "{err}");
-        }
+        let shown = if path.is_empty() {
+            message
+        } else {
+            format!("{path}: {message}")
+        };
+        assert_eq!(err.to_string(), shown);
     }
+    // Not JSON: serde_json's own words after ours.
+    let err = error_of("{");
+    assert_eq!(err.path(), "");
+    assert!(err.message().starts_with("not JSON: "), "{err}");
+}
+
+#[test]
+fn a_long_value_is_quoted_in_part() {
+    let long = format!("\"{}\"", "x".repeat(200));
+    let err = error_of(&retry_with("initialBackoff", Some(&long)));
+    let quoted = err.message().split(' ').next().unwrap_or_default();
+    assert_eq!(quoted.chars().count(), 61, "{err}");
+    assert!(quoted.ends_with('…'), "{err}");
+    assert!(err.message().ends_with(NOT_A_DURATION), "{err}");
+    // Cut between characters, never inside one.
+    let wide = format!("\"{}\"", "é".repeat(200));
+    let err = error_of(&retry_with("initialBackoff", Some(&wide)));
+    assert!(err.message().starts_with("\"éé"), "{err}");
 }
 
 #[test]
