@@ -443,3 +443,30 @@ fn a_misspelt_status_code_is_quoted_with_its_path() {
         format!("methodConfig[0].retryPolicy.retryableStatusCodes[1]: \"UNAVAILBLE\" {WHY}")
     );
 }
+
+/// A method's `timeout` is its call's deadline: a call it cuts is
+/// DEADLINE_EXCEEDED as a tonic client sees it, keyed or not (outcome
+/// unknown behind it, with its key when it had one).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_methods_timeout_ends_the_call_deadline_exceeded() {
+    let server = GrpcServer::start(|_, _| Do::WorkThenHang).await;
+    let json = r#"{"methodConfig": [{
+        "name": [{"service": "EchoService", "method": "UnaryEcho"}],
+        "timeout": "0.5s"
+    }]}"#;
+    for key in [None, Some("echo-1")] {
+        let started = tokio::time::Instant::now();
+        let err = within(client(json, &server).oneshot(call(UNARY_ECHO, key)))
+            .await
+            .expect_err("the method's timeout");
+        // (The channel cuts it at the grpc-timeout sent, the time left less
+        // its small margin.)
+        let took = started.elapsed();
+        assert!(took <= 500 * MS && took >= 450 * MS, "{took:?}: {err}");
+        // (A POST that may have run, keyed or not.)
+        assert!(err.is_outcome_unknown(), "{err}");
+        assert_eq!(err.idempotency_key(), key, "{err}");
+        let status = tower_resend::tonic::into_status(err);
+        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    }
+}
