@@ -3,7 +3,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::uri::{Parts, PathAndQuery};
 use http::{HeaderMap, Method, Request, Response, Uri};
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -47,7 +46,7 @@ impl<S, C> Fleet<S, C> {
         self.roster
             .instances()
             .iter()
-            .map(|i| (*i.authority).clone())
+            .map(|i| (*i.base.authority).clone())
             .collect()
     }
 }
@@ -72,8 +71,10 @@ where
         let used = tried.as_ref().map(Tried::used).unwrap_or_default();
         let sent = match roster.pick(&used, &mut fastrand::Rng::new()) {
             Ok(sent) => sent,
+            // (A fixed list is never empty; a discovery may have removed
+            // every instance.)
             Err(Unpicked::Empty) => {
-                let e = Error::connect("no instance of the upstream: its fleet is empty".into());
+                let e = Error::connect("no instance of the fleet is in service".into());
                 return ResponseFuture::failed(e);
             }
             // Every instance's circuit is open: not sent.
@@ -82,29 +83,29 @@ where
             }
         };
         let instance = &sent.instance;
+        let base = &instance.base;
+        // (Parts of valid URIs make a valid URI: this fails only if they
+        // somehow do not, and then nothing is sent rather than sending it
+        // to the request's own address.)
+        let Some(uri) = base.attempt_uri(req.uri()) else {
+            let e = format!(
+                "no URI from instance {}{} and the request's path {:?}",
+                base.authority,
+                base.prefix().unwrap_or_default(),
+                req.uri().path()
+            );
+            return ResponseFuture::failed(Error::connect(e.into()));
+        };
+        *req.uri_mut() = uri;
         if let Some(tried) = &tried {
             let fleet: Arc<dyn Elsewhere> = Arc::clone(roster) as Arc<dyn Elsewhere>;
             tried.record(instance.id, fleet);
         }
-        let mut parts = Parts::default();
-        parts.scheme = Some(instance.scheme.clone());
-        parts.authority = Some((*instance.authority).clone());
-        parts.path_and_query = Some(
-            req.uri()
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
-        // (A scheme, an authority and a path from valid URIs make a valid
-        // URI: the request keeps its own only if they somehow do not.)
-        if let Ok(uri) = Uri::from_parts(parts) {
-            *req.uri_mut() = uri;
-        }
         // The attempt's span (entered by the retry layer while it calls)
         // names the instance.
         let span = tracing::Span::current();
-        span.record("server.address", instance.authority.host());
-        if let Some(port) = instance.authority.port_u16() {
+        span.record("server.address", base.authority.host());
+        if let Some(port) = base.authority.port_u16() {
             span.record("server.port", i64::from(port));
         }
         let picked = Box::new(Picked {
@@ -183,7 +184,7 @@ impl<F, C> std::fmt::Debug for ResponseFuture<F, C> {
         let to = self
             .picked
             .as_ref()
-            .map(|p| p.sent.instance.authority.to_string());
+            .map(|p| p.sent.instance.base.authority.to_string());
         f.debug_struct("ResponseFuture").field("to", &to).finish()
     }
 }
@@ -207,7 +208,7 @@ where
         let result = std::task::ready!(inner.poll(cx)).map_err(Into::into);
         if let Some(mut p) = this.picked.take() {
             if let Some(tried) = &p.tried {
-                tried.answered(Arc::clone(&p.sent.instance.authority));
+                tried.answered(Arc::clone(&p.sent.instance.base.authority));
             }
             let f = &p.facts;
             let facts = RequestFacts::new(&f.method, &f.uri, &f.headers);
@@ -235,5 +236,50 @@ where
             }
         }
         Poll::Ready(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::Duration;
+
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::fleet::Outliers;
+
+    /// A transport that fails `/api/refused` with an I/O error, `/api/slow` with
+    /// tower-resend's attempt timeout, and answers anything else.
+    fn transport(req: Request<()>) -> std::future::Ready<Result<Response<()>, BoxError>> {
+        std::future::ready(match req.uri().path() {
+            "/api/refused" => Err(io::Error::from(io::ErrorKind::ConnectionRefused).into()),
+            "/api/slow" => Err(Error::attempt_timeout(Duration::from_millis(100)).into()),
+            _ => Ok(Response::new(())),
+        })
+    }
+
+    fn get(path: &str) -> Request<()> {
+        Request::get(format!("http://upstream{path}"))
+            .body(())
+            .unwrap()
+    }
+
+    /// A discovery may take every instance out: a call then fails, not
+    /// sent, and says so.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_fleet_with_no_instance_in_service_says_so() {
+        let svc = Fleet {
+            inner: tower::service_fn(transport),
+            roster: Arc::new(Roster::new(Outliers::default())),
+            classifier: HttpClassifier::new(),
+        };
+        let e = Error::from_box(svc.oneshot(get("/")).await.unwrap_err());
+        assert!(e.is_not_sent(), "{e}");
+        assert!(
+            e.to_string()
+                .contains("no instance of the fleet is in service"),
+            "{e}"
+        );
     }
 }
