@@ -72,7 +72,7 @@ use tower_layer::Layer;
 use crate::classify::HttpClassifier;
 use crate::error::BoxError;
 use base::Base;
-pub use error::InvalidFleet;
+pub use error::{InstanceError, InvalidFleet};
 pub use per_instance::PerInstance;
 pub use roster::Outliers;
 pub(crate) use roster::Roster;

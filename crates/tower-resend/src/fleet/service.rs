@@ -8,6 +8,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::roster::{Roster, Sent, Unpicked};
+use super::InstanceError;
 use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
 use crate::error::{BoxError, Error};
 use crate::vocab::{Elsewhere, Tried};
@@ -99,7 +100,7 @@ where
         *req.uri_mut() = uri;
         if let Some(tried) = &tried {
             let fleet: Arc<dyn Elsewhere> = Arc::clone(roster) as Arc<dyn Elsewhere>;
-            tried.record(instance.id, fleet);
+            tried.record(instance.id, &base.authority, fleet);
         }
         // The attempt's span (entered by the retry layer while it calls)
         // names the instance.
@@ -207,8 +208,9 @@ where
         };
         let result = std::task::ready!(inner.poll(cx)).map_err(Into::into);
         if let Some(mut p) = this.picked.take() {
+            let server = &p.sent.instance.base.authority;
             if let Some(tried) = &p.tried {
-                tried.answered(Arc::clone(&p.sent.instance.base.authority));
+                tried.answered(Arc::clone(server));
             }
             let f = &p.facts;
             let facts = RequestFacts::new(&f.method, &f.uri, &f.headers);
@@ -234,9 +236,27 @@ where
                     p.roster.succeeded(&p.sent.instance);
                 }
             }
+            let tried = p.tried.as_ref();
+            return Poll::Ready(result.map_err(|e| name_instance(e, server, tried)));
         }
         Poll::Ready(result)
     }
+}
+
+/// Names the instance an attempt failed at, and those its call had tried,
+/// on the transport's error `e` ([`InstanceError`], whose source it is).
+/// tower-resend's own errors (an attempt timeout, a deadline) stay as they
+/// are: the layers above read them at the top of the box.
+fn name_instance(
+    e: BoxError,
+    instance: &Arc<http::uri::Authority>,
+    tried: Option<&Tried>,
+) -> BoxError {
+    if e.is::<Error>() {
+        return e;
+    }
+    let tried = tried.map(Tried::servers).unwrap_or_default();
+    Box::new(InstanceError::new(Arc::clone(instance), tried, e))
 }
 
 #[cfg(test)]
@@ -247,7 +267,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::fleet::Outliers;
+    use crate::fleet::{FleetLayer, Outliers};
 
     /// A transport that fails `/api/refused` with an I/O error, `/api/slow` with
     /// tower-resend's attempt timeout, and answers anything else.
@@ -263,6 +283,30 @@ mod tests {
         Request::get(format!("http://upstream{path}"))
             .body(())
             .unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_transport_error_names_its_instance_and_resend_errors_stay_on_top() {
+        let fleet = FleetLayer::fixed(["http://10.0.0.1:80/api"]).unwrap();
+        let svc = tower_layer::Layer::layer(&fleet, tower::service_fn(transport));
+
+        let e = svc.clone().oneshot(get("/refused")).await.unwrap_err();
+        let at = e.downcast_ref::<InstanceError>().expect("named");
+        assert_eq!(at.instance().as_str(), "10.0.0.1:80");
+        assert_eq!(e.to_string(), "instance 10.0.0.1:80");
+        let cause = e.source().and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(
+            cause.map(io::Error::kind),
+            Some(io::ErrorKind::ConnectionRefused)
+        );
+
+        // The layers above read their own errors at the top of the box.
+        let e = svc.clone().oneshot(get("/slow")).await.unwrap_err();
+        let ours = e.downcast_ref::<Error>().expect("as it was");
+        assert_eq!(ours.kind(), crate::ErrorKind::AttemptTimeout);
+
+        // An answer is not touched.
+        assert!(svc.oneshot(get("/ok")).await.is_ok());
     }
 
     /// A discovery may take every instance out: a call then fails, not
