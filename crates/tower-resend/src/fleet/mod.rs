@@ -53,6 +53,49 @@
 //!     .service(tower_resend::hyper_client(Duration::from_secs(1)));
 //! # let _ = client;
 //! ```
+//!
+//! A fleet refuses at build what it cannot honour ([`InvalidFleet`]): an
+//! empty list (a fleet needs at least one instance), and a base with a
+//! query or a fragment (a request's query is its own). A resolver's fleet
+//! must resolve to an address before its first call, and keeps its last
+//! answer when a refresh answers nothing; a discovery may take every
+//! instance out for a while, and calls then fail, not sent, saying that
+//! no instance of the fleet is in service. When an attempt fails at an
+//! instance, its error ([`InstanceError`]) names the instance and those
+//! the call had tried, and the call's error says it with its cause:
+//!
+//! ```
+//! use tower::{service_fn, ServiceExt};
+//! use tower_resend::fleet::FleetLayer;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_resend::BoxError> {
+//! let fleet = FleetLayer::fixed(["http://10.0.0.1:8080/api/v2"])?;
+//! // A transport that says where it was asked to send the request.
+//! let echo = service_fn(|req: http::Request<String>| async move {
+//!     http::Response::builder().header("sent-to", req.uri().to_string()).body(String::new())
+//! });
+//! let client = tower_resend::stack().fleet(fleet).service(echo);
+//! let req = http::Request::get("http://inventory/orders?x=1").body(String::new())?;
+//! let resp = client.oneshot(req).await?;
+//! assert_eq!(resp.headers()["sent-to"], "http://10.0.0.1:8080/api/v2/orders?x=1");
+//!
+//! // A transport that fails: the call's error names the instance.
+//! let refusing = service_fn(|_: http::Request<String>| async {
+//!     Err::<http::Response<String>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+//! });
+//! let fleet = FleetLayer::fixed(["http://10.0.0.1:8080"])?;
+//! let client = tower_resend::stack().max_attempts(1).fleet(fleet).service(refusing);
+//! let req = http::Request::get("http://inventory/orders").body(String::new())?;
+//! let e = client.oneshot(req).await.unwrap_err();
+//! assert!(e.to_string().contains("instance 10.0.0.1:8080: connection refused"), "{e}");
+//!
+//! let empty: [&str; 0] = [];
+//! let e = FleetLayer::fixed(empty).unwrap_err();
+//! assert!(e.to_string().starts_with("a fleet needs at least one instance"));
+//! let e = FleetLayer::fixed(["http://10.0.0.1:8080/api?v=2"]).unwrap_err();
+//! assert!(e.to_string().contains("a base URI cannot have a query"));
+//! # Ok(()) }
+//! ```
 
 mod base;
 mod discover;
