@@ -6,6 +6,10 @@
 
 #[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
+// What a fleet makes of its bases: a path kept, what it cannot honour
+// refused at build, every instance named when all of them fail.
+#[path = "fleet/bases.rs"]
+mod bases;
 
 use std::time::Duration;
 

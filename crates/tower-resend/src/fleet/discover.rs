@@ -6,24 +6,25 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::Poll;
 
-use http::uri::{Authority, Scheme};
 use http::Uri;
 use tower::discover::{Change, Discover};
 
-use super::{base, Roster};
+use super::base::Base;
+use super::Roster;
 use crate::error::BoxError;
 
 /// The instances a stream has inserted and not removed, by its keys.
 struct Known<K> {
-    instances: Vec<(K, (Scheme, Authority))>,
+    instances: Vec<(K, Base)>,
 }
 
 impl<K: Eq> Known<K> {
-    /// Applies `change`; an address that is not a base URI is an error.
+    /// Applies `change`; an address that is not a base URI (or has a
+    /// query) is an error.
     fn apply(&mut self, change: Change<K, Uri>) -> Result<(), BoxError> {
         match change {
             Change::Insert(key, uri) => {
-                let b = base(&uri.to_string())?;
+                let b = Base::from_uri(uri.clone()).map_err(|e| e.at(&uri.to_string()))?;
                 self.instances.retain(|(k, _)| *k != key);
                 self.instances.push((key, b));
             }
@@ -32,7 +33,7 @@ impl<K: Eq> Known<K> {
         Ok(())
     }
 
-    fn bases(&self) -> Vec<(Scheme, Authority)> {
+    fn bases(&self) -> Vec<Base> {
         self.instances.iter().map(|(_, b)| b.clone()).collect()
     }
 }
@@ -137,10 +138,23 @@ mod tests {
         tokio::task::yield_now().await;
         assert_eq!(addrs(&svc), ["10.0.0.2:80", "10.0.0.3:80"]);
 
-        // A change that is not an instance is refused, and the fleet kept.
+        // A change that is not an instance is refused, and the fleet kept;
+        // so is a base with a query.
         tx.send(Ok(Change::Insert(4, uri("/relative")))).unwrap();
+        tx.send(Ok(Change::Insert(5, uri("http://10.0.0.5:80/api?v=2"))))
+            .unwrap();
         tokio::task::yield_now().await;
         assert_eq!(addrs(&svc), ["10.0.0.2:80", "10.0.0.3:80"]);
+        let e = Known::<u32> {
+            instances: Vec::new(),
+        }
+        .apply(Change::Insert(5, uri("http://10.0.0.5:80/api?v=2")))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("\"http://10.0.0.5:80/api?v=2\": a base URI cannot have a query"),
+            "{e}"
+        );
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

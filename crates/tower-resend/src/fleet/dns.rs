@@ -7,8 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::uri::{Authority, Scheme};
+use http::uri::Scheme;
 
+use super::base::Base;
 use super::Roster;
 
 /// The shortest interval between two refreshes.
@@ -59,14 +60,11 @@ where
     Ok(())
 }
 
-fn bases(scheme: &Scheme, addrs: &[SocketAddr]) -> Vec<(Scheme, Authority)> {
-    let mut out: Vec<(Scheme, Authority)> = Vec::with_capacity(addrs.len());
-    for addr in addrs {
-        // A socket address always makes an authority ("[::1]:80" for IPv6).
-        if let Ok(a) = Authority::try_from(addr.to_string().as_str()) {
-            if !out.iter().any(|(_, b)| *b == a) {
-                out.push((scheme.clone(), a));
-            }
+fn bases(scheme: &Scheme, addrs: &[SocketAddr]) -> Vec<Base> {
+    let mut out: Vec<Base> = Vec::with_capacity(addrs.len());
+    for base in addrs.iter().filter_map(|a| Base::of_socket(scheme, *a)) {
+        if !out.contains(&base) {
+            out.push(base);
         }
     }
     out

@@ -30,13 +30,17 @@
 //!   quota is the caller's wherever it goes), and so does any wait when
 //!   every instance the call could use has been used.
 //!
-//! The instances are base URIs: each attempt's URI keeps its path and
-//! query and takes the instance's scheme and authority, so one transport
-//! (a hyper-util client) reaches them all; a client that connects to one
-//! address (a tonic `Channel`) gets one per instance through
-//! [`PerInstance`]. A fixed list, a DNS name re-resolved on an interval
-//! ([`FleetLayer::dns`]), or the addresses of your own resolver or service
-//! discovery ([`FleetLayer::resolved`]):
+//! The instances are base URIs: each attempt's URI takes the instance's
+//! scheme and authority, and keeps the request's path and query, under
+//! the base's path if it has one: with the instance
+//! `http://10.0.0.1:8080/api/v2`, a request for `/orders?x=1` goes to
+//! `http://10.0.0.1:8080/api/v2/orders?x=1` (joined by one `/`; a base
+//! without a path, or with `/`, adds none). So one transport (a hyper-util
+//! client) reaches them all; a client that connects to one address (a
+//! tonic `Channel`) gets one per instance through [`PerInstance`]. A fixed
+//! list, a DNS name re-resolved on an interval ([`FleetLayer::dns`]), or
+//! the addresses of your own resolver or service discovery
+//! ([`FleetLayer::resolved`], [`FleetLayer::discover`]):
 //!
 //! ```
 //! use std::time::Duration;
@@ -49,9 +53,54 @@
 //!     .service(tower_resend::hyper_client(Duration::from_secs(1)));
 //! # let _ = client;
 //! ```
+//!
+//! A fleet refuses at build what it cannot honour ([`InvalidFleet`]): an
+//! empty list (a fleet needs at least one instance), and a base with a
+//! query or a fragment (a request's query is its own). A resolver's fleet
+//! must resolve to an address before its first call, and keeps its last
+//! answer when a refresh answers nothing; a discovery may take every
+//! instance out for a while, and calls then fail, not sent, saying that
+//! no instance of the fleet is in service. When an attempt fails at an
+//! instance, its error ([`InstanceError`]) names the instance and those
+//! the call had tried, and the call's error says it with its cause:
+//!
+//! ```
+//! use tower::{service_fn, ServiceExt};
+//! use tower_resend::fleet::FleetLayer;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_resend::BoxError> {
+//! let fleet = FleetLayer::fixed(["http://10.0.0.1:8080/api/v2"])?;
+//! // A transport that says where it was asked to send the request.
+//! let echo = service_fn(|req: http::Request<String>| async move {
+//!     http::Response::builder().header("sent-to", req.uri().to_string()).body(String::new())
+//! });
+//! let client = tower_resend::stack().fleet(fleet).service(echo);
+//! let req = http::Request::get("http://inventory/orders?x=1").body(String::new())?;
+//! let resp = client.oneshot(req).await?;
+//! assert_eq!(resp.headers()["sent-to"], "http://10.0.0.1:8080/api/v2/orders?x=1");
+//!
+//! // A transport that fails: the call's error names the instance.
+//! let refusing = service_fn(|_: http::Request<String>| async {
+//!     Err::<http::Response<String>, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+//! });
+//! let fleet = FleetLayer::fixed(["http://10.0.0.1:8080"])?;
+//! let client = tower_resend::stack().max_attempts(1).fleet(fleet).service(refusing);
+//! let req = http::Request::get("http://inventory/orders").body(String::new())?;
+//! let e = client.oneshot(req).await.unwrap_err();
+//! assert!(e.to_string().contains("instance 10.0.0.1:8080: connection refused"), "{e}");
+//!
+//! let empty: [&str; 0] = [];
+//! let e = FleetLayer::fixed(empty).unwrap_err();
+//! assert!(e.to_string().starts_with("a fleet needs at least one instance"));
+//! let e = FleetLayer::fixed(["http://10.0.0.1:8080/api?v=2"]).unwrap_err();
+//! assert!(e.to_string().contains("a base URI cannot have a query"));
+//! # Ok(()) }
+//! ```
 
+mod base;
 mod discover;
 mod dns;
+mod error;
 mod per_instance;
 mod roster;
 mod service;
@@ -59,12 +108,14 @@ mod slot;
 
 use std::sync::Arc;
 
-use http::uri::{Authority, Scheme};
+use http::uri::Scheme;
 use http::Uri;
 use tower_layer::Layer;
 
 use crate::classify::HttpClassifier;
 use crate::error::BoxError;
+use base::Base;
+pub use error::{InstanceError, InvalidFleet};
 pub use per_instance::PerInstance;
 pub use roster::Outliers;
 pub(crate) use roster::Roster;
@@ -80,49 +131,26 @@ pub struct FleetLayer<C = HttpClassifier> {
     classifier: C,
 }
 
-/// An instance's address that is not a base URI with a scheme and an
-/// authority.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidInstance {
-    address: String,
-}
-
-impl std::fmt::Display for InvalidInstance {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "invalid instance address {:?}: expected a base URI such as \"http://10.0.0.1:8080\"",
-            self.address
-        )
-    }
-}
-
-impl std::error::Error for InvalidInstance {}
-
-/// A base URI's scheme and authority.
-fn base(address: &str) -> Result<(Scheme, Authority), InvalidInstance> {
-    let bad = || InvalidInstance {
-        address: address.to_owned(),
-    };
-    let uri: Uri = address.parse().map_err(|_| bad())?;
-    let parts = uri.into_parts();
-    match (parts.scheme, parts.authority) {
-        (Some(scheme), Some(authority)) => Ok((scheme, authority)),
-        _ => Err(bad()),
-    }
-}
-
 impl FleetLayer<HttpClassifier> {
-    /// A fleet of these instances, each a base URI (`http://host:port`).
-    pub fn fixed<I>(addresses: I) -> Result<Self, InvalidInstance>
+    /// A fleet of these instances, each a base URI: `http://host:port`,
+    /// or `http://host:port/api/v2` for an API under a path, which every
+    /// request's path then goes under.
+    ///
+    /// An error names what cannot be honoured: no instance at all, an
+    /// address that is not a base URI (no scheme or no authority), or one
+    /// with a query or a fragment.
+    pub fn fixed<I>(addresses: I) -> Result<Self, InvalidFleet>
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
         let bases = addresses
             .into_iter()
-            .map(|a| base(a.as_ref()))
+            .map(|a| Base::parse(a.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
+        if bases.is_empty() {
+            return Err(InvalidFleet::empty());
+        }
         let roster = Roster::new(Outliers::default());
         roster.set(&bases);
         Ok(Self {
@@ -136,7 +164,9 @@ impl FleetLayer<HttpClassifier> {
     /// cannot be) and again every `every` in a task of its own, which ends
     /// when the layer and every service it made are dropped. An address
     /// gone from the answer stops being used from the next refresh; a
-    /// refresh that fails keeps the last answer.
+    /// refresh that fails, or answers no address, keeps the last answer.
+    /// The instances' base URIs are `scheme://address:port`, without a
+    /// path.
     pub async fn dns(
         scheme: Scheme,
         host: &str,
@@ -174,7 +204,11 @@ impl FleetLayer<HttpClassifier> {
     /// instances are waited for (an error if the stream ends or fails
     /// first), then a task of its own follows the stream, adding what it
     /// inserts and taking out what it removes, until the stream ends or the
-    /// layer and every service it made are dropped.
+    /// layer and every service it made are dropped. A base's path is kept
+    /// as [`fixed`](Self::fixed) keeps it; an insert that is not a base
+    /// URI (or has a query) is refused, and the fleet kept as it was. A
+    /// stream that removes every instance leaves calls failing, not sent,
+    /// until it inserts one.
     ///
     /// ```
     /// use std::convert::Infallible;

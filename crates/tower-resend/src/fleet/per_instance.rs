@@ -46,6 +46,12 @@ const KEEP: usize = 256;
 ///
 /// A request goes to the transport of its URI's scheme and authority (the
 /// fleet layer wrote them); one without an authority fails, not sent.
+///
+/// The base `make` is given is the instance's scheme and authority only
+/// (`http://10.0.0.1:50051/`), whatever path the fleet's base has: the
+/// fleet has already put each request's path under that one, so a client
+/// that prefixes its origin's path (tonic's `Grpc::with_origin`) would
+/// send it twice. tonic's `Channel` keeps the request's path as it is.
 pub struct PerInstance<S, F> {
     make: Arc<F>,
     made: Arc<Mutex<Made<S>>>,
@@ -60,8 +66,9 @@ impl<S, F> PerInstance<S, F>
 where
     F: Fn(Uri) -> S,
 {
-    /// Makes each instance's transport with `make`, given its base URI
-    /// (`http://10.0.0.1:50051`).
+    /// Makes each instance's transport with `make`, given its scheme and
+    /// authority as a URI (`http://10.0.0.1:50051/`, without the path of
+    /// the fleet's base: see above).
     pub fn new(make: F) -> Self {
         Self {
             make: Arc::new(make),
@@ -195,5 +202,33 @@ mod tests {
         let relative = Request::get("/no/authority").body(()).unwrap();
         let err = Error::from_box(per.oneshot(relative).await.unwrap_err());
         assert!(err.is_not_sent(), "{err}");
+    }
+
+    /// A fleet whose base has a path, over a channel per instance (as for
+    /// gRPC): the channel is made from the scheme and authority alone, and
+    /// the path reaches it once, under the base's.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_base_path_reaches_the_instance_once() {
+        let made = Arc::new(Mutex::new(Vec::new()));
+        let bases = Arc::clone(&made);
+        let per = PerInstance::new(move |base: Uri| {
+            bases.lock().unwrap().push(base.to_string());
+            tower::service_fn(move |req: Request<String>| async move {
+                http::Response::builder()
+                    .header("sent-to", req.uri().to_string())
+                    .body(String::new())
+            })
+        });
+        let fleet = crate::fleet::FleetLayer::fixed(["http://10.0.0.1:50051/grpc"]).unwrap();
+        let stack = crate::stack().fleet(fleet).service(per);
+        let req = Request::post("http://upstream/pkg.Service/Method")
+            .body(String::new())
+            .unwrap();
+        let resp = stack.oneshot(req).await.unwrap();
+        assert_eq!(
+            resp.headers()["sent-to"],
+            "http://10.0.0.1:50051/grpc/pkg.Service/Method"
+        );
+        assert_eq!(*made.lock().unwrap(), ["http://10.0.0.1:50051/"]);
     }
 }

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use http::uri::{Authority, Scheme};
 use tokio::time::Instant;
 
+use super::base::Base;
 use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
 
 /// When an instance that keeps failing is set aside, and for how long.
@@ -82,8 +82,7 @@ impl Outliers {
 #[derive(Debug)]
 pub(crate) struct Instance {
     pub(crate) id: u64,
-    pub(crate) scheme: Scheme,
-    pub(crate) authority: Arc<Authority>,
+    pub(crate) base: Base,
     in_flight: AtomicU32,
     health: Mutex<Health>,
 }
@@ -101,11 +100,10 @@ struct Health {
 }
 
 impl Instance {
-    pub(crate) fn new(id: u64, scheme: Scheme, authority: Authority) -> Self {
+    pub(crate) fn new(id: u64, base: Base) -> Self {
         Self {
             id,
-            scheme,
-            authority: Arc::new(authority),
+            base,
             in_flight: AtomicU32::new(0),
             health: Mutex::default(),
         }
@@ -153,7 +151,7 @@ pub(crate) struct Sent {
 impl std::fmt::Debug for Sent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sent")
-            .field("instance", &self.instance.authority)
+            .field("instance", &self.instance.base.authority)
             .finish_non_exhaustive()
     }
 }
@@ -203,19 +201,19 @@ impl Roster {
         )
     }
 
-    /// The fleet is now `addresses`: instances already known keep their
+    /// The fleet is now `bases`: instances already known keep their
     /// state (and id), new ones start fresh, the others leave.
-    pub(crate) fn set(&self, addresses: &[(Scheme, Authority)]) {
+    pub(crate) fn set(&self, bases: &[Base]) {
         let old = self.instances();
-        let next: Vec<Arc<Instance>> = addresses
+        let next: Vec<Arc<Instance>> = bases
             .iter()
-            .map(|(scheme, authority)| {
+            .map(|base| {
                 old.iter()
-                    .find(|i| i.scheme == *scheme && *i.authority == *authority)
+                    .find(|i| i.base == *base)
                     .cloned()
                     .unwrap_or_else(|| {
                         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                        Arc::new(Instance::new(id, scheme.clone(), authority.clone()))
+                        Arc::new(Instance::new(id, base.clone()))
                     })
             })
             .collect();
@@ -242,7 +240,7 @@ impl Roster {
         while let Some(chosen) = choose(&all, used, &refused, now, rng) {
             let pass = match &circuits {
                 None => None,
-                Some(c) => match c.admit(chosen.id, &chosen.authority) {
+                Some(c) => match c.admit(chosen.id, &chosen.base.authority) {
                     Ok(pass) => Some(pass),
                     Err(why) => {
                         refused.push(chosen.id);
@@ -389,15 +387,14 @@ impl Elsewhere for Roster {
 
 #[cfg(test)]
 mod tests {
+    use http::uri::Authority;
+
     use super::*;
 
     fn roster(n: u16, outliers: Outliers) -> Roster {
         let r = Roster::new(outliers);
         let addrs: Vec<_> = (0..n)
-            .map(|i| {
-                let a: Authority = format!("10.0.0.{i}:80").parse().unwrap();
-                (Scheme::HTTP, a)
-            })
+            .map(|i| Base::parse(&format!("http://10.0.0.{i}:80")).unwrap())
             .collect();
         r.set(&addrs);
         r
@@ -484,14 +481,14 @@ mod tests {
     fn a_new_list_keeps_the_instances_it_still_names() {
         let r = roster(2, Outliers::default());
         let before: Vec<u64> = r.instances().iter().map(|i| i.id).collect();
-        let b = (*r.instances()[1].authority).clone();
-        r.set(&[
-            (Scheme::HTTP, b),
-            (Scheme::HTTP, "10.0.0.9:80".parse().unwrap()),
-        ]);
+        let b = r.instances()[1].base.clone();
+        r.set(&[b, Base::parse("http://10.0.0.9:80").unwrap()]);
         let after: Vec<u64> = r.instances().iter().map(|i| i.id).collect();
         assert_eq!(after[0], before[1]);
         assert!(!before.contains(&after[1]));
+        // The same host and port under another path is another instance.
+        r.set(&[Base::parse("http://10.0.0.9:80/api").unwrap()]);
+        assert!(!after.contains(&r.instances()[0].id));
     }
 
     /// Circuits that refuse the instances listed in `open`.

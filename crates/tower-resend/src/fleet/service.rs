@@ -3,12 +3,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::uri::{Parts, PathAndQuery};
 use http::{HeaderMap, Method, Request, Response, Uri};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::roster::{Roster, Sent, Unpicked};
+use super::InstanceError;
 use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
 use crate::error::{BoxError, Error};
 use crate::vocab::{Elsewhere, Tried};
@@ -47,7 +47,7 @@ impl<S, C> Fleet<S, C> {
         self.roster
             .instances()
             .iter()
-            .map(|i| (*i.authority).clone())
+            .map(|i| (*i.base.authority).clone())
             .collect()
     }
 }
@@ -72,8 +72,10 @@ where
         let used = tried.as_ref().map(Tried::used).unwrap_or_default();
         let sent = match roster.pick(&used, &mut fastrand::Rng::new()) {
             Ok(sent) => sent,
+            // (A fixed list is never empty; a discovery may have removed
+            // every instance.)
             Err(Unpicked::Empty) => {
-                let e = Error::connect("no instance of the upstream: its fleet is empty".into());
+                let e = Error::connect("no instance of the fleet is in service".into());
                 return ResponseFuture::failed(e);
             }
             // Every instance's circuit is open: not sent.
@@ -82,29 +84,29 @@ where
             }
         };
         let instance = &sent.instance;
+        let base = &instance.base;
+        // (Parts of valid URIs make a valid URI: this fails only if they
+        // somehow do not, and then nothing is sent rather than sending it
+        // to the request's own address.)
+        let Some(uri) = base.attempt_uri(req.uri()) else {
+            let e = format!(
+                "no URI from instance {}{} and the request's path {:?}",
+                base.authority,
+                base.prefix().unwrap_or_default(),
+                req.uri().path()
+            );
+            return ResponseFuture::failed(Error::connect(e.into()));
+        };
+        *req.uri_mut() = uri;
         if let Some(tried) = &tried {
             let fleet: Arc<dyn Elsewhere> = Arc::clone(roster) as Arc<dyn Elsewhere>;
-            tried.record(instance.id, fleet);
-        }
-        let mut parts = Parts::default();
-        parts.scheme = Some(instance.scheme.clone());
-        parts.authority = Some((*instance.authority).clone());
-        parts.path_and_query = Some(
-            req.uri()
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
-        // (A scheme, an authority and a path from valid URIs make a valid
-        // URI: the request keeps its own only if they somehow do not.)
-        if let Ok(uri) = Uri::from_parts(parts) {
-            *req.uri_mut() = uri;
+            tried.record(instance.id, &base.authority, fleet);
         }
         // The attempt's span (entered by the retry layer while it calls)
         // names the instance.
         let span = tracing::Span::current();
-        span.record("server.address", instance.authority.host());
-        if let Some(port) = instance.authority.port_u16() {
+        span.record("server.address", base.authority.host());
+        if let Some(port) = base.authority.port_u16() {
             span.record("server.port", i64::from(port));
         }
         let picked = Box::new(Picked {
@@ -183,7 +185,7 @@ impl<F, C> std::fmt::Debug for ResponseFuture<F, C> {
         let to = self
             .picked
             .as_ref()
-            .map(|p| p.sent.instance.authority.to_string());
+            .map(|p| p.sent.instance.base.authority.to_string());
         f.debug_struct("ResponseFuture").field("to", &to).finish()
     }
 }
@@ -206,8 +208,9 @@ where
         };
         let result = std::task::ready!(inner.poll(cx)).map_err(Into::into);
         if let Some(mut p) = this.picked.take() {
+            let server = &p.sent.instance.base.authority;
             if let Some(tried) = &p.tried {
-                tried.answered(Arc::clone(&p.sent.instance.authority));
+                tried.answered(Arc::clone(server));
             }
             let f = &p.facts;
             let facts = RequestFacts::new(&f.method, &f.uri, &f.headers);
@@ -233,7 +236,94 @@ where
                     p.roster.succeeded(&p.sent.instance);
                 }
             }
+            let tried = p.tried.as_ref();
+            return Poll::Ready(result.map_err(|e| name_instance(e, server, tried)));
         }
         Poll::Ready(result)
+    }
+}
+
+/// Names the instance an attempt failed at, and those its call had tried,
+/// on the transport's error `e` ([`InstanceError`], whose source it is).
+/// tower-resend's own errors (an attempt timeout, a deadline) stay as they
+/// are: the layers above read them at the top of the box.
+fn name_instance(
+    e: BoxError,
+    instance: &Arc<http::uri::Authority>,
+    tried: Option<&Tried>,
+) -> BoxError {
+    if e.is::<Error>() {
+        return e;
+    }
+    let tried = tried.map(Tried::servers).unwrap_or_default();
+    Box::new(InstanceError::new(Arc::clone(instance), tried, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::Duration;
+
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::fleet::{FleetLayer, Outliers};
+
+    /// A transport that fails `/api/refused` with an I/O error, `/api/slow` with
+    /// tower-resend's attempt timeout, and answers anything else.
+    fn transport(req: Request<()>) -> std::future::Ready<Result<Response<()>, BoxError>> {
+        std::future::ready(match req.uri().path() {
+            "/api/refused" => Err(io::Error::from(io::ErrorKind::ConnectionRefused).into()),
+            "/api/slow" => Err(Error::attempt_timeout(Duration::from_millis(100)).into()),
+            _ => Ok(Response::new(())),
+        })
+    }
+
+    fn get(path: &str) -> Request<()> {
+        Request::get(format!("http://upstream{path}"))
+            .body(())
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_transport_error_names_its_instance_and_resend_errors_stay_on_top() {
+        let fleet = FleetLayer::fixed(["http://10.0.0.1:80/api"]).unwrap();
+        let svc = tower_layer::Layer::layer(&fleet, tower::service_fn(transport));
+
+        let e = svc.clone().oneshot(get("/refused")).await.unwrap_err();
+        let at = e.downcast_ref::<InstanceError>().expect("named");
+        assert_eq!(at.instance().as_str(), "10.0.0.1:80");
+        assert_eq!(e.to_string(), "instance 10.0.0.1:80");
+        let cause = e.source().and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(
+            cause.map(io::Error::kind),
+            Some(io::ErrorKind::ConnectionRefused)
+        );
+
+        // The layers above read their own errors at the top of the box.
+        let e = svc.clone().oneshot(get("/slow")).await.unwrap_err();
+        let ours = e.downcast_ref::<Error>().expect("as it was");
+        assert_eq!(ours.kind(), crate::ErrorKind::AttemptTimeout);
+
+        // An answer is not touched.
+        assert!(svc.oneshot(get("/ok")).await.is_ok());
+    }
+
+    /// A discovery may take every instance out: a call then fails, not
+    /// sent, and says so.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_fleet_with_no_instance_in_service_says_so() {
+        let svc = Fleet {
+            inner: tower::service_fn(transport),
+            roster: Arc::new(Roster::new(Outliers::default())),
+            classifier: HttpClassifier::new(),
+        };
+        let e = Error::from_box(svc.oneshot(get("/")).await.unwrap_err());
+        assert!(e.is_not_sent(), "{e}");
+        assert!(
+            e.to_string()
+                .contains("no instance of the fleet is in service"),
+            "{e}"
+        );
     }
 }

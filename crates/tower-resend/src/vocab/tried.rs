@@ -16,7 +16,10 @@ pub(crate) trait Elsewhere: Send + Sync {
 
 #[derive(Default)]
 struct Record {
-    used: Vec<u64>,
+    /// The instances used, by id, with their addresses (for an error to
+    /// name them), in the order of first use; one list, so that a call
+    /// allocates for it once.
+    used: Vec<(u64, Arc<Authority>)>,
     fleet: Option<Arc<dyn Elsewhere>>,
     /// The instance whose answer came last (for the attempt's record).
     answered: Option<Arc<Authority>>,
@@ -33,14 +36,24 @@ impl Tried {
 
     /// The instances used so far.
     pub(crate) fn used(&self) -> Vec<u64> {
-        self.lock().used.clone()
+        self.lock().used.iter().map(|(id, _)| *id).collect()
     }
 
-    /// A copy of this call went to instance `id`, of `fleet`.
-    pub(crate) fn record(&self, id: u64, fleet: Arc<dyn Elsewhere>) {
+    /// The addresses of the instances used so far, in the order the call
+    /// first used them.
+    pub(crate) fn servers(&self) -> Vec<Arc<Authority>> {
+        self.lock()
+            .used
+            .iter()
+            .map(|(_, server)| Arc::clone(server))
+            .collect()
+    }
+
+    /// A copy of this call went to instance `id`, at `server`, of `fleet`.
+    pub(crate) fn record(&self, id: u64, server: &Arc<Authority>, fleet: Arc<dyn Elsewhere>) {
         let mut r = self.lock();
-        if !r.used.contains(&id) {
-            r.used.push(id);
+        if !r.used.iter().any(|(used, _)| *used == id) {
+            r.used.push((id, Arc::clone(server)));
         }
         r.fleet.get_or_insert(fleet);
     }
@@ -55,10 +68,12 @@ impl Tried {
         self.lock().answered.take()
     }
 
-    /// The next attempt can go to an instance this call has not used.
+    /// The next attempt can go to an instance this call has not used
+    /// (asked only after an answer that is not final).
     pub(crate) fn elsewhere(&self) -> bool {
         let r = self.lock();
-        r.fleet.as_ref().is_some_and(|f| f.has_other(&r.used))
+        let used: Vec<u64> = r.used.iter().map(|(id, _)| *id).collect();
+        r.fleet.as_ref().is_some_and(|f| f.has_other(&used))
     }
 }
 
