@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::request::Parts;
 use http::HeaderName;
 
-use super::held::Held;
+use super::held::HeldResponses;
 use super::stats::IdempotencyStats;
 use crate::store::Ttl;
 
@@ -120,7 +120,7 @@ pub(crate) struct Config {
     pub(crate) require: Option<Arc<RequireFn>>,
     /// What every service made by one layer shares: the responses held for
     /// a store that was down, and the counts.
-    pub(crate) held: Arc<Held>,
+    pub(crate) held: Arc<HeldResponses>,
     pub(crate) stats: IdempotencyStats,
 }
 

@@ -34,22 +34,22 @@ type Map = HashMap<(Box<str>, Box<str>), (Fingerprint, StoredResponse)>;
 
 /// The held responses of one layer, by (scope, key).
 #[derive(Default)]
-pub(crate) struct Held {
+pub(crate) struct HeldResponses {
     /// How many are held: read first, so that a request finds nothing held
     /// without taking the lock.
     count: AtomicUsize,
     map: Mutex<Map>,
 }
 
-impl std::fmt::Debug for Held {
+impl std::fmt::Debug for HeldResponses {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Held")
+        f.debug_struct("HeldResponses")
             .field("count", &self.count.load(Relaxed))
             .finish()
     }
 }
 
-impl Held {
+impl HeldResponses {
     /// What this process holds for `key`, as the store would say it.
     pub(crate) fn answer(&self, key: &RecordKey<'_>) -> Option<Begin> {
         if self.count.load(Relaxed) == 0 {
@@ -103,7 +103,7 @@ impl Held {
 /// `retrying.retry_for` has passed.
 pub(crate) fn store_later<St: Store>(
     store: &St,
-    held: &Arc<Held>,
+    held: &Arc<HeldResponses>,
     stats: &IdempotencyStats,
     retrying: Retrying,
     claim: &Claim<'_>,
@@ -222,7 +222,7 @@ mod tests {
     /// map's length, written under its lock).
     #[test]
     fn the_held_gauge_is_what_is_held() {
-        let (held, stats) = (Held::default(), IdempotencyStats::default());
+        let (held, stats) = (HeldResponses::default(), IdempotencyStats::default());
         let key = |k| RecordKey { scope: "s", key: k };
         assert!(held.hold(&key("a"), Fingerprint([0; 32]), response(), &stats));
         assert!(held.hold(&key("b"), Fingerprint([0; 32]), response(), &stats));

@@ -44,12 +44,12 @@ struct Lanes {
 }
 
 /// A waiting request's turn: a slot, or a refusal naming the wait.
-pub(super) type Admission = Result<Slot, Duration>;
+pub(super) type Admission = Result<Permit, Duration>;
 
 /// What [`State::admit`] gives a request.
 pub(super) enum Admit {
     /// A slot at once.
-    Run(Slot),
+    Run(Permit),
     /// A place in the queue: the turn comes on the receiver.
     Wait(oneshot::Receiver<Admission>),
     /// A refusal, with the wait to name.
@@ -131,7 +131,7 @@ impl State {
         let limit = lanes.limit.current();
         if lanes.running < limit && lanes.waiting() == 0 {
             lanes.running += 1;
-            return Admit::Run(self.slot());
+            return Admit::Run(self.permit());
         }
         lanes.limit.limited();
         let ahead = if retry {
@@ -165,8 +165,8 @@ impl State {
         Admit::Wait(rx)
     }
 
-    fn slot(self: &Arc<Self>) -> Slot {
-        Slot {
+    fn permit(self: &Arc<Self>) -> Permit {
+        Permit {
             state: Arc::clone(self),
             started: Instant::now(),
             finished: false,
@@ -199,7 +199,7 @@ impl State {
             drop(lanes);
             // One gone between the look and the send drops the slot, which
             // frees it again.
-            let _ = next.send(Ok(self.slot()));
+            let _ = next.send(Ok(self.permit()));
             lanes = self.lanes();
         }
     }
@@ -207,13 +207,13 @@ impl State {
 
 /// A slot taken: freed when dropped.
 #[derive(Debug)]
-pub(super) struct Slot {
+pub(super) struct Permit {
     state: Arc<State>,
     started: Instant,
     finished: bool,
 }
 
-impl Slot {
+impl Permit {
     /// The work ran to its end: its time is a sample for the limit (work
     /// cut short frees its slot without one).
     pub(super) fn finished(mut self) {
@@ -221,7 +221,7 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
+impl Drop for Permit {
     fn drop(&mut self) {
         self.state.free(self.started, self.finished);
     }

@@ -84,11 +84,11 @@ mod metrics;
 
 mod replay;
 
-use lanes::{Admit, Refusal, Slot, State, FIRST_GUESS};
+use lanes::{Admit, Permit, Refusal, State, FIRST_GUESS};
 pub use limit::AdaptiveLimit;
 use limit::{Gradient, Limit};
 use replay::Refusing;
-pub use replay::{NoReplays, Replay, Replays};
+pub use replay::{NoReplays, Replays, ShedReplays};
 
 /// Bounds the work running at once, and at capacity sheds retries first;
 /// see the [module docs](self).
@@ -364,7 +364,7 @@ impl<S, R, B, RB> Service<Request<B>> for Shed<S, R>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    R: Replay<B>,
+    R: ShedReplays<B>,
     B: Send + 'static,
     RB: Send + 'static,
 {
@@ -415,7 +415,7 @@ async fn run<S, B, RB>(
     state: &State,
     mut inner: S,
     req: Request<B>,
-    slot: Slot,
+    slot: Permit,
 ) -> Result<Response<MaybeBuffered<RB>>, S::Error>
 where
     S: Service<Request<B>, Response = Response<RB>>,

@@ -33,9 +33,9 @@ use crate::problems::{Problem, ProblemType, Protocol};
 /// What a [`ShedLayer`](super::ShedLayer) does with a request it
 /// refuses: sheds it ([`NoReplays`]), or first asks the key's record
 /// ([`Replays`]). Sealed.
-pub trait Replay<B>: sealed::Answer<B> {}
+pub trait ShedReplays<B>: sealed::Answer<B> {}
 
-impl<B, T: sealed::Answer<B>> Replay<B> for T {}
+impl<B, T: sealed::Answer<B>> ShedReplays<B> for T {}
 
 // The sealed trait names crate-private types: the point is that it is not
 // implemented, nor called, outside the crate.

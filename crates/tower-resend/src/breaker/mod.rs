@@ -92,6 +92,7 @@
 mod future;
 mod layer;
 mod per_instance;
+mod rules;
 mod service;
 mod shared;
 mod slot;
@@ -104,7 +105,7 @@ pub use layer::{
     DEFAULT_MIN_THROUGHPUT, DEFAULT_PROBES, DEFAULT_SAMPLING_WINDOW,
 };
 pub use service::CircuitBreaker;
-pub(crate) use slot::sealed::Slot;
+pub(crate) use slot::sealed::WrapsBreaker;
 pub use slot::{BreakerSlot, NoBreaker};
 
 /// The state of a circuit, from [`CircuitBreaker::state`].

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use http::uri::Authority;
 
 use super::shared::{Breaker, Config, Ticket};
-use super::state::{observes_upstream, verdict, Outcome};
+use super::state::{observes_upstream, outcome_of, Outcome};
 use crate::name::Name;
 use crate::vocab::{Circuits, Class, Pass, Refusal};
 
@@ -75,7 +75,7 @@ impl Pass for InstancePass {
         self.settled = true;
         let outcome = match error {
             Some(e) if !observes_upstream(e) => Outcome::Ignored,
-            _ => verdict(class, self.circuit.failing()),
+            _ => outcome_of(class, self.circuit.failing()),
         };
         self.circuit.settle(self.ticket, outcome);
     }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use http::{HeaderMap, Method, Response, Uri};
 use tokio::time::Instant;
 
+use super::rules::Verdict;
 use super::state::{
-    observes_upstream, verdict, Action, Change, Classes, Event, Machine, Outcome, Rules, State,
-    CLOSED, KIND,
+    observes_upstream, outcome_of, Change, Classes, Machine, Outcome, Rules, State, CLOSED, KIND,
 };
 use super::window::Window;
 use super::CircuitState;
@@ -119,10 +119,10 @@ impl<K> Breaker<K> {
     #[cold]
     fn admit_slow(&self) -> Result<Ticket, Refusal> {
         let now = Instant::now();
-        let (action, change, tag) = {
+        let (verdict, change, tag) = {
             let mut m = self.lock();
-            let (action, change) = m.step(now, Event::Call);
-            (action, change, self.publish(&m))
+            let (verdict, change) = m.call(now);
+            (verdict, change, self.publish(&m))
         };
         self.announce(change);
         let ticket = |probe| Ticket {
@@ -130,12 +130,10 @@ impl<K> Breaker<K> {
             epoch: self.window.epoch(now),
             probe,
         };
-        match action {
-            Action::Call => Ok(ticket(false)),
-            Action::Probe => Ok(ticket(true)),
-            Action::Refuse(refusal) => Err(refusal),
-            // Not an answer to a call; let it through uncounted.
-            Action::Nothing => Ok(ticket(false)),
+        match verdict {
+            Verdict::Call => Ok(ticket(false)),
+            Verdict::Probe => Ok(ticket(true)),
+            Verdict::Refuse(refusal) => Err(refusal),
         }
     }
 
@@ -160,7 +158,7 @@ impl<K> Breaker<K> {
             Err(e) if !observes_upstream(&**e) => return Outcome::Ignored,
             Err(e) => self.classifier.classify_error(&facts, &**e).class(),
         };
-        verdict(class, self.failing)
+        outcome_of(class, self.failing)
     }
 
     /// The classes it counts as failures.
@@ -197,13 +195,7 @@ impl<K> Breaker<K> {
         let counts = self.window.counts(self.window.epoch(now));
         let change = {
             let mut m = self.lock();
-            let (_, change) = m.step(
-                now,
-                Event::Failed {
-                    generation: ticket.tag >> 2,
-                    counts,
-                },
-            );
+            let change = m.failed(now, ticket.tag >> 2, counts);
             self.publish(&m);
             change
         };
@@ -215,13 +207,7 @@ impl<K> Breaker<K> {
         let now = Instant::now();
         let change = {
             let mut m = self.lock();
-            let (_, change) = m.step(
-                now,
-                Event::Probed {
-                    generation: ticket.tag >> 2,
-                    outcome,
-                },
-            );
+            let change = m.probed(now, ticket.tag >> 2, outcome);
             if change == Some(Change::Closed) {
                 // Closed afresh: what the window held is of the outage.
                 self.window.clear();

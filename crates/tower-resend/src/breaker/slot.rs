@@ -16,7 +16,7 @@ use crate::retry::{Retry, RetryLayer};
 /// [`StackBuilder::circuit_breaker`](crate::stack::StackBuilder::circuit_breaker).
 ///
 /// Sealed: nothing else can be put there.
-pub trait BreakerSlot: sealed::Slot {}
+pub trait BreakerSlot: sealed::WrapsBreaker {}
 
 /// No circuit breaker: the default of a [`stack`](crate::stack()), which
 /// then has no layer in its place at all.
@@ -27,7 +27,7 @@ pub(crate) mod sealed {
     use crate::retry::{Retry, RetryLayer};
 
     /// How the place wraps the services under it.
-    pub trait Slot {
+    pub trait WrapsBreaker {
         /// What it makes of the service `S` under it.
         type Service<S>;
 
@@ -44,7 +44,7 @@ pub(crate) mod sealed {
     }
 }
 
-impl sealed::Slot for NoBreaker {
+impl sealed::WrapsBreaker for NoBreaker {
     type Service<S> = S;
 
     fn wrap<S: Clone, C>(
@@ -60,7 +60,7 @@ impl sealed::Slot for NoBreaker {
 
 impl BreakerSlot for NoBreaker {}
 
-impl<K> sealed::Slot for CircuitBreakerLayer<K> {
+impl<K> sealed::WrapsBreaker for CircuitBreakerLayer<K> {
     type Service<S> = CircuitBreaker<S, K>;
 
     fn wrap<S: Clone, C>(

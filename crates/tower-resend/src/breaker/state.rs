@@ -1,15 +1,17 @@
 //! The breaker's rules: a pure state machine fed with events and the time.
 //!
-//! Nothing here reads a clock, takes a lock or touches an atomic: the
-//! [`rules`] function says, for a state, the time and an event, what the next
-//! state is and what to do with the call; [`Machine`] adds the generation
-//! that tells a late outcome from a current one. The shared breaker
-//! (`shared.rs`) feeds it under a lock and counts the window around it.
+//! Nothing here reads a clock, takes a lock or touches an atomic: the rules
+//! (`rules.rs`, one function per step: a call, a failure, a probe's end)
+//! say what the next state is and what to do with the call; [`Machine`]
+//! adds the generation that tells a late outcome from a current one. The
+//! shared breaker (`shared.rs`) feeds it under a lock and counts the window
+//! around it.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::rules::{on_call, on_failed, on_probed, Verdict};
 use crate::vocab::{Class, Refusal, Why};
 
 /// The settings the rules use, already checked by the layer.
@@ -29,14 +31,14 @@ pub(crate) struct Rules {
 
 impl Rules {
     /// True when `counts` is enough traffic, failing often enough, to open.
-    fn trips(&self, counts: Counts) -> bool {
+    pub(super) fn trips(&self, counts: Counts) -> bool {
         counts.calls >= self.min_throughput
             && u64::from(counts.failures) * 1_000_000
                 >= u64::from(self.ratio_ppm) * u64::from(counts.calls)
     }
 
     /// The end of a break that starts `now`.
-    fn until(&self, now: Instant) -> Instant {
+    pub(super) fn until(&self, now: Instant) -> Instant {
         now.checked_add(self.break_duration)
             .unwrap_or_else(|| now + Duration::from_secs(86_400))
     }
@@ -91,133 +93,6 @@ pub(crate) enum Outcome {
     Ignored,
 }
 
-/// Something the breaker must take into account.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Event {
-    /// A call is about to be made.
-    Call,
-    /// A call let through while closed, in `generation`, failed; `counts`
-    /// is the window with it.
-    Failed { generation: u64, counts: Counts },
-    /// A probe let through in `generation` ended.
-    Probed { generation: u64, outcome: Outcome },
-}
-
-/// What to do with the call (for [`Event::Call`]); outcomes get
-/// [`Action::Nothing`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Action {
-    /// Let it through; count its outcome in the window.
-    Call,
-    /// Let it through as a probe.
-    Probe,
-    /// Fail it at once, without calling the upstream.
-    Refuse(Refusal),
-    /// Nothing to do.
-    Nothing,
-}
-
-/// The rules of the breaker, row by row: the next state and what to do.
-pub(crate) fn rules(r: &Rules, state: State, now: Instant, event: Event) -> (State, Action) {
-    use Action::{Call, Nothing, Probe, Refuse};
-    use State::{Closed, HalfOpen, Open};
-    match (state, event) {
-        // Closed: calls go through; a failure opens the circuit once the
-        // window holds enough calls, failing often enough.
-        (Closed, Event::Call) => (Closed, Call),
-        (Closed, Event::Failed { counts, .. }) if r.trips(counts) => {
-            let why = Why::Ratio {
-                failures: counts.failures,
-                calls: counts.calls,
-            };
-            (
-                Open {
-                    until: r.until(now),
-                    why,
-                },
-                Nothing,
-            )
-        }
-        (Closed, _) => (Closed, Nothing),
-
-        // Open: calls fail at once until the break is over; the first call
-        // after it is the first probe.
-        (Open { until, why }, Event::Call) if now < until => (
-            state,
-            Refuse(Refusal::Open {
-                left: until - now,
-                why,
-            }),
-        ),
-        (Open { .. }, Event::Call) => (
-            HalfOpen {
-                in_flight: 1,
-                succeeded: 0,
-            },
-            Probe,
-        ),
-        // Late outcomes of calls let through before it opened.
-        (Open { .. }, _) => (state, Nothing),
-
-        // Half-open: `probes` calls go through, the rest fail at once; one
-        // probe failure opens it again, `probes` successes close it.
-        (
-            HalfOpen {
-                in_flight,
-                succeeded,
-            },
-            Event::Call,
-        ) if in_flight + succeeded < r.probes => (
-            HalfOpen {
-                in_flight: in_flight + 1,
-                succeeded,
-            },
-            Probe,
-        ),
-        (HalfOpen { .. }, Event::Call) => (
-            state,
-            Refuse(Refusal::Probing {
-                probes: r.probes,
-                wait: r.break_duration,
-            }),
-        ),
-        (HalfOpen { succeeded, .. }, Event::Probed { outcome, .. }) => match outcome {
-            Outcome::Success if succeeded + 1 >= r.probes => (Closed, Nothing),
-            Outcome::Success => (
-                HalfOpen {
-                    in_flight: in_flight_less_one(state),
-                    succeeded: succeeded + 1,
-                },
-                Nothing,
-            ),
-            Outcome::Failure => (
-                Open {
-                    until: r.until(now),
-                    why: Why::Probe,
-                },
-                Nothing,
-            ),
-            // A probe that told nothing gives its place to another.
-            Outcome::Ignored => (
-                HalfOpen {
-                    in_flight: in_flight_less_one(state),
-                    succeeded,
-                },
-                Nothing,
-            ),
-        },
-        // A late failure of a call let through while it was closed.
-        (HalfOpen { .. }, Event::Failed { .. }) => (state, Nothing),
-    }
-}
-
-fn in_flight_less_one(state: State) -> u32 {
-    match state {
-        State::HalfOpen { in_flight, .. } => in_flight.saturating_sub(1),
-        _ => 0,
-    }
-}
-
 /// A change of state, for the tracing event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Change {
@@ -260,21 +135,49 @@ impl Machine {
         }
     }
 
-    /// Takes `event` into account at `now`: what to do with the call, and
-    /// the change of state it made, if any. An outcome of another
-    /// generation than the current one is of a state that has passed, and
-    /// is ignored.
-    pub(crate) fn step(&mut self, now: Instant, event: Event) -> (Action, Option<Change>) {
-        let current = match event {
-            Event::Call => true,
-            Event::Failed { generation, .. } | Event::Probed { generation, .. } => {
-                generation == self.generation
-            }
-        };
-        if !current {
-            return (Action::Nothing, None);
+    /// A call is about to be made at `now`: what to do with it, and the
+    /// change of state it made, if any.
+    pub(crate) fn call(&mut self, now: Instant) -> (Verdict, Option<Change>) {
+        let (next, verdict) = on_call(&self.rules, self.state, now);
+        (verdict, self.become_(next))
+    }
+
+    /// A call let through while closed, in `generation`, failed at `now`,
+    /// the window holding `counts`: the change of state it made, if any.
+    /// An outcome of another generation than the current one is of a state
+    /// that has passed, and is ignored.
+    pub(crate) fn failed(
+        &mut self,
+        now: Instant,
+        generation: u64,
+        counts: Counts,
+    ) -> Option<Change> {
+        if generation != self.generation {
+            return None;
         }
-        let (next, action) = rules(&self.rules, self.state, now, event);
+        let next = on_failed(&self.rules, self.state, now, counts);
+        self.become_(next)
+    }
+
+    /// A probe let through in `generation` ended at `now`, as `outcome`
+    /// says: the change of state it made, if any (an outcome of a past
+    /// generation is ignored).
+    pub(crate) fn probed(
+        &mut self,
+        now: Instant,
+        generation: u64,
+        outcome: Outcome,
+    ) -> Option<Change> {
+        if generation != self.generation {
+            return None;
+        }
+        let next = on_probed(&self.rules, self.state, now, outcome);
+        self.become_(next)
+    }
+
+    /// Moves to `next`: the change, if the state's kind changed (a new
+    /// generation).
+    fn become_(&mut self, next: State) -> Option<Change> {
         let change = match (self.state, next) {
             (State::Closed, State::Open { why, .. })
             | (State::HalfOpen { .. }, State::Open { why, .. }) => Some(Change::Opened {
@@ -291,7 +194,7 @@ impl Machine {
             self.generation = self.generation.wrapping_add(1);
         }
         self.state = next;
-        (action, change)
+        change
     }
 
     /// The state.
@@ -348,7 +251,7 @@ const fn bit(class: Class) -> u8 {
 /// What an attempt's class says about the upstream: a failure when it is
 /// one of the `failing` classes, else a success (it answered sanely: a
 /// rejection is about the request, not about the upstream).
-pub(crate) fn verdict(class: Class, failing: Classes) -> Outcome {
+pub(crate) fn outcome_of(class: Class, failing: Classes) -> Outcome {
     if failing.contains(class) {
         Outcome::Failure
     } else {
@@ -380,7 +283,6 @@ pub(crate) fn observes_upstream(err: &(dyn std::error::Error + 'static)) -> bool
 mod tests {
     use super::*;
 
-    const MS: Duration = Duration::from_millis(1);
     const S: Duration = Duration::from_secs(1);
 
     fn defaults() -> Rules {
@@ -396,137 +298,14 @@ mod tests {
         Counts { calls, failures }
     }
 
-    fn failed(failures: u32, calls: u32) -> Event {
-        Event::Failed {
-            generation: 0,
-            counts: counts(failures, calls),
-        }
-    }
-
-    fn probed(outcome: Outcome) -> Event {
-        Event::Probed {
-            generation: 0,
-            outcome,
-        }
-    }
-
-    #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn the_rules_row_by_row() {
-        let r = defaults();
-        let now = Instant::now();
-        let open = |why| State::Open {
-            until: now + 5 * S,
-            why,
-        };
-        let tripped = |failures, calls| Why::Ratio { failures, calls };
-        let half = |in_flight, succeeded| State::HalfOpen {
-            in_flight,
-            succeeded,
-        };
-        let refused_open = |left, why| Action::Refuse(Refusal::Open { left, why });
-        let probing = Action::Refuse(Refusal::Probing {
-            probes: 3,
-            wait: 5 * S,
-        });
-        use Action::{Call, Nothing, Probe};
-        use Outcome::{Failure, Ignored, Success};
-        use State::Closed;
-        #[rustfmt::skip]
-        let rows: &[(State, Duration, Event, State, Action)] = &[
-            // Closed: calls go through.
-            (Closed, Duration::ZERO, Event::Call, Closed, Call),
-            // Below the minimum throughput, even all failures do not open it.
-            (Closed, Duration::ZERO, failed(99, 99), Closed, Nothing),
-            (Closed, Duration::ZERO, failed(1, 1), Closed, Nothing),
-            // At the minimum throughput, the ratio decides, boundary included.
-            (Closed, Duration::ZERO, failed(9, 100), Closed, Nothing),
-            (Closed, Duration::ZERO, failed(10, 100), open(tripped(10, 100)), Nothing),
-            (Closed, Duration::ZERO, failed(100, 100), open(tripped(100, 100)), Nothing),
-            (Closed, Duration::ZERO, failed(13, 140), Closed, Nothing),
-            (Closed, Duration::ZERO, failed(14, 140), open(tripped(14, 140)), Nothing),
-            // Outcomes of probes cannot reach a closed circuit's generation;
-            // if one did, it would change nothing.
-            (Closed, Duration::ZERO, probed(Failure), Closed, Nothing),
-            // Open: calls fail at once with the time left.
-            (open(Why::Probe), Duration::ZERO, Event::Call, open(Why::Probe), refused_open(5 * S, Why::Probe)),
-            (open(tripped(10, 100)), 4999 * MS, Event::Call, open(tripped(10, 100)), refused_open(MS, tripped(10, 100))),
-            // ... until the break is over: the next call is the first probe.
-            (open(Why::Probe), 5 * S, Event::Call, half(1, 0), Probe),
-            (open(Why::Probe), 60 * S, Event::Call, half(1, 0), Probe),
-            // Late outcomes of calls made before it opened change nothing.
-            (open(Why::Probe), S, failed(100, 100), open(Why::Probe), Nothing),
-            (open(Why::Probe), S, probed(Success), open(Why::Probe), Nothing),
-            // Half-open: up to `probes` at once, the rest fail at once.
-            (half(1, 0), Duration::ZERO, Event::Call, half(2, 0), Probe),
-            (half(2, 0), Duration::ZERO, Event::Call, half(3, 0), Probe),
-            (half(3, 0), Duration::ZERO, Event::Call, half(3, 0), probing),
-            (half(1, 2), Duration::ZERO, Event::Call, half(1, 2), probing),
-            (half(0, 2), Duration::ZERO, Event::Call, half(1, 2), Probe),
-            // A probe that succeeds counts; `probes` successes close it.
-            (half(3, 0), Duration::ZERO, probed(Success), half(2, 1), Nothing),
-            (half(1, 2), Duration::ZERO, probed(Success), Closed, Nothing),
-            // One probe failure opens it again, for a whole break from now.
-            (half(3, 2), Duration::ZERO, probed(Failure), open(Why::Probe), Nothing),
-            // A probe that told nothing (dropped, refused by our own
-            // deadline) frees its place.
-            (half(3, 0), Duration::ZERO, probed(Ignored), half(2, 0), Nothing),
-            // A late failure of a call made while closed is no probe.
-            (half(3, 0), Duration::ZERO, failed(100, 100), half(3, 0), Nothing),
-        ];
-        for (i, &(state, at, event, next, action)) in rows.iter().enumerate() {
-            let got = rules(&r, state, now + at, event);
-            // An open state's `until` is relative to the event's time.
-            let next = match next {
-                State::Open { why, .. } if !matches!(state, State::Open { .. }) => State::Open {
-                    until: now + at + r.break_duration,
-                    why,
-                },
-                other => other,
-            };
-            assert_eq!(
-                got,
-                (next, action),
-                "row {i}: {state:?} + {event:?} at {at:?}"
-            );
-        }
-    }
-
-    #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn one_probe_closes_when_one_is_configured() {
-        let r = Rules {
-            probes: 1,
-            ..defaults()
-        };
-        let now = Instant::now();
-        let half = State::HalfOpen {
-            in_flight: 1,
-            succeeded: 0,
-        };
-        assert_eq!(
-            rules(&r, half, now, Event::Call).1,
-            Action::Refuse(Refusal::Probing {
-                probes: 1,
-                wait: 5 * S
-            })
-        );
-        assert_eq!(
-            rules(&r, half, now, probed(Outcome::Success)),
-            (State::Closed, Action::Nothing)
-        );
-    }
-
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn the_machine_ignores_outcomes_of_past_states_and_reports_changes() {
         let mut m = Machine::new(defaults());
         let t0 = Instant::now();
-        assert_eq!(m.step(t0, Event::Call), (Action::Call, None));
+        assert_eq!(m.call(t0), (Verdict::Call, None));
         assert_eq!(m.tag() & KIND, CLOSED);
         let g0 = m.generation();
-        let trip = Event::Failed {
-            generation: g0,
-            counts: counts(57, 100),
-        };
-        let (_, change) = m.step(t0, trip);
+        let change = m.failed(t0, g0, counts(57, 100));
         assert_eq!(
             change,
             Some(Change::Opened {
@@ -541,32 +320,27 @@ mod tests {
         let g1 = m.generation();
         assert_ne!(g0, g1);
         // The break is over: the first call is a probe, in a new generation.
-        let (action, change) = m.step(t0 + 5 * S, Event::Call);
-        assert_eq!(action, Action::Probe);
+        let (verdict, change) = m.call(t0 + 5 * S);
+        assert_eq!(verdict, Verdict::Probe);
         assert_eq!(change, Some(Change::HalfOpened { probes: 3 }));
         let g2 = m.generation();
         // A call let through while closed fails late: no probe failure.
-        assert_eq!(m.step(t0 + 5 * S, trip), (Action::Nothing, None));
-        let stale = Event::Probed {
-            generation: g1,
-            outcome: Outcome::Failure,
-        };
-        assert_eq!(m.step(t0 + 5 * S, stale), (Action::Nothing, None));
+        assert_eq!(m.failed(t0 + 5 * S, g0, counts(57, 100)), None);
+        assert_eq!(m.probed(t0 + 5 * S, g1, Outcome::Failure), None);
         assert_eq!(m.tag() & KIND, HALF_OPEN);
         // Three probes succeed: closed, in a new generation.
-        let ok = Event::Probed {
-            generation: g2,
-            outcome: Outcome::Success,
-        };
-        m.step(t0 + 5 * S, Event::Call);
-        m.step(t0 + 5 * S, Event::Call);
-        assert_eq!(m.step(t0 + 5 * S, ok).1, None);
-        assert_eq!(m.step(t0 + 5 * S, ok).1, None);
-        assert_eq!(m.step(t0 + 5 * S, ok).1, Some(Change::Closed));
+        m.call(t0 + 5 * S);
+        m.call(t0 + 5 * S);
+        assert_eq!(m.probed(t0 + 5 * S, g2, Outcome::Success), None);
+        assert_eq!(m.probed(t0 + 5 * S, g2, Outcome::Success), None);
+        assert_eq!(
+            m.probed(t0 + 5 * S, g2, Outcome::Success),
+            Some(Change::Closed)
+        );
         assert_eq!(m.state(), State::Closed);
         assert_ne!(m.generation(), g2);
         // The probes' generation is past: another success changes nothing.
-        assert_eq!(m.step(t0 + 5 * S, ok), (Action::Nothing, None));
+        assert_eq!(m.probed(t0 + 5 * S, g2, Outcome::Success), None);
     }
 
     #[test]
@@ -582,14 +356,14 @@ mod tests {
             (Class::NotSent, Outcome::Failure),
         ];
         for (class, outcome) in rows {
-            assert_eq!(verdict(class, d), outcome, "{class}");
+            assert_eq!(outcome_of(class, d), outcome, "{class}");
         }
         // Configurable, but Success and Rejected never count.
         let only_5xx = Classes::of([Class::Unknown, Class::Rejected, Class::Success]);
-        assert_eq!(verdict(Class::Unknown, only_5xx), Outcome::Failure);
-        assert_eq!(verdict(Class::Overloaded, only_5xx), Outcome::Success);
-        assert_eq!(verdict(Class::Rejected, only_5xx), Outcome::Success);
-        assert_eq!(verdict(Class::Success, only_5xx), Outcome::Success);
+        assert_eq!(outcome_of(Class::Unknown, only_5xx), Outcome::Failure);
+        assert_eq!(outcome_of(Class::Overloaded, only_5xx), Outcome::Success);
+        assert_eq!(outcome_of(Class::Rejected, only_5xx), Outcome::Success);
+        assert_eq!(outcome_of(Class::Success, only_5xx), Outcome::Success);
     }
 
     #[test]

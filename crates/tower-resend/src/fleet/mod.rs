@@ -120,7 +120,7 @@ pub use per_instance::PerInstance;
 pub use roster::Outliers;
 pub(crate) use roster::Roster;
 pub use service::{Fleet, ResponseFuture};
-pub(crate) use slot::sealed::Slot;
+pub(crate) use slot::sealed::WrapsFleet;
 pub use slot::{FleetSlot, NoFleet};
 
 /// Sends each attempt to one instance of the upstream; see the

@@ -13,7 +13,7 @@ use super::{Fleet, FleetLayer};
 /// [`StackBuilder::fleet`](crate::stack::StackBuilder::fleet).
 ///
 /// Sealed: nothing else can be put there.
-pub trait FleetSlot: sealed::Slot {}
+pub trait FleetSlot: sealed::WrapsFleet {}
 
 /// No fleet: the default of a [`stack`](crate::stack()), whose attempts
 /// go to the request's URI, with no layer in the fleet's place at all.
@@ -22,7 +22,7 @@ pub struct NoFleet;
 
 pub(crate) mod sealed {
     /// How the place wraps the service under it.
-    pub trait Slot {
+    pub trait WrapsFleet {
         /// What it makes of the service `S` under it, classifying with `C`.
         type Service<S, C>;
 
@@ -38,7 +38,7 @@ pub(crate) mod sealed {
     }
 }
 
-impl sealed::Slot for NoFleet {
+impl sealed::WrapsFleet for NoFleet {
     type Service<S, C> = S;
     const IS_FLEET: bool = false;
 
@@ -53,7 +53,7 @@ impl sealed::Slot for NoFleet {
 
 impl FleetSlot for NoFleet {}
 
-impl sealed::Slot for FleetLayer {
+impl sealed::WrapsFleet for FleetLayer {
     type Service<S, C> = Fleet<S, C>;
     const IS_FLEET: bool = true;
 

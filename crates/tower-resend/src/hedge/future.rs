@@ -17,6 +17,7 @@ use http::{HeaderName, Request, Response};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::rules::{in_time, on_answer, room_for_backup, OnAnswer};
 use super::{Delay, Hedged, Shared};
 use crate::body::Replay;
 use crate::classify::{Class, Classify, RequestFacts};
@@ -38,7 +39,7 @@ pin_project_lite::pin_project! {
         // Not hedged: the one copy.
         Direct { #[pin] inner: F },
         // Hedged: the copies, polled together.
-        Hedged { inner: Box<Hedging<F, S, B, C, R>> },
+        Hedged { inner: Box<HedgedCall<F, S, B, C, R>> },
     }
 }
 
@@ -56,7 +57,7 @@ impl<F, S, B, C, R> ResponseFuture<F, S, B, C, R> {
         // after it (a timeout layer below, seeing a retry layer in charge,
         // does not check it again).
         let deadline = Deadline::of(&template.extensions);
-        let inner = Box::new(Hedging {
+        let inner = Box::new(HedgedCall {
             deadline,
             copies: vec![(1, Box::pin(first))],
             svc,
@@ -149,7 +150,7 @@ impl<B: Replay> Template<B> {
 }
 
 /// A hedged call: the copies in flight, and what decides the next.
-struct Hedging<F, S, B, C, R> {
+struct HedgedCall<F, S, B, C, R> {
     /// (copy number, its future), the copies in flight.
     copies: Vec<(u32, Pin<Box<F>>)>,
     svc: S,
@@ -169,7 +170,7 @@ struct Hedging<F, S, B, C, R> {
     last: Option<(u32, Result<Response<R>, BoxError>, Class)>,
 }
 
-impl<F, S, B, C, R, E> Hedging<F, S, B, C, R>
+impl<F, S, B, C, R, E> HedgedCall<F, S, B, C, R>
 where
     F: Future<Output = Result<Response<R>, E>>,
     E: Into<BoxError>,
@@ -204,17 +205,14 @@ where
                     Err(e) => self.shared.classifier.classify_error(&facts, &**e),
                 }
             };
-            if matches!(c.class(), Class::Success | Class::Rejected) {
-                // A final answer ends the call; the other copies are dropped.
-                if let Delay::Percentile { p, .. } = self.shared.delay {
-                    self.shared.latency.record(self.start.elapsed(), p);
+            match on_answer(c.class(), c.pushback().is_some()) {
+                OnAnswer::End => {
+                    if let Delay::Percentile { p, .. } = self.shared.delay {
+                        self.shared.latency.record(self.start.elapsed(), p);
+                    }
+                    return Poll::Ready(self.end(n, result, c.class()));
                 }
-                return Poll::Ready(self.end(n, result, c.class()));
-            }
-            // An answer that may change: the next copy at once, unless the
-            // server asked for a wait (then the retry layer waits it).
-            if c.pushback().is_some() {
-                self.more = false;
+                OnAnswer::GoOn { backup } => self.more &= backup,
             }
             if self.more && self.waiting.is_none() {
                 self.next_copy();
@@ -251,7 +249,7 @@ where
     /// out once the service is ready.
     fn next_copy(&mut self) {
         let shared = &self.shared;
-        let allowed = self.sent < shared.max_copies
+        let allowed = room_for_backup(self.sent, shared.max_copies)
             && shared.share.withdraw().is_some()
             && shared
                 .budget
@@ -269,14 +267,13 @@ where
         let now = match self.svc.poll_ready(cx) {
             Poll::Ready(Ok(())) => {
                 let now = Instant::now();
-                if self.deadline.is_some_and(|d| d.instant() <= now) {
-                    // Too late for another copy.
+                if !in_time(self.deadline, now) {
                     self.more = false;
                     return;
                 }
                 self.sent += 1;
                 self.copies.push((self.sent, Box::pin(self.svc.call(req))));
-                self.more = self.sent < self.shared.max_copies;
+                self.more = room_for_backup(self.sent, self.shared.max_copies);
                 self.last = None;
                 now
             }

@@ -1,6 +1,7 @@
 //! Hedged calls: a backup copy of a slow attempt, only where it is safe.
 
 mod future;
+mod rules;
 mod slot;
 
 use std::collections::VecDeque;
@@ -23,7 +24,7 @@ use crate::telemetry::{CallMetrics, ClientMetrics};
 pub use crate::vocab::Hedged;
 pub use future::ResponseFuture;
 use future::Template;
-pub(crate) use slot::sealed::Slot;
+pub(crate) use slot::sealed::WrapsHedge;
 pub use slot::{HedgeSlot, Hedging, NoHedge};
 
 /// When a backup copy goes out.

@@ -9,7 +9,7 @@ use tower_layer::Layer;
 /// [`NoHedge`] (the default) or [`Hedging`], which
 /// [`StackBuilder::hedge`](crate::stack::StackBuilder::hedge) puts there.
 /// Sealed.
-pub trait HedgeSlot: sealed::Slot {}
+pub trait HedgeSlot: sealed::WrapsHedge {}
 
 /// No hedging: the default of a [`stack`](crate::stack()), which then has
 /// no layer in the hedge's place at all.
@@ -26,7 +26,7 @@ pub(crate) mod sealed {
     use super::HedgeLayer;
 
     /// How the place wraps the service under it.
-    pub trait Slot {
+    pub trait WrapsHedge {
         /// What it makes of the service `S` under it, classifying with `C`.
         type Service<S, C>;
 
@@ -35,7 +35,7 @@ pub(crate) mod sealed {
     }
 }
 
-impl sealed::Slot for NoHedge {
+impl sealed::WrapsHedge for NoHedge {
     type Service<S, C> = S;
 
     fn wrap<S, C: Clone>(_: HedgeLayer<C>, inner: S) -> S {
@@ -45,7 +45,7 @@ impl sealed::Slot for NoHedge {
 
 impl HedgeSlot for NoHedge {}
 
-impl sealed::Slot for Hedging {
+impl sealed::WrapsHedge for Hedging {
     type Service<S, C> = Hedge<S, C>;
 
     fn wrap<S, C: Clone>(hedge: HedgeLayer<C>, inner: S) -> Hedge<S, C> {

@@ -5,7 +5,7 @@ use tower_service::Service;
 
 use super::ResponseFuture;
 use crate::body::Replay;
-use crate::breaker::{BreakerSlot, NoBreaker, Slot};
+use crate::breaker::{BreakerSlot, NoBreaker, WrapsBreaker};
 use crate::classify::HttpClassifier;
 use crate::deadline::{CallDeadline, DeadlineHeader};
 use crate::error::{BoxError, Error};
@@ -19,9 +19,11 @@ use crate::timeout::AttemptTimeout;
 pub(super) type Inner<S, C, B, F, H> = CallDeadline<
     SetIdempotencyKey<
         Retry<
-            <B as Slot>::Service<
-                <H as hedge::Slot>::Service<
-                    DeadlineHeader<<F as fleet::Slot>::Service<AttemptTimeout<ReadAhead<S>>, C>>,
+            <B as WrapsBreaker>::Service<
+                <H as hedge::WrapsHedge>::Service<
+                    DeadlineHeader<
+                        <F as fleet::WrapsFleet>::Service<AttemptTimeout<ReadAhead<S>>, C>,
+                    >,
                     C,
                 >,
             >,

@@ -27,7 +27,7 @@ pub(super) fn wait_for(config: &Config, deadline: Option<Deadline>) -> Duration 
 
 /// What claiming found: what holds the key, and the transaction when it
 /// is this request's.
-pub(super) type Found = (
+pub(super) type ClaimAnswer = (
     Result<Begin, StoreError>,
     Option<Transaction<'static, Postgres>>,
 );
@@ -50,7 +50,7 @@ pub(super) async fn claim(
     config: &Config,
     row: &KeyRow<'_>,
     wait: Duration,
-) -> Found {
+) -> ClaimAnswer {
     let started = Instant::now();
     let ttl = millis(config.ttl.record);
     if let Some(sql) =
@@ -133,7 +133,7 @@ async fn claim_long(
     config: &Config,
     row: &KeyRow<'_>,
     wait: Duration,
-) -> Found {
+) -> ClaimAnswer {
     let begun = with_timeout(config.store_timeout, async {
         begin(&backend.pool, None)
             .await

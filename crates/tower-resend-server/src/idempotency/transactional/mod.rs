@@ -11,7 +11,7 @@ use sqlx::{Postgres, Transaction};
 
 use self::claim::{claim, wait_for, KeyRow};
 use self::commit::commit;
-use self::tx::{begin, Slot};
+use self::tx::{begin, TxCell};
 pub use self::tx::{HandlerTransaction, IdempotentTx, NoTransaction, TxConnection};
 use super::backend::{sealed::Sealed, Backend, Claimed, KeyClaim};
 use super::config::Shared;
@@ -300,11 +300,11 @@ impl Backend for PostgresTransactional {}
 // `pub` (in a private module) as the sealed `Backend`'s associated type:
 // nameable nowhere outside the crate.
 #[allow(unreachable_pub)]
-pub struct Held {
+pub struct HeldTx {
     /// The transaction while the layer holds it.
     tx: Option<Transaction<'static, Postgres>>,
     /// Where the handler borrows it from.
-    slot: Slot,
+    slot: TxCell,
     /// The key's record, for a keyed request.
     record: Option<Record>,
     /// What the SQLSTATE of the handler's last failed statement says, once
@@ -321,11 +321,11 @@ pub(super) struct Record {
     pub(super) token: String,
 }
 
-impl Held {
+impl HeldTx {
     fn new(tx: Option<Transaction<'static, Postgres>>, record: Option<Record>) -> Self {
         Self {
             tx,
-            slot: Slot::default(),
+            slot: TxCell::default(),
             record,
             failed: None,
         }
@@ -336,9 +336,9 @@ impl Held {
 #[allow(private_interfaces)]
 impl Sealed for PostgresTransactional {
     const MODE: Mode = Mode::Transaction;
-    type Hold = Held;
+    type Hold = HeldTx;
 
-    async fn claim(shared: &Arc<Shared<Self>>, c: &KeyClaim<'_>) -> Claimed<Held> {
+    async fn claim(shared: &Arc<Shared<Self>>, c: &KeyClaim<'_>) -> Claimed<HeldTx> {
         let config = &shared.config;
         let token = LeaseToken::random().to_string();
         let row = KeyRow {
@@ -362,21 +362,21 @@ impl Sealed for PostgresTransactional {
         };
         Claimed {
             found,
-            hold: Held::new(tx, Some(record)),
+            hold: HeldTx::new(tx, Some(record)),
         }
     }
 
-    async fn transact(shared: &Arc<Shared<Self>>) -> Result<Held, StoreError> {
+    async fn transact(shared: &Arc<Shared<Self>>) -> Result<HeldTx, StoreError> {
         let begun = with_timeout(shared.config.store_timeout, async {
             begin(&shared.store.pool, None)
                 .await
                 .map_err(pg_error("cannot begin a transaction"))
         })
         .await?;
-        Ok(Held::new(Some(begun), None))
+        Ok(HeldTx::new(Some(begun), None))
     }
 
-    fn start(hold: &mut Held, extensions: &mut Extensions) {
+    fn start(hold: &mut HeldTx, extensions: &mut Extensions) {
         // (A fresh slot's lock is free: `try_lock` cannot fail here.)
         if let Ok(mut lent) = hold.slot.try_lock() {
             *lent = hold.tx.take().map(TxConnection::new);
@@ -384,16 +384,16 @@ impl Sealed for PostgresTransactional {
         extensions.insert(HandlerTransaction(Arc::clone(&hold.slot)));
     }
 
-    fn renew_every(_: &Held) -> Option<Duration> {
+    fn renew_every(_: &HeldTx) -> Option<Duration> {
         // The open transaction holds the key: nothing to renew.
         None
     }
 
-    async fn renew(_: &Arc<Shared<Self>>, _: &Held) -> Result<LeaseState, StoreError> {
+    async fn renew(_: &Arc<Shared<Self>>, _: &HeldTx) -> Result<LeaseState, StoreError> {
         Ok(LeaseState::Held)
     }
 
-    async fn take_back(shared: &Arc<Shared<Self>>, hold: &mut Held) -> bool {
+    async fn take_back(shared: &Arc<Shared<Self>>, hold: &mut HeldTx) -> bool {
         // The handler has ended, and its guard with it; a guard it let
         // escape is waited for, for a while.
         let taken = with_timeout(shared.config.store_timeout, async {
@@ -413,7 +413,7 @@ impl Sealed for PostgresTransactional {
 
     async fn keep(
         shared: &Arc<Shared<Self>>,
-        hold: &mut Held,
+        hold: &mut HeldTx,
         record: &StoredResponse,
         status: StatusCode,
     ) -> Kept {
@@ -432,12 +432,12 @@ impl Sealed for PostgresTransactional {
         Kept::Committed(committed, status)
     }
 
-    fn hold(_: &Arc<Shared<Self>>, _: Held, _: StoredResponse) {
+    fn hold(_: &Arc<Shared<Self>>, _: HeldTx, _: StoredResponse) {
         // (Never asked: a transaction's end is committed or not, never held.)
         tracing::error!("a transaction's record cannot be held for later");
     }
 
-    async fn release(_: &Arc<Shared<Self>>, hold: Held) {
+    async fn release(_: &Arc<Shared<Self>>, hold: HeldTx) {
         if let Some(tx) = hold.tx {
             let _ = tx.rollback().await;
         }

@@ -18,7 +18,7 @@ use crate::idempotency::rules::Sqlstate;
 
 /// The transaction of one request, lent to its handler and taken back when
 /// the handler ends.
-pub(crate) type Slot = Arc<Mutex<Option<TxConnection>>>;
+pub(crate) type TxCell = Arc<Mutex<Option<TxConnection>>>;
 
 /// SQLSTATE 25P02, `in_failed_sql_transaction`: a statement of the
 /// transaction failed before, and it can only roll back.
@@ -180,7 +180,7 @@ impl<'c> Executor<'c> for &'c mut TxConnection {
 /// every unsafe request it runs. Get its connection with
 /// [`IdempotentTx::of`] (or, in axum, take an [`IdempotentTx`] argument).
 #[derive(Clone)]
-pub struct HandlerTransaction(pub(crate) Slot);
+pub struct HandlerTransaction(pub(crate) TxCell);
 
 impl std::fmt::Debug for HandlerTransaction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
