@@ -20,7 +20,7 @@ use tonic::Code;
 use tower::ServiceExt;
 use tower_resend::classify::GrpcCode;
 use tower_resend::retry::Stop;
-use tower_resend::routes::Router;
+use tower_resend::routes::PerRoute;
 use tower_resend::service_config::{ConfiguredStack, MethodPolicy, ServiceConfig};
 use tower_resend::tonic::{grpc_status, TonicTransport};
 
@@ -60,7 +60,7 @@ const A6_HEDGING: &str = r#"{
 const UNARY_ECHO: &str = "/EchoService/UnaryEcho";
 const OTHER: &str = "/EchoService/OtherEcho";
 
-type Client = Router<ConfiguredStack<TonicTransport<tonic::transport::Channel>>>;
+type Client = PerRoute<ConfiguredStack<TonicTransport<tonic::transport::Channel>>>;
 
 /// `json`'s stacks around a channel to `server`: 10 s a call, seeded.
 fn client(json: &str, server: &GrpcServer) -> Client {

@@ -689,3 +689,34 @@ async fn a_keyed_call_cut_by_its_deadline_is_deadline_exceeded() {
     idle(30 * SECOND).await;
     assert_eq!(server.effects(), 1);
 }
+
+/// A stack named in one line, as a struct field holds it: a generated-style
+/// client over a `BoxChannel` calls through the stack and sees its errors
+/// as gRPC statuses.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_client_over_a_box_channel_fits_in_a_struct_field() {
+    use tower_resend::tonic::{boxed_channel, BoxChannel};
+
+    struct Clients {
+        ledger: tonic::client::Grpc<BoxChannel>,
+    }
+    let server = GrpcServer::start(|_, path| match path {
+        GET_BALANCE => Do::Hang,
+        _ => Do::Status(Code::Unavailable, None),
+    })
+    .await;
+    let mut clients = Clients {
+        ledger: tonic::client::Grpc::new(boxed_channel(
+            stack()
+                .total(SECOND)
+                .service(TonicTransport::new(server.channel())),
+        )),
+    };
+    let status = unary(&mut clients.ledger, GET_BALANCE, charge_request())
+        .await
+        .expect_err("nobody answers");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    // (GetBalance is a POST no classifier called safe: outcome unknown
+    // behind it.)
+    assert!(resend_error(&status).is_some_and(tower_resend::Error::is_outcome_unknown));
+}

@@ -152,3 +152,94 @@ async fn a_callers_key_is_sent_on_every_attempt_without_idempotency_keys() {
         .collect();
     assert_eq!(keys, vec![Some("order-7".to_owned()); 2]);
 }
+
+/// Code written for the earlier names still compiles: each is a deprecated
+/// alias of the type it became (its warning names the new path).
+#[test]
+#[allow(deprecated)]
+fn the_earlier_names_are_aliases_of_the_new_ones() {
+    use std::any::TypeId;
+    fn same<A: 'static, B: 'static>() -> bool {
+        TypeId::of::<A>() == TypeId::of::<B>()
+    }
+    assert!(same::<
+        tower_resend::DeadlineLayer,
+        tower_resend::deadline::CallDeadlineLayer,
+    >());
+    assert!(same::<
+        tower_resend::IdempotencyKeyLayer,
+        tower_resend::idempotency::SetIdempotencyKeyLayer,
+    >());
+    assert!(same::<tower_resend::Attempts, tower_resend::retry::Attempts>());
+    assert!(same::<
+        tower_resend::CallOptions,
+        tower_resend::retry::CallOptions,
+    >());
+    assert!(same::<
+        tower_resend::StackBuilder,
+        tower_resend::stack::StackBuilder,
+    >());
+    assert!(same::<
+        tower_resend::retry::HedgeLayer,
+        tower_resend::hedge::HedgeLayer,
+    >());
+    assert!(same::<
+        tower_resend::routes::Router<()>,
+        tower_resend::routes::PerRoute<()>,
+    >());
+    assert!(same::<
+        tower_resend::fleet::InvalidInstance,
+        tower_resend::fleet::InvalidFleet,
+    >());
+}
+
+/// A stack with its type erased is one line in a struct field, and calls
+/// as the stack does.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_boxed_stack_fits_in_a_struct_field_and_calls_as_the_stack() {
+    use tower_resend::stack::BoxStack;
+
+    #[derive(Clone)]
+    struct State {
+        shipping: BoxStack<String>,
+    }
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = calls.clone();
+    let upstream = tower::service_fn(move |_req: http::Request<String>| {
+        let first = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        async move {
+            let status = if first { 503 } else { 200 };
+            Ok::<_, tower_resend::BoxError>(
+                http::Response::builder()
+                    .status(status)
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))
+                    .unwrap(),
+            )
+        }
+    });
+    let state = State {
+        shipping: tower_resend::stack()
+            .name("shipping")
+            .hedge(std::time::Duration::from_millis(50))
+            .service(upstream)
+            .boxed(),
+    };
+    let resp = state
+        .shipping
+        .clone()
+        .oneshot(
+            http::Request::get("http://shipping/rates")
+                .body(String::new())
+                .unwrap(),
+        )
+        .await
+        .expect("the backup answers");
+    assert_eq!(resp.status(), 200);
+    // The 503 sent the hedge's backup at once: one attempt of two copies.
+    let attempts = resp
+        .extensions()
+        .get::<tower_resend::retry::Attempts>()
+        .unwrap();
+    let last = attempts.iter().last().unwrap();
+    assert_eq!((attempts.len(), last.copies()), (1, 2), "{attempts}");
+}

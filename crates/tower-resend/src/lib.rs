@@ -178,6 +178,7 @@ pub mod hedge;
 pub mod idempotency;
 mod name;
 pub mod read_ahead;
+mod renamed;
 #[cfg(feature = "reqwest")]
 pub mod reqwest;
 pub mod retry;
@@ -198,6 +199,12 @@ pub use deadline::value::Deadline;
 pub use error::{BoxError, Error, ErrorKind, Phase, RetryAdvice};
 pub use idempotency::key::IdempotencyKey;
 pub use name::Name;
+#[doc(hidden)]
+#[allow(deprecated)]
+pub use renamed::{
+    Attempts, CallOptions, DeadlineLayer, DeadlineService, HedgeFuture, IdempotencyKeyLayer,
+    ReplayBody, Stack, StackBuilder, StackFuture,
+};
 
 /// Starts a [`StackBuilder`](stack::StackBuilder): the whole of tower-resend, composed in the right
 /// order, with the defaults (10 s per call, 5 s per attempt, 3 attempts in

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::rules::{on_call, on_failed, on_probed, Verdict};
-use crate::vocab::{Class, Refusal, Why};
+use crate::vocab::{Class, Why};
 
 /// The settings the rules use, already checked by the layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -114,6 +114,9 @@ use tower_layer::Layer;
 
 use crate::classify::HttpClassifier;
 use crate::error::BoxError;
+#[doc(hidden)]
+#[allow(deprecated)]
+pub use crate::renamed::fleet::*;
 use base::Base;
 pub use error::{InstanceError, InvalidFleet};
 pub use per_instance::PerInstance;

@@ -86,6 +86,9 @@ mod run;
 mod service;
 mod throttle;
 
+#[doc(hidden)]
+#[allow(deprecated)]
+pub use crate::renamed::retry::*;
 pub use crate::vocab::{Attempt, Attempts, Stop};
 pub(crate) use announce::{announce, announced};
 pub use backoff::{Backoff, InvalidBackoff};

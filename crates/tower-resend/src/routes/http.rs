@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use http::Method;
 
+use super::per_route::PerRoute;
 use super::pick::{HttpTable, Picker};
-use super::router::Router;
 use crate::breaker::BreakerSlot;
 use crate::fleet::FleetSlot;
 use crate::hedge::Hedging;
@@ -123,7 +123,7 @@ pub(crate) struct Route {
 /// [`RoutePolicy`] over one base stack: [`service`](Self::service) builds
 /// one stack per route, all over clones of one transport and sharing what
 /// the base shares (its retry budget, its breaker, its throttle), and a
-/// [`Router`] that sends each request through its route's stack (the
+/// [`PerRoute`] that sends each request through its route's stack (the
 /// base's for requests no route takes).
 ///
 /// The longest matching prefix wins (whole segments: `/orders` takes
@@ -201,7 +201,7 @@ impl Routes {
         self.routes.is_empty()
     }
 
-    /// A [`Router`] over `transport`: one stack per route, `base` with the
+    /// A [`PerRoute`] over `transport`: one stack per route, `base` with the
     /// route's policy, and `base` itself for the requests no route takes.
     ///
     /// Its stacks all have a hedge layer (a route may hedge); it hedges
@@ -210,7 +210,7 @@ impl Routes {
         &self,
         base: StackBuilder<C, B, F, H>,
         transport: S,
-    ) -> Router<Stack<S, C, B, F, Hedging>>
+    ) -> PerRoute<Stack<S, C, B, F, Hedging>>
     where
         S: Clone,
         C: Clone,
@@ -229,7 +229,7 @@ impl Routes {
                 .iter()
                 .map(|r| (r.method.clone(), r.prefix.clone())),
         );
-        Router::new(Picker::Http(table), stacks, base.service(transport))
+        PerRoute::new(Picker::Http(table), stacks, base.service(transport))
     }
 }
 

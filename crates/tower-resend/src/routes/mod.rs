@@ -1,4 +1,4 @@
-//! Policies per route: a [`Router`] that sends each request through the
+//! Policies per route: a [`PerRoute`] that sends each request through the
 //! stack of its route, built from a table of HTTP routes ([`Routes`]:
 //! method and path prefix) or from a gRPC service config
 //! ([`ServiceConfig`](crate::service_config::ServiceConfig), feature
@@ -52,10 +52,13 @@
 //! service config writes them (`"1.5s"`).
 
 mod http;
+mod per_route;
 mod pick;
-mod router;
 
 pub use self::http::{RoutePolicy, Routes};
+pub use self::per_route::{PerRoute, ResponseFuture};
 #[cfg(feature = "service-config")]
 pub(crate) use self::pick::{GrpcTable, Picker};
-pub use self::router::{ResponseFuture, Router};
+#[doc(hidden)]
+#[allow(deprecated)]
+pub use crate::renamed::routes::*;

@@ -1,4 +1,4 @@
-//! How a [`Router`](super::Router) picks a route: the HTTP table (method
+//! How a [`PerRoute`](super::PerRoute) picks a route: the HTTP table (method
 //! and path prefix) and the gRPC one (service and method), which the
 //! router consults and the builders of routes fill.
 
@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use http::{Method, Request};
 
-/// How a [`Router`](super::Router) picks a route for a request: by method and path
+/// How a [`PerRoute`](super::PerRoute) picks a route for a request: by method and path
 /// prefix (an HTTP [route table](super::Routes)), or by gRPC service and
 /// method (a [service config](crate::service_config)).
 #[derive(Debug)]

@@ -11,7 +11,7 @@ use crate::fleet::FleetSlot;
 use crate::hedge::Hedging;
 use crate::read_ahead::ReadAhead;
 use crate::retry::{Backoff, RetryBudget};
-use crate::routes::{GrpcTable, Picker, Router};
+use crate::routes::{GrpcTable, PerRoute, Picker};
 use crate::stack::{Stack, StackBuilder};
 use crate::timeout::AttemptTimeout;
 
@@ -30,7 +30,7 @@ impl ServiceConfig {
         })
     }
 
-    /// A [`Router`] over `transport` (a `tower_resend::tonic::TonicTransport`
+    /// A [`PerRoute`] over `transport` (a `tower_resend::tonic::TonicTransport`
     /// around a channel, or any transport of gRPC requests): a stack per
     /// methodConfig, `base` with the method's settings, and one more for
     /// the methods no methodConfig names, all sharing the channel's
@@ -64,7 +64,7 @@ impl ServiceConfig {
         &self,
         base: StackBuilder<C, B, F, H>,
         transport: S,
-    ) -> Router<ConfiguredStack<S, B, F>>
+    ) -> PerRoute<ConfiguredStack<S, B, F>>
     where
         S: Clone,
         B: BreakerSlot + Clone,
@@ -96,7 +96,7 @@ impl ServiceConfig {
         }
         let (builder, codes) = configure(base, None, tokens.clone());
         let fallback = builder.service(CountAttempts::new(transport, tokens.map(|t| (t, codes))));
-        Router::new(Picker::Grpc(table), stacks, fallback)
+        PerRoute::new(Picker::Grpc(table), stacks, fallback)
     }
 }
 

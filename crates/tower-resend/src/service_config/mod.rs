@@ -7,7 +7,7 @@
 //! retry design (gRFC A6) says, every invalid field an [`InvalidConfig`]
 //! that names it; [`ServiceConfig::service`] builds one
 //! [stack](mod@crate::stack) per methodConfig over one transport and a
-//! [`Router`](crate::routes::Router) that sends each call through its
+//! [`PerRoute`](crate::routes::PerRoute) that sends each call through its
 //! method's (see [`routes`](crate::routes) for why a router and not
 //! per-request overrides: a stack without a config pays nothing).
 //!

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+mod boxed;
 mod builder;
 mod compose;
 mod future;
@@ -15,6 +16,7 @@ mod service;
 #[cfg(test)]
 mod tests;
 
+pub use boxed::{boxed, BoxBody, BoxStack};
 pub use builder::StackBuilder;
 pub use future::ResponseFuture;
 pub use service::Stack;

@@ -122,4 +122,31 @@ impl<S, C, B: BreakerSlot, F: FleetSlot, H: HedgeSlot> Stack<S, C, B, F, H> {
     pub(super) fn new(inner: Inner<S, C, B, F, H>, replay_cap: usize) -> Self {
         Self { inner, replay_cap }
     }
+
+    /// The stack with its type erased, for a struct field: a
+    /// [`BoxStack`](super::BoxStack) of requests of body `ReqB`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_resend::stack::BoxStack;
+    ///
+    /// let inventory: BoxStack<String> = tower_resend::stack()
+    ///     .name("inventory")
+    ///     .service(tower_resend::hyper_client(Duration::from_secs(1)))
+    ///     .boxed();
+    /// # let _ = inventory;
+    /// ```
+    pub fn boxed<ReqB, ResB>(self) -> super::BoxStack<ReqB>
+    where
+        Self: Service<Request<ReqB>, Response = http::Response<ResB>, Error = Error>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <Self as Service<Request<ReqB>>>::Future: Send + 'static,
+        ResB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        ResB::Error: Into<BoxError>,
+    {
+        super::boxed(self)
+    }
 }

@@ -90,11 +90,71 @@ mod status;
 mod transport;
 
 use ::tonic::Code;
-use http::HeaderMap;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response};
+use http_body_util::BodyExt;
+use tower::util::BoxCloneSyncService;
+use tower::ServiceExt;
+use tower_service::Service;
 
 use crate::classify::GrpcCode;
+use crate::error::{BoxError, Error};
+use crate::stack::BoxBody;
 pub use status::{into_status, resend_error};
 pub use transport::{ResponseFuture, TonicTransport};
+
+/// A stack over a tonic channel (or a service config's
+/// [`PerRoute`](crate::routes::PerRoute) of them) as generated clients take
+/// it, with its type erased: its errors already gRPC statuses
+/// ([`into_status`]), its responses of [`BoxBody`]. A client of it fits in
+/// a struct field: `LedgerClient<BoxChannel>`. Made by [`boxed_channel`].
+pub type BoxChannel =
+    BoxCloneSyncService<Request<::tonic::body::Body>, Response<BoxBody>, ::tonic::Status>;
+
+/// `service` (a stack over a [`TonicTransport`], or a service config's
+/// [`PerRoute`](crate::routes::PerRoute)) as a [`BoxChannel`].
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{Request, Response};
+/// use tower::service_fn;
+/// use tower_resend::tonic::{boxed_channel, BoxChannel, TonicTransport};
+///
+/// // A generated client's field: `LedgerClient<BoxChannel>`. Underneath:
+/// struct Ledger {
+///     grpc: tonic::client::Grpc<BoxChannel>,
+/// }
+///
+/// // Stands in for `Channel::from_static("http://ledger:50051").connect_lazy()`.
+/// let channel = service_fn(|_req: Request<tonic::body::Body>| async {
+///     Ok::<_, std::convert::Infallible>(Response::new(tonic::body::Body::empty()))
+/// });
+/// let stack = tower_resend::stack()
+///     .name("ledger")
+///     .total(Duration::from_secs(3))
+///     .service(TonicTransport::new(channel));
+/// let ledger = Ledger { grpc: tonic::client::Grpc::new(boxed_channel(stack)) };
+/// # let _ = ledger.grpc;
+/// ```
+pub fn boxed_channel<S, ResB>(service: S) -> BoxChannel
+where
+    S: Service<Request<::tonic::body::Body>, Response = Response<ResB>, Error = Error>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    BoxCloneSyncService::new(
+        service
+            .map_response(|resp: Response<ResB>| {
+                resp.map(|body| body.map_err(Into::into).boxed_unsync())
+            })
+            .map_err(into_status),
+    )
+}
 
 /// The gRPC status in `headers` (response headers of a trailers-only
 /// response, or trailers), if there is one; a malformed value reads as

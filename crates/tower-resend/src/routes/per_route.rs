@@ -23,13 +23,13 @@ use super::pick::Picker;
 /// [`poll_ready`](Service::poll_ready) is always ready, and the call's
 /// future makes the clone ready before it sends, so a route whose
 /// transport is busy never holds up another.
-pub struct Router<S> {
+pub struct PerRoute<S> {
     picker: Arc<Picker>,
     /// One per route, then the fallback.
     services: Arc<[S]>,
 }
 
-impl<S> Clone for Router<S> {
+impl<S> Clone for PerRoute<S> {
     fn clone(&self) -> Self {
         Self {
             picker: Arc::clone(&self.picker),
@@ -38,16 +38,31 @@ impl<S> Clone for Router<S> {
     }
 }
 
-impl<S> std::fmt::Debug for Router<S> {
+impl<S> std::fmt::Debug for PerRoute<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Router")
+        f.debug_struct("PerRoute")
             .field("picker", &self.picker)
             .field("routes", &(self.services.len() - 1))
             .finish()
     }
 }
 
-impl<S> Router<S> {
+impl<S> PerRoute<S> {
+    /// The routes' stacks with their type erased, for a struct field: a
+    /// [`BoxStack`](crate::stack::BoxStack) (see [`boxed`](crate::stack::boxed)).
+    pub fn boxed<ReqB, ResB>(self) -> crate::stack::BoxStack<ReqB>
+    where
+        Self: Service<Request<ReqB>, Response = http::Response<ResB>, Error = crate::Error>
+            + Send
+            + Sync
+            + 'static,
+        <Self as Service<Request<ReqB>>>::Future: Send + 'static,
+        ResB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        ResB::Error: Into<crate::BoxError>,
+    {
+        crate::stack::boxed(self)
+    }
+
     /// A router over `routes` (in the order the picker numbers them) and
     /// `fallback`.
     pub(crate) fn new(picker: Picker, routes: Vec<S>, fallback: S) -> Self {
@@ -67,7 +82,7 @@ impl<S> Router<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for Router<S>
+impl<S, B> Service<Request<B>> for PerRoute<S>
 where
     S: Service<Request<B>> + Clone,
 {
@@ -91,7 +106,7 @@ where
 }
 
 pin_project! {
-    /// Response future of [`Router`]: makes the route's clone ready, then
+    /// Response future of [`PerRoute`]: makes the route's clone ready, then
     /// its call.
     pub struct ResponseFuture<S, Req>
     where
