@@ -88,6 +88,12 @@
 //!   a backup copy of a slow replay-safe attempt; the first good answer wins.
 //! - [`deadline::DeadlineHeaderLayer`]: the time left goes on the wire, as
 //!   `grpc-timeout` or an HTTP header in milliseconds.
+//! - [`fleet::FleetLayer`] (opt-in, [`StackBuilder::fleet`](stack::StackBuilder::fleet)):
+//!   the upstream is several instances (a list, a DNS name, your
+//!   discovery); each attempt and each hedged copy goes to one the call has
+//!   not used (power of two choices), and instances that keep failing are
+//!   set aside. Below the retry and hedge layers, as gRPC's retry design
+//!   puts retries above the load balancer.
 //! - [`timeout::AttemptTimeoutLayer`]: each attempt waits `min(per attempt,
 //!   time left)`.
 //! - [`read_ahead::ReadAheadLayer`]: reads a small response body before
@@ -101,6 +107,10 @@
 //! Request bodies are sent as they are when they are in memory (`Full`,
 //! `String`, `Empty`), and kept up to a cap for replays when they stream
 //! (see [`body::Replay`]).
+//!
+//! A stack's type is one line for a struct field with
+//! [`Stack::boxed`](stack::Stack::boxed) ([`stack::BoxStack`]; for tonic's
+//! generated clients, `tonic::BoxChannel`).
 //!
 //! Every failure is a [`tower_resend::Error`](Error) that says what fired
 //! ([`ErrorKind`]), where ([`Error::upstream`], [`Error::phase`]), after how
