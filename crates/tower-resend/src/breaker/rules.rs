@@ -110,7 +110,7 @@ pub(crate) fn on_probed(r: &Rules, state: State, now: Instant, outcome: Outcome)
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::time::Duration;
 
     use super::*;
@@ -118,7 +118,8 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
     const S: Duration = Duration::from_secs(1);
 
-    fn defaults() -> Rules {
+    /// The layer's default rules.
+    pub(in crate::breaker) fn defaults() -> Rules {
         Rules {
             ratio_ppm: 100_000,
             min_throughput: 100,

@@ -152,11 +152,7 @@ impl Machine {
         generation: u64,
         counts: Counts,
     ) -> Option<Change> {
-        if generation != self.generation {
-            return None;
-        }
-        let next = on_failed(&self.rules, self.state, now, counts);
-        self.become_(next)
+        self.outcome(generation, |r, state| on_failed(r, state, now, counts))
     }
 
     /// A probe let through in `generation` ended at `now`, as `outcome`
@@ -168,10 +164,20 @@ impl Machine {
         generation: u64,
         outcome: Outcome,
     ) -> Option<Change> {
+        self.outcome(generation, |r, state| on_probed(r, state, now, outcome))
+    }
+
+    /// An outcome of `generation`, its rule `rule`: ignored when its
+    /// generation has passed.
+    fn outcome(
+        &mut self,
+        generation: u64,
+        rule: impl FnOnce(&Rules, State) -> State,
+    ) -> Option<Change> {
         if generation != self.generation {
             return None;
         }
-        let next = on_probed(&self.rules, self.state, now, outcome);
+        let next = rule(&self.rules, self.state);
         self.become_(next)
     }
 
@@ -282,17 +288,11 @@ pub(crate) fn observes_upstream(err: &(dyn std::error::Error + 'static)) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vocab::Refusal;
 
     const S: Duration = Duration::from_secs(1);
 
-    fn defaults() -> Rules {
-        Rules {
-            ratio_ppm: 100_000,
-            min_throughput: 100,
-            break_duration: 5 * S,
-            probes: 3,
-        }
-    }
+    use super::super::rules::tests::defaults;
 
     fn counts(failures: u32, calls: u32) -> Counts {
         Counts { calls, failures }

@@ -146,12 +146,14 @@ impl Deadline {
     /// .await;
     /// # }
     /// ```
+    #[inline]
     pub fn of(extensions: &http::Extensions) -> Option<Self> {
         Self::with_ambient(extensions.get::<Self>().copied())
     }
 
     /// [`Deadline::of`] for a request whose own deadline was already looked
     /// up: `own` merged with the ambient one.
+    #[inline]
     pub(crate) fn with_ambient(own: Option<Self>) -> Option<Self> {
         match (own, Self::current()) {
             (Some(own), Some(ambient)) => Some(own.min(ambient)),

@@ -146,7 +146,8 @@ impl<S, B, C> Call<S, B, C> {
         // One clock read for the attempt's end, the time left and the
         // call's total.
         let now = Instant::now();
-        let (c, circuit_open) = self.observe(&result, now);
+        let took = now.saturating_duration_since(self.attempt_start);
+        let (c, circuit_open) = self.observe(&result, took);
         // The body's copy is made only for an answer that is not final.
         let next_body = match c.class() {
             Class::Success | Class::Rejected => None,
@@ -174,27 +175,32 @@ impl<S, B, C> Call<S, B, C> {
         self.decided_at = now;
         match decision {
             Decision::Stop(end) => {
+                // The first attempt began with the call.
+                let elapsed = if self.attempt_start == self.start {
+                    took
+                } else {
+                    now.saturating_duration_since(self.start)
+                };
                 let mut result = result;
-                self.finish(now.saturating_duration_since(self.start), &mut result, end);
+                self.finish(elapsed, &mut result, end);
                 Next::Done(result)
             }
             Decision::Retry(retry) => self.retry(retry, next_body, result),
         }
     }
 
-    /// What the attempt that ended with `result` at `now` says, recorded
-    /// where it counts: the throttle, the budget's token, the metrics, the
-    /// attempt's span and the call's history. Its classification, and
-    /// whether a circuit breaker refused it.
+    /// What the attempt that ended with `result` after `took` says,
+    /// recorded where it counts: the throttle, the budget's token, the
+    /// metrics, the attempt's span and the call's history. Its
+    /// classification, and whether a circuit breaker refused it.
     fn observe<R>(
         &mut self,
         result: &Result<Response<R>, BoxError>,
-        now: Instant,
+        took: Duration,
     ) -> (Classification, bool)
     where
         C: Classify<R>,
     {
-        let took = now.saturating_duration_since(self.attempt_start);
         let c = self.classify(result);
         let circuit_open = c.class() == Class::NotSent && is_circuit_open(result);
         if let Some(throttle) = &self.shared.throttle {
@@ -383,7 +389,7 @@ impl<S, B, C> Call<S, B, C> {
 /// What the end of a call whose last result is `result` is decided from.
 fn ended_facts<'a, R>(
     history: &'a Attempts,
-    head: &Head,
+    head: &'a Head,
     result: &Result<Response<R>, BoxError>,
 ) -> Ended<'a> {
     Ended {
@@ -393,23 +399,27 @@ fn ended_facts<'a, R>(
             e.downcast_ref::<Error>()
                 .is_some_and(Error::is_deadline_exceeded)
         }),
-        keyed: head.facts().has_idempotency_key(),
+        request: head.facts(),
     }
 }
 
 /// The debug event of a decision, on the call's span.
+/// (Its fields are worked out only when the event is on.)
+#[inline]
 fn trace_decision(span: &tracing::Span, attempted: &Attempted<'_>, decision: Decision) {
-    let (wait, stop) = match decision {
-        Decision::Retry(r) => (Some(r.wait.as_millis() as u64), None),
-        Decision::Stop(end) => (None, Some(tracing::field::display(end.stop))),
-    };
     tracing::debug!(
         parent: span,
         attempt = attempted.made,
         class = attempted.class.class().as_str(),
         status = attempted.status.map(|s| s.as_u16()),
-        wait_ms = wait,
-        stop,
+        wait_ms = match decision {
+            Decision::Retry(r) => Some(r.wait.as_millis() as u64),
+            Decision::Stop(_) => None,
+        },
+        stop = match decision {
+            Decision::Stop(end) => Some(tracing::field::display(end.stop)),
+            Decision::Retry(_) => None,
+        },
         time_left_ms = attempted.remaining.map(|d| d.as_millis() as u64),
         "attempt"
     );

@@ -120,14 +120,12 @@ impl<S, B, C> Call<S, B, C> {
     pub(super) fn token_wait(&mut self, wait: Duration) -> Option<(TokenWait, Instant)> {
         let wants = self.wants;
         let now = Instant::now();
-        let policy = self.shared.policy;
-        let mut stop_at = now + policy.max_budget_wait;
-        if let Some(d) = self.deadline {
-            let latest = d.instant().checked_sub(policy.min_attempt);
-            stop_at = stop_at.min(latest.unwrap_or(now));
-        }
         let not_before = now + wait;
-        let budget = self.budget().filter(|_| stop_at > not_before)?.clone();
+        let stop_at = self
+            .shared
+            .policy
+            .token_wait_until(now, not_before, self.deadline)?;
+        let budget = self.budget()?.clone();
         // (A wait for a token: the retry budget is empty.)
         self.wait_reason = WaitReason::Budget;
         let made = self.history.len();

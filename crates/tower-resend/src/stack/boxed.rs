@@ -75,7 +75,14 @@ where
     ResB: http_body::Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    BoxCloneSyncService::new(service.map_response(|resp: Response<ResB>| {
-        resp.map(|body| body.map_err(Into::into).boxed_unsync())
-    }))
+    BoxCloneSyncService::new(service.map_response(box_body))
+}
+
+/// `resp` with its body boxed.
+pub(crate) fn box_body<B>(resp: Response<B>) -> Response<BoxBody>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    resp.map(|body| body.map_err(Into::into).boxed_unsync())
 }

@@ -16,6 +16,8 @@ mod service;
 #[cfg(test)]
 mod tests;
 
+#[cfg(feature = "tonic")]
+pub(crate) use boxed::box_body;
 pub use boxed::{boxed, BoxBody, BoxStack};
 pub use builder::StackBuilder;
 pub use future::ResponseFuture;

@@ -92,14 +92,13 @@ mod transport;
 use ::tonic::Code;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
-use http_body_util::BodyExt;
 use tower::util::BoxCloneSyncService;
 use tower::ServiceExt;
 use tower_service::Service;
 
 use crate::classify::GrpcCode;
 use crate::error::{BoxError, Error};
-use crate::stack::BoxBody;
+use crate::stack::{box_body, BoxBody};
 pub use status::{into_status, resend_error};
 pub use transport::{ResponseFuture, TonicTransport};
 
@@ -147,13 +146,7 @@ where
     ResB: http_body::Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
-    BoxCloneSyncService::new(
-        service
-            .map_response(|resp: Response<ResB>| {
-                resp.map(|body| body.map_err(Into::into).boxed_unsync())
-            })
-            .map_err(into_status),
-    )
+    BoxCloneSyncService::new(service.map_response(box_body).map_err(into_status))
 }
 
 /// The gRPC status in `headers` (response headers of a trailers-only

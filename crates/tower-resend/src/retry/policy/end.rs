@@ -5,6 +5,7 @@
 //! attempt, the throttle or the budget turned it away, the service failed)
 //! call it too.
 
+use crate::classify::RequestFacts;
 use crate::error::ErrorKind;
 use crate::vocab::{Attempt, Attempts, Class, Stop};
 
@@ -18,9 +19,17 @@ pub(crate) struct Ended<'a> {
     pub(crate) answered: bool,
     /// The last result is the call's deadline running out.
     pub(crate) deadline: bool,
-    /// The call was sent under an Idempotency-Key (resend's or the
-    /// caller's).
-    pub(crate) keyed: bool,
+    /// The request, which says whether it was sent under an
+    /// Idempotency-Key (resend's or the caller's): looked up only when a
+    /// rule asks, so that a call's success does not pay for it.
+    pub(crate) request: RequestFacts<'a>,
+}
+
+impl Ended<'_> {
+    /// The call was sent under an Idempotency-Key.
+    pub(crate) fn keyed(&self) -> bool {
+        self.request.has_idempotency_key()
+    }
 }
 
 /// Why a call stopped, and what it ends with.
@@ -50,6 +59,7 @@ pub(crate) enum Ending {
 /// | the last result | stop | ends |
 /// |---|---|---|
 /// | any | `OutcomeUnknown` (an unsafe request may have run) | outcome unknown |
+/// | a response | `Final` (a success, a refusal) | the response, with the history |
 /// | a response | `Replayed` (the server's stored failure) | outcome unknown |
 /// | a response | `Disabled` (`NoRetry`, or an outer retry layer in charge) | the response |
 /// | a response, keyed | another attempt under the key still runs (409), or the last attempt was turned away (overloaded, not processed) after an earlier one that may have run | outcome unknown |
@@ -59,6 +69,7 @@ pub(crate) enum Ending {
 /// | an error | `Budget`, `NotReplayable`, `Deadline` | `BudgetExhausted`, `BodyNotReplayable`, `DeadlineExceeded` |
 /// | an error | any other | the error as it is |
 /// | an error, keyed, and an attempt may have run | any | outcome unknown, over the above |
+#[inline]
 pub(crate) fn ends(stop: Stop, call: &Ended<'_>) -> End {
     let ending = if call.answered {
         answered(stop, call)
@@ -70,10 +81,12 @@ pub(crate) fn ends(stop: Stop, call: &Ended<'_>) -> End {
 
 fn answered(stop: Stop, call: &Ended<'_>) -> Ending {
     match stop {
+        // A success or a refusal: the answer, whatever came before.
+        Stop::Final => Ending::Answer,
         Stop::OutcomeUnknown | Stop::Replayed => Ending::Error(ErrorKind::OutcomeUnknown),
         // (An outer retry layer, when there is one, settles it.)
         Stop::Disabled => Ending::Answer,
-        _ if call.keyed && unsettled(call.history) => Ending::Error(ErrorKind::OutcomeUnknown),
+        _ if unsettled(call.history) && call.keyed() => Ending::Error(ErrorKind::OutcomeUnknown),
         _ => Ending::Answer,
     }
 }
@@ -90,7 +103,7 @@ fn failed(stop: Stop, call: &Ended<'_>) -> Ending {
         Stop::Deadline => Some(ErrorKind::DeadlineExceeded),
         _ => None,
     };
-    if call.keyed && call.history.iter().any(Attempt::may_have_run) {
+    if call.history.iter().any(Attempt::may_have_run) && call.keyed() {
         return Ending::Unknown { under: kind };
     }
     kind.map_or(Ending::Answer, Ending::Error)

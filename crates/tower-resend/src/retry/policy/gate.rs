@@ -20,6 +20,7 @@ pub(crate) enum Unsent {
 /// not read the clock again to check), nor when the `throttle` turns it
 /// away. When it may, the throttle's bin that its answer counts in (0
 /// without a throttle).
+#[inline]
 pub(crate) fn gate(
     now: Instant,
     deadline: Option<Deadline>,

@@ -10,12 +10,14 @@ mod gate;
 use std::time::Duration;
 
 use http::StatusCode;
+use tokio::time::Instant;
 
 pub(crate) use self::end::{ends, unknown_under_key, End, Ended, Ending};
 pub(crate) use self::gate::{gate, Unsent};
 use super::budget::Want;
 use super::{Backoff, Stop};
 use crate::classify::{Class, Classification, GrpcCode, Pushback};
+use crate::deadline::Deadline;
 use crate::telemetry::WaitReason;
 
 /// The limits and waits of a retry layer.
@@ -209,7 +211,7 @@ impl Policy {
         // retries to learn its outcome, first in line.
         let token = match c.class() {
             Class::NotSent => None,
-            Class::Unknown | Class::InProgress if attempt.call.keyed => Some(Want::Outcome),
+            Class::Unknown | Class::InProgress if attempt.call.keyed() => Some(Want::Outcome),
             _ => Some(Want::Retry),
         };
         Decision::Retry(Retry {
@@ -217,6 +219,26 @@ impl Policy {
             reason,
             token,
         })
+    }
+}
+
+impl Policy {
+    /// How long a retry that found no budget token at `now` may wait for
+    /// one: as long as the longest budget wait, and a useful attempt still
+    /// fits before the `deadline`; `None` when that is no later than its
+    /// backoff's end, `not_before` (then it does not wait: out of budget).
+    pub(crate) fn token_wait_until(
+        &self,
+        now: Instant,
+        not_before: Instant,
+        deadline: Option<Deadline>,
+    ) -> Option<Instant> {
+        let mut stop_at = now + self.max_budget_wait;
+        if let Some(d) = deadline {
+            let latest = d.instant().checked_sub(self.min_attempt);
+            stop_at = stop_at.min(latest.unwrap_or(now));
+        }
+        (stop_at > not_before).then_some(stop_at)
     }
 }
 

@@ -34,8 +34,17 @@ fn unkeyed_answer() -> Ended<'static> {
         history: Box::leak(Box::new(Attempts::new())),
         answered: true,
         deadline: false,
-        keyed: false,
+        request: request(false),
     }
+}
+
+/// A POST's facts, with an Idempotency-Key when `keyed`.
+fn request(keyed: bool) -> crate::classify::RequestFacts<'static> {
+    let mut req = http::Request::post("http://up/charges");
+    if keyed {
+        req = req.header("idempotency-key", "k");
+    }
+    crate::classify::RequestFacts::of(Box::leak(Box::new(req.body(()).unwrap())))
 }
 
 fn decide(c: Classification, safe: bool, made: u32, left: Option<Duration>) -> Decision {
@@ -409,7 +418,7 @@ fn tokens_and_wait_reasons() {
     let token = |c: &Classification, keyed: bool| {
         let a = Attempted {
             call: Ended {
-                keyed,
+                request: request(keyed),
                 ..unkeyed_answer()
             },
             ..attempted(c, true, 1, None)
@@ -477,7 +486,7 @@ fn how_a_call_ends_row_by_row() {
             history: h,
             answered,
             deadline,
-            keyed,
+            request: request(keyed),
         };
         ends(stop, &call).ending
     };
@@ -602,4 +611,30 @@ fn how_a_call_ends_row_by_row() {
         Ending::Error(DeadlineExceeded)
     );
     assert_eq!(error(&[], false, true, Stop::Throttled), Ending::Answer);
+}
+
+/// A retry that found no token waits for one as long as the longest budget
+/// wait and the deadline (less a useful attempt) allow, and not at all when
+/// that ends before its backoff does.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn how_long_a_retry_waits_for_a_token() {
+    let p = policy();
+    let now = tokio::time::Instant::now();
+    let soon = now + Duration::from_millis(100);
+    // No deadline: the longest budget wait.
+    assert_eq!(
+        p.token_wait_until(now, soon, None),
+        Some(now + DEFAULT_MAX_BUDGET_WAIT)
+    );
+    // A deadline in 2 s: until a useful attempt before it.
+    let d = crate::deadline::Deadline::at(now + 2 * S);
+    assert_eq!(
+        p.token_wait_until(now, soon, Some(d)),
+        Some(now + 2 * S - DEFAULT_MIN_ATTEMPT)
+    );
+    // No time past the backoff: no wait at all.
+    let close = crate::deadline::Deadline::at(now + Duration::from_millis(120));
+    assert_eq!(p.token_wait_until(now, soon, Some(close)), None);
+    let passed = crate::deadline::Deadline::at(now);
+    assert_eq!(p.token_wait_until(now, now, Some(passed)), None);
 }
