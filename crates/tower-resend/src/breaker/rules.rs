@@ -4,10 +4,90 @@
 //! ([`on_probed`]). Each says the next state; a call's also says what to
 //! do with it, and its type admits only that.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
-use super::state::{Counts, Outcome, Rules, State};
 use crate::vocab::{Refusal, Why};
+
+/// The settings the rules use, already checked by the layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rules {
+    /// The failure ratio that opens the circuit, in parts per million
+    /// (1..=1 000 000): integer arithmetic, so that 10 of 100 is exactly 10 %.
+    pub(crate) ratio_ppm: u32,
+    /// The least number of calls in the window before the ratio counts (≥ 1).
+    pub(crate) min_throughput: u32,
+    /// How long the circuit stays open.
+    pub(crate) break_duration: Duration,
+    /// How many probes the half-open circuit lets through (≥ 1); that many
+    /// must succeed to close it.
+    pub(crate) probes: u32,
+}
+
+impl Rules {
+    /// True when `counts` is enough traffic, failing often enough, to open.
+    fn trips(&self, counts: Counts) -> bool {
+        counts.calls >= self.min_throughput
+            && u64::from(counts.failures) * 1_000_000
+                >= u64::from(self.ratio_ppm) * u64::from(counts.calls)
+    }
+
+    /// The end of a break that starts `now`.
+    fn until(&self, now: Instant) -> Instant {
+        now.checked_add(self.break_duration)
+            .unwrap_or_else(|| now + Duration::from_secs(86_400))
+    }
+}
+
+/// What the sampling window holds: calls that ended, and how many of them
+/// failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub(crate) calls: u32,
+    pub(crate) failures: u32,
+}
+
+/// The state of the circuit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Calls go through and are counted in the window.
+    Closed,
+    /// Calls fail at once until `until`.
+    Open { until: Instant, why: Why },
+    /// `in_flight` probes are out and `succeeded` have come back well.
+    HalfOpen { in_flight: u32, succeeded: u32 },
+}
+
+impl State {
+    /// The two low bits of the breaker's published tag.
+    pub(crate) const fn kind(&self) -> u64 {
+        match self {
+            Self::Closed => CLOSED,
+            Self::Open { .. } => OPEN,
+            Self::HalfOpen { .. } => HALF_OPEN,
+        }
+    }
+}
+
+/// Tag kinds (the generation is in the bits above them).
+pub(crate) const CLOSED: u64 = 0;
+pub(crate) const OPEN: u64 = 1;
+pub(crate) const HALF_OPEN: u64 = 2;
+/// The kind's bits in a tag.
+pub(crate) const KIND: u64 = 0b11;
+
+/// What an attempt's result says about the upstream's health.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// It answered sanely (a success, or an answer about the request).
+    Success,
+    /// It looks unwell: counted against it.
+    Failure,
+    /// Not an observation of the upstream (nothing reached it, for reasons
+    /// of our own, or the call was dropped): not counted either way.
+    Ignored,
+}
 
 /// What to do with a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

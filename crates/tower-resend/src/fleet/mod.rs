@@ -114,9 +114,11 @@ use tower_layer::Layer;
 
 use crate::classify::HttpClassifier;
 use crate::error::BoxError;
+
+/// The name of earlier versions.
 #[doc(hidden)]
-#[allow(deprecated)]
-pub use crate::renamed::fleet::*;
+#[deprecated(note = "renamed: tower_resend::fleet::InvalidFleet")]
+pub type InvalidInstance = InvalidFleet;
 use base::Base;
 pub use error::{InstanceError, InvalidFleet};
 pub use per_instance::PerInstance;

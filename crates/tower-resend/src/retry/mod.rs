@@ -85,10 +85,6 @@ pub(crate) mod policy;
 mod run;
 mod service;
 mod throttle;
-
-#[doc(hidden)]
-#[allow(deprecated)]
-pub use crate::renamed::retry::*;
 pub use crate::vocab::{Attempt, Attempts, Stop};
 pub(crate) use announce::{announce, announced};
 pub use backoff::{Backoff, InvalidBackoff};

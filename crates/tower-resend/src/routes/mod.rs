@@ -59,6 +59,10 @@ pub use self::http::{RoutePolicy, Routes};
 pub use self::per_route::{PerRoute, ResponseFuture};
 #[cfg(feature = "service-config")]
 pub(crate) use self::pick::{GrpcTable, Picker};
+
+/// The name of earlier versions.
 #[doc(hidden)]
-#[allow(deprecated)]
-pub use crate::renamed::routes::*;
+#[deprecated(
+    note = "renamed: tower_resend::routes::PerRoute (no clash with axum::Router), or tower_resend::stack::BoxStack to name it in one line"
+)]
+pub type Router<S> = PerRoute<S>;

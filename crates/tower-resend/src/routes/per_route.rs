@@ -52,13 +52,13 @@ impl<S> PerRoute<S> {
     /// [`BoxStack`](crate::stack::BoxStack) (see [`boxed`](crate::stack::boxed)).
     pub fn boxed<ReqB, ResB>(self) -> crate::stack::BoxStack<ReqB>
     where
-        Self: Service<Request<ReqB>, Response = http::Response<ResB>, Error = crate::Error>
+        Self: Service<Request<ReqB>, Response = http::Response<ResB>, Error = crate::error::Error>
             + Send
             + Sync
             + 'static,
         <Self as Service<Request<ReqB>>>::Future: Send + 'static,
         ResB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-        ResB::Error: Into<crate::BoxError>,
+        ResB::Error: Into<crate::error::BoxError>,
     {
         crate::stack::boxed(self)
     }

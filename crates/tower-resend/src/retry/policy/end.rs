@@ -133,6 +133,6 @@ fn unsettled(history: &Attempts) -> bool {
 /// verdict (the call's deadline cut it, outside the retry layer) leaves a
 /// keyed call's outcome unknown: something was sent, and not every attempt
 /// says it was not acted on. The rule of [`ends`] for such an error.
-pub(crate) fn unknown_under_key(e: &crate::Error) -> bool {
+pub(crate) fn unknown_under_key(e: &crate::error::Error) -> bool {
     e.kind() != ErrorKind::OutcomeUnknown && !e.is_not_sent() && !e.nothing_processed()
 }
