@@ -180,10 +180,6 @@ fn the_earlier_names_are_aliases_of_the_new_ones() {
         tower_resend::stack::StackBuilder,
     >());
     assert!(same::<
-        tower_resend::retry::HedgeLayer,
-        tower_resend::hedge::HedgeLayer,
-    >());
-    assert!(same::<
         tower_resend::routes::Router<()>,
         tower_resend::routes::PerRoute<()>,
     >());
