@@ -12,7 +12,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::rules::{on_call, on_failed, on_probed, Verdict};
-pub(crate) use super::rules::{Counts, Outcome, Rules, State, CLOSED, HALF_OPEN, KIND, OPEN};
+pub(crate) use super::rules::{Counts, Outcome, Rules, State, CLOSED, KIND};
+#[cfg(test)]
+use super::rules::{HALF_OPEN, OPEN};
 use crate::vocab::{Class, Why};
 
 /// A change of state, for the tracing event.

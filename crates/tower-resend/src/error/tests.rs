@@ -198,19 +198,19 @@ fn every_kind_says_what_its_advice_says() {
             ErrorKind::DeadlineExceeded => vec![
                 Error::deadline_exceeded(Phase::Start, Duration::ZERO),
                 Error::deadline_exceeded(Phase::Attempt, Duration::from_secs(1)),
-                with(&[timed_out.clone()]).with_key(key.clone()),
+                with(std::slice::from_ref(&timed_out)).with_key(key.clone()),
             ],
             ErrorKind::AttemptTimeout => vec![Error::attempt_timeout(Duration::from_millis(400))],
             ErrorKind::ConnectTimeout => vec![Error::connect_timeout(Duration::from_secs(2))],
             ErrorKind::Transport => vec![
                 Error::transport("reset".into()),
                 Error::connect("refused".into()),
-                Error::from_box("x".into()).with_history(history(&[rejected.clone()])),
+                Error::from_box("x".into()).with_history(history(std::slice::from_ref(&rejected))),
             ],
             ErrorKind::OutcomeUnknown => vec![
-                with(&[timed_out.clone()]),
-                with(&[timed_out.clone()]).with_key(key.clone()),
-                with(&[replayed.clone()]).with_key(key.clone()),
+                with(std::slice::from_ref(&timed_out)),
+                with(std::slice::from_ref(&timed_out)).with_key(key.clone()),
+                with(std::slice::from_ref(&replayed)).with_key(key.clone()),
                 with(&[timed_out.clone(), replayed.clone()]),
                 Error::deadline_exceeded(Phase::Attempt, Duration::from_secs(1))
                     .outcome_unknown_over(key.clone()),
@@ -220,11 +220,14 @@ fn every_kind_says_what_its_advice_says() {
                 with(&[shed.clone(), shed.clone()]).with_key(key.clone()),
                 with(&[refused.clone(), refused.clone()]),
             ],
-            ErrorKind::BudgetExhausted => vec![with(&[timed_out.clone()]), with(&[shed.clone()])],
+            ErrorKind::BudgetExhausted => vec![
+                with(std::slice::from_ref(&timed_out)),
+                with(std::slice::from_ref(&shed)),
+            ],
             ErrorKind::BodyNotReplayable => vec![
-                with(&[timed_out.clone()]),
-                with(&[shed.clone()]),
-                with(&[refused.clone()]),
+                with(std::slice::from_ref(&timed_out)),
+                with(std::slice::from_ref(&shed)),
+                with(std::slice::from_ref(&refused)),
             ],
             ErrorKind::CircuitOpen => vec![Error::circuit_open(
                 Refusal::Open {

@@ -30,7 +30,7 @@ fn timed_out(err: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// A tonic channel as the transport of a tower-resend stack; see the
-/// [module docs](self).
+/// [module docs](crate::tonic).
 ///
 /// It turns the stack's request body into a `tonic::body::Body`, and a
 /// failure to connect into a [`tower_resend::Error`](crate::Error) that says

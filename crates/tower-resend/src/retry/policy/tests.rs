@@ -496,16 +496,26 @@ fn how_a_call_ends_row_by_row() {
     let unknown = Ending::Error(OutcomeUnknown);
 
     // Answers.
-    assert_eq!(answer(&[ok.clone()], true, Stop::Final), Ending::Answer);
     assert_eq!(
-        answer(&[timed_out.clone()], false, Stop::OutcomeUnknown),
+        answer(std::slice::from_ref(&ok), true, Stop::Final),
+        Ending::Answer
+    );
+    assert_eq!(
+        answer(
+            std::slice::from_ref(&timed_out),
+            false,
+            Stop::OutcomeUnknown
+        ),
         unknown
     );
-    assert_eq!(answer(&[plain_503.clone()], true, Stop::Replayed), unknown);
+    assert_eq!(
+        answer(std::slice::from_ref(&plain_503), true, Stop::Replayed),
+        unknown
+    );
     // Keyed, and the last answer does not settle it: still running, or
     // turned away after an earlier attempt that may have run.
     assert_eq!(
-        answer(&[busy_409.clone()], true, Stop::MaxAttempts),
+        answer(std::slice::from_ref(&busy_409), true, Stop::MaxAttempts),
         unknown
     );
     for last in [&plain_503, &shed_503, &too_many] {
@@ -536,13 +546,18 @@ fn how_a_call_ends_row_by_row() {
     );
     // NoRetry, or an outer retry layer in charge: the answer as it is.
     assert_eq!(
-        answer(&[busy_409.clone()], true, Stop::Disabled),
+        answer(std::slice::from_ref(&busy_409), true, Stop::Disabled),
         Ending::Answer
     );
 
     // Errors.
     assert_eq!(
-        error(&[timed_out.clone()], false, false, Stop::OutcomeUnknown),
+        error(
+            std::slice::from_ref(&timed_out),
+            false,
+            false,
+            Stop::OutcomeUnknown
+        ),
         unknown
     );
     assert_eq!(
@@ -555,15 +570,25 @@ fn how_a_call_ends_row_by_row() {
         Ending::Error(RetriesExhausted)
     );
     assert_eq!(
-        error(&[timed_out.clone()], false, false, Stop::MaxAttempts),
+        error(
+            std::slice::from_ref(&timed_out),
+            false,
+            false,
+            Stop::MaxAttempts
+        ),
         Ending::Answer
     );
     assert_eq!(
-        error(&[timed_out.clone()], false, false, Stop::Budget),
+        error(std::slice::from_ref(&timed_out), false, false, Stop::Budget),
         Ending::Error(BudgetExhausted)
     );
     assert_eq!(
-        error(&[timed_out.clone()], false, false, Stop::NotReplayable),
+        error(
+            std::slice::from_ref(&timed_out),
+            false,
+            false,
+            Stop::NotReplayable
+        ),
         Ending::Error(BodyNotReplayable)
     );
     assert_eq!(
@@ -581,12 +606,12 @@ fn how_a_call_ends_row_by_row() {
         Ending::Error(DeadlineExceeded)
     );
     assert_eq!(
-        error(&[refused.clone()], false, false, Stop::Final),
+        error(std::slice::from_ref(&refused), false, false, Stop::Final),
         Ending::Answer
     );
     // Keyed, and an attempt may have run: outcome unknown over the rest.
     assert_eq!(
-        error(&[timed_out.clone()], true, true, Stop::Deadline),
+        error(std::slice::from_ref(&timed_out), true, true, Stop::Deadline),
         Ending::Unknown {
             under: Some(DeadlineExceeded)
         }
