@@ -12,10 +12,8 @@ use super::state::{observes_upstream, outcome_of, Outcome};
 use crate::name::Name;
 use crate::vocab::{Circuits, Class, Pass, Refusal};
 
-/// The most circuits kept.
-const KEEP: usize = 256;
-
-/// Every instance's circuit, made the first time an attempt goes there.
+/// Every instance's circuit, made the first time an attempt goes there,
+/// kept while the instance is in the fleet (however large), gone with it.
 pub(crate) struct InstanceCircuits {
     config: Config,
     circuits: Mutex<HashMap<u64, Arc<Breaker<()>>>>,
@@ -31,13 +29,6 @@ impl InstanceCircuits {
 
     fn circuit(&self, id: u64, authority: &Authority) -> Arc<Breaker<()>> {
         let mut circuits = self.circuits.lock().unwrap_or_else(PoisonError::into_inner);
-        if circuits.len() >= KEEP && !circuits.contains_key(&id) {
-            // Instances come and go (a DNS fleet's addresses): the oldest
-            // instance's circuit goes first (ids only grow).
-            if let Some(oldest) = circuits.keys().min().copied() {
-                circuits.remove(&oldest);
-            }
-        }
         Arc::clone(circuits.entry(id).or_insert_with(|| {
             // Named by the instance, in its errors and its metrics.
             let mut config = self.config.clone();
@@ -48,6 +39,13 @@ impl InstanceCircuits {
 }
 
 impl Circuits for InstanceCircuits {
+    fn retain(&self, live: &[u64]) {
+        let mut circuits = self.circuits.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut live = live.to_vec();
+        live.sort_unstable();
+        circuits.retain(|id, _| live.binary_search(id).is_ok());
+    }
+
     fn admit(&self, id: u64, authority: &Authority) -> Result<Box<dyn Pass>, Refusal> {
         let circuit = self.circuit(id, authority);
         let ticket = circuit.try_admit(None)?;

@@ -14,10 +14,15 @@
 //!   flight, and with one instance bad the others share the retries evenly
 //!   (no round-robin cursor to starve one). When the call has used them
 //!   all, the one with the fewest failures.
-//! - **set aside** ([`Outliers`]): consecutive failures that say "this
-//!   instance" eject it for a pause that doubles while it keeps failing,
-//!   never more than a share of the fleet at once; back from a pause, it is
-//!   on probation.
+//! - **set aside, probed, let back** ([`Outliers`]): consecutive failures
+//!   that say "this instance", while the other instances do well, set it
+//!   aside (never more than a share of the fleet at once); it gets a probe
+//!   every 500 ms, and the first that answers well brings it back at once;
+//!   when the instances in service fail as much, the ones set aside are let
+//!   back (the fleet needs their capacity, and they were no outliers). A
+//!   pick draws at random rather than scan the fleet, and each instance's
+//!   state (its health, its circuit, its transport) lives as long as the
+//!   instance is in the fleet, however large.
 //! - **circuits per instance**: a stack with a circuit breaker gives each
 //!   instance its own circuit, with the breaker's rules; an instance whose
 //!   circuit is open is passed over, and a call is refused only when every
@@ -101,6 +106,7 @@ mod base;
 mod discover;
 mod dns;
 mod error;
+mod outliers;
 mod per_instance;
 mod roster;
 mod service;
@@ -121,8 +127,8 @@ use crate::error::BoxError;
 pub type InvalidInstance = InvalidFleet;
 use base::Base;
 pub use error::{InstanceError, InvalidFleet};
+pub use outliers::Outliers;
 pub use per_instance::PerInstance;
-pub use roster::Outliers;
 pub(crate) use roster::Roster;
 pub use service::{Fleet, ResponseFuture};
 pub(crate) use slot::sealed::WrapsFleet;

@@ -2,7 +2,7 @@
 //! (a tonic `Channel`): made the first time an attempt goes to the
 //! instance, then reused.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,10 +13,13 @@ use http::{Request, Uri};
 use tower_service::Service;
 
 use crate::error::{BoxError, Error};
+use crate::vocab::{Elsewhere, Tried};
 
-/// The most transports kept; past it, the one used longest ago is dropped
-/// (so that a fleet whose addresses churn does not grow this without end).
-const KEEP: usize = 256;
+/// The most transports kept when the requests say nothing of their fleet
+/// (no retry layer above the fleet's records them); past it, the one used
+/// longest ago is dropped. Under a stack, the transports are those of the
+/// fleet's instances, however many: one that leaves takes its transport.
+const KEEP_UNKNOWN_FLEET: usize = 256;
 
 /// One transport per instance of a [fleet](super), made by `make` from the
 /// instance's base URI the first time an attempt goes there. For tonic,
@@ -79,8 +82,14 @@ where
         }
     }
 
-    /// The transport for `scheme` and `authority`, made if need be.
-    fn transport(&self, scheme: Scheme, authority: Authority) -> S
+    /// The transport for `scheme` and `authority`, made if need be;
+    /// `fleet`, the fleet the request's call uses, if it says.
+    fn transport(
+        &self,
+        scheme: Scheme,
+        authority: Authority,
+        fleet: Option<Arc<dyn Elsewhere>>,
+    ) -> S
     where
         S: Clone,
     {
@@ -92,15 +101,29 @@ where
             *used = now;
             return svc.clone();
         }
-        if made.transports.len() >= KEEP {
-            let oldest = made
-                .transports
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                made.transports.remove(&k);
+        match fleet {
+            // Instances left the fleet: their transports go (looked over
+            // only when there are more transports than instances).
+            Some(fleet) if made.transports.len() >= fleet.len() => {
+                let held: HashSet<Authority> = fleet
+                    .authorities()
+                    .iter()
+                    .map(|a| Authority::clone(a))
+                    .collect();
+                made.transports.retain(|(_, a), _| held.contains(a));
             }
+            Some(_) => {}
+            None if made.transports.len() >= KEEP_UNKNOWN_FLEET => {
+                let oldest = made
+                    .transports
+                    .iter()
+                    .min_by_key(|(_, (_, used))| *used)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    made.transports.remove(&k);
+                }
+            }
+            None => {}
         }
         let base = Uri::builder()
             .scheme(key.0.clone())
@@ -162,7 +185,8 @@ where
             );
             return Box::pin(std::future::ready(Err(e.into())));
         };
-        let mut svc = self.transport(scheme, authority);
+        let fleet = req.extensions().get::<Tried>().and_then(Tried::fleet);
+        let mut svc = self.transport(scheme, authority, fleet);
         Box::pin(async move {
             poll_fn(|cx| svc.poll_ready(cx)).await.map_err(Into::into)?;
             svc.call(req).await.map_err(Into::into)

@@ -1,82 +1,23 @@
 //! The instances of one upstream, how each is doing, and which one an
 //! attempt goes to: power of two choices over those in service that the
-//! call has not used, by fewest requests in flight; instances that keep
-//! failing set aside (outlier detection) for a pause that grows while they
-//! keep failing, never more than a share of the fleet at once.
+//! call has not used, by fewest requests in flight, drawn at random (no
+//! scan of the fleet: the cost of a pick does not grow with it); instances
+//! that keep failing set aside, probed, and let back, as
+//! [`Outliers`](super::Outliers) says.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use tokio::time::Instant;
 
 use super::base::Base;
+use super::outliers::{degraded, nanos, sets_aside, Health, Outliers, Recent, BIN};
 use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
 
-/// When an instance that keeps failing is set aside, and for how long.
-///
-/// As Envoy's outlier detection: after `consecutive` failures in a row
-/// that say "this instance" (not sent, reset, overloaded, a 5xx, an attempt
-/// timeout), the instance is ejected for `base_pause`, doubled by each
-/// ejection that follows without a success between (up to `max_pause`);
-/// at most `max_share` of the fleet is ejected at once (at least one
-/// instance, never all). An instance back from a pause is on probation: one
-/// failure before its first success sets it aside again.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Outliers {
-    consecutive: u32,
-    base_pause: Duration,
-    max_pause: Duration,
-    max_share: f64,
-}
-
-impl Default for Outliers {
-    /// 5 failures in a row; a 10 s pause, up to 5 minutes; half the fleet.
-    fn default() -> Self {
-        Self {
-            consecutive: 5,
-            base_pause: Duration::from_secs(10),
-            max_pause: Duration::from_secs(300),
-            max_share: 0.5,
-        }
-    }
-}
-
-impl Outliers {
-    /// Sets an instance aside after `n` failures in a row (at least 1).
-    #[must_use]
-    pub fn consecutive(mut self, n: u32) -> Self {
-        self.consecutive = n.max(1);
-        self
-    }
-
-    /// The first pause of an ejected instance, and the longest one.
-    #[must_use]
-    pub fn pause(mut self, base: Duration, max: Duration) -> Self {
-        self.base_pause = base;
-        self.max_pause = max.max(base);
-        self
-    }
-
-    /// At most this share of the instances (0 to 1) set aside at once; at
-    /// least one, and never all of them.
-    #[must_use]
-    pub fn max_share(mut self, share: f64) -> Self {
-        self.max_share = if share.is_finite() {
-            share.clamp(0.0, 1.0)
-        } else {
-            Self::default().max_share
-        };
-        self
-    }
-
-    /// Never sets an instance aside.
-    #[must_use]
-    pub fn off(mut self) -> Self {
-        self.consecutive = u32::MAX;
-        self
-    }
-}
+/// Random draws a pick makes over a large fleet before it looks over the
+/// whole of it (which it does only when most of the fleet is used, set
+/// aside or refused); a fleet this small is looked over at once.
+const DRAWS: usize = 16;
 
 /// One instance: where it is, and how it is doing.
 #[derive(Debug)]
@@ -84,19 +25,7 @@ pub(crate) struct Instance {
     pub(crate) id: u64,
     pub(crate) base: Base,
     in_flight: AtomicU32,
-    health: Mutex<Health>,
-}
-
-#[derive(Debug, Default)]
-struct Health {
-    /// Failures in a row.
-    failures: u32,
-    /// Set aside until then.
-    ejected_until: Option<Instant>,
-    /// Ejections since its last success: each doubles the pause.
-    ejections: u32,
-    /// Back from a pause, and not yet answered well.
-    probation: bool,
+    health: Health,
 }
 
 impl Instance {
@@ -105,16 +34,8 @@ impl Instance {
             id,
             base,
             in_flight: AtomicU32::new(0),
-            health: Mutex::default(),
+            health: Health::default(),
         }
-    }
-
-    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
-        self.health.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn ejected_at(&self, now: Instant) -> bool {
-        self.health().ejected_until.is_some_and(|t| t > now)
     }
 
     pub(crate) fn in_flight(&self) -> u32 {
@@ -130,6 +51,10 @@ pub(crate) struct Roster {
     next_id: AtomicU64,
     /// The instances' circuits, under a stack with a circuit breaker.
     circuits: RwLock<Option<Arc<dyn Circuits>>>,
+    /// Where the instances' clocks start.
+    origin: Instant,
+    /// The whole fleet's recent attempts and failures.
+    recent: Recent,
 }
 
 impl std::fmt::Debug for Roster {
@@ -171,6 +96,22 @@ impl Drop for Sent {
     }
 }
 
+/// What a pick needs of the moment: the time, and whether the instances set
+/// aside are let back.
+#[derive(Clone, Copy, Debug)]
+struct Moment {
+    now: u64,
+    degraded: bool,
+    probe_every: std::time::Duration,
+}
+
+impl Moment {
+    /// `i` takes attempts now: in service, or its probe is due (taken).
+    fn takes(&self, i: &Instance) -> bool {
+        !i.health.aside(self.now) || self.degraded
+    }
+}
+
 impl Roster {
     pub(crate) fn new(outliers: Outliers) -> Self {
         Self {
@@ -178,6 +119,8 @@ impl Roster {
             outliers: RwLock::new(outliers),
             next_id: AtomicU64::new(1),
             circuits: RwLock::new(None),
+            origin: Instant::now(),
+            recent: Recent::default(),
         }
     }
 
@@ -202,7 +145,8 @@ impl Roster {
     }
 
     /// The fleet is now `bases`: instances already known keep their
-    /// state (and id), new ones start fresh, the others leave.
+    /// state (and id), new ones start fresh, the others leave, and their
+    /// state with them (their circuits too).
     pub(crate) fn set(&self, bases: &[Base]) {
         let old = self.instances();
         let next: Vec<Arc<Instance>> = bases
@@ -217,27 +161,52 @@ impl Roster {
                     })
             })
             .collect();
+        if let Some(circuits) = self.circuits() {
+            let live: Vec<u64> = next.iter().map(|i| i.id).collect();
+            circuits.retain(&live);
+        }
         *self
             .instances
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Arc::from(next);
     }
 
+    /// Nanoseconds since the origin, plus one (0 means "none" in the
+    /// instances' clocks).
+    fn now(&self) -> u64 {
+        nanos(Instant::now().saturating_duration_since(self.origin)).saturating_add(1)
+    }
+
+    fn epoch(now: u64) -> u64 {
+        now / nanos(BIN)
+    }
+
+    fn moment(&self) -> Moment {
+        let now = self.now();
+        let o = self.outliers();
+        Moment {
+            now,
+            degraded: degraded(&o, self.recent.ratio(Self::epoch(now))),
+            probe_every: o.probe_every,
+        }
+    }
+
     /// The instance for an attempt of a call that has used `used`: two
-    /// picked at random among those in service it has not used, the one
-    /// with fewer requests in flight; if it has used them all, the one in
-    /// service with the fewest failures (then any, the least failing: when
-    /// every instance is set aside, calls still go somewhere). With
+    /// drawn at random among those in service it has not used, the one
+    /// with fewer requests in flight (an instance set aside whose probe is
+    /// due is taken as it is drawn); if the call has used them all, the one
+    /// in service with the fewest failures (then any, the least failing:
+    /// when every instance is set aside, calls still go somewhere). With
     /// circuits (a stack's breaker over the fleet), an instance whose
     /// circuit refuses is passed over; when every one refuses, the call is
     /// refused as its circuit said.
     pub(crate) fn pick(&self, used: &[u64], rng: &mut fastrand::Rng) -> Result<Sent, Unpicked> {
         let all = self.instances();
         let circuits = self.circuits();
-        let now = Instant::now();
+        let moment = self.moment();
         let mut refused: Vec<u64> = Vec::new();
         let mut refusal = None;
-        while let Some(chosen) = choose(&all, used, &refused, now, rng) {
+        while let Some(chosen) = choose(&all, used, &refused, moment, rng) {
             let pass = match &circuits {
                 None => None,
                 Some(c) => match c.admit(chosen.id, &chosen.base.authority) {
@@ -273,128 +242,210 @@ impl Roster {
             .clone()
     }
 
-    /// `instance` answered well: its failures are forgotten.
+    /// `instance` answered well: back in service at once if it was set
+    /// aside (a probe that answered), its failures forgotten.
     pub(crate) fn succeeded(&self, instance: &Instance) {
-        let now = Instant::now();
-        let mut h = instance.health();
-        if h.ejected_until.is_some_and(|t| t <= now) {
-            h.ejected_until = None;
-        }
-        h.failures = 0;
-        h.ejections = 0;
-        h.probation = false;
+        let epoch = Self::epoch(self.now());
+        instance.health.recent.record(epoch, false);
+        self.recent.record(epoch, false);
+        instance.health.success();
     }
 
     /// `instance` failed in a way that says "this instance": it is set
-    /// aside once its failures in a row reach the threshold (or at once,
-    /// on probation), if the fleet can spare it. True if it was.
+    /// aside as [`Outliers`] says. True if it was.
     pub(crate) fn failed(&self, instance: &Instance) -> bool {
-        let now = Instant::now();
-        let outliers = self.outliers();
-        let threshold = {
-            let mut h = instance.health();
-            if h.ejected_until.is_some_and(|t| t > now) {
-                return false;
-            }
-            if h.ejected_until.take().is_some() {
-                // Back from a pause: on probation.
-                h.probation = true;
-            }
-            h.failures = h.failures.saturating_add(1);
-            h.probation || h.failures >= outliers.consecutive
+        let now = self.now();
+        let epoch = Self::epoch(now);
+        instance.health.recent.record(epoch, true);
+        self.recent.record(epoch, true);
+        let Some((in_a_row, probation)) = instance.health.failure(now) else {
+            return false;
         };
-        if !threshold || !self.can_eject(now, outliers.max_share) {
+        let o = self.outliers();
+        if in_a_row < o.consecutive && !probation {
             return false;
         }
-        let mut h = instance.health();
-        let doubling = 1u32 << h.ejections.min(16);
-        let pause = outliers
-            .base_pause
-            .saturating_mul(doubling)
-            .min(outliers.max_pause);
-        h.ejected_until = Some(now + pause);
-        h.ejections = h.ejections.saturating_add(1);
-        h.failures = 0;
-        true
-    }
-
-    /// Another instance may be set aside now: fewer than the share are.
-    fn can_eject(&self, now: Instant, max_share: f64) -> bool {
+        // (The rarer path: the fleet is looked over.)
+        let others = self
+            .recent
+            .ratio(epoch)
+            .less(instance.health.recent.ratio(epoch));
         let all = self.instances();
-        let n = all.len();
-        let share = (n as f64 * max_share).floor() as usize;
-        let max = share.max(1).min(n.saturating_sub(1));
-        let ejected = all.iter().filter(|i| i.ejected_at(now)).count();
-        ejected < max
+        let aside = all.iter().filter(|i| i.health.aside(now)).count();
+        if !sets_aside(&o, in_a_row, probation, others, aside, all.len()) {
+            return false;
+        }
+        instance.health.set_aside(&o, now);
+        true
     }
 }
 
-/// Two at random among the instances in service that the call has not
-/// used (and that no circuit `refused`), the one with fewer requests in
-/// flight; when there are none, the one with the fewest failures among
-/// those not refused, in service first.
+/// Two at random among the instances that take attempts now (in
+/// service, or set aside with a probe due) that the call has not used and
+/// no circuit `refused`, the one with fewer requests in flight; a due
+/// probe is taken as it is found. Over a fleet of more than [`DRAWS`]
+/// instances, by random draws (the cost does not grow with the fleet);
+/// over a small one, or when the draws found none, over every instance;
+/// then, when none is left, [`look_over`].
 fn choose(
     all: &[Arc<Instance>],
     used: &[u64],
     refused: &[u64],
-    now: Instant,
+    m: Moment,
     rng: &mut fastrand::Rng,
 ) -> Option<Arc<Instance>> {
-    let fresh: Vec<&Arc<Instance>> = all
-        .iter()
-        .filter(|i| !used.contains(&i.id) && !refused.contains(&i.id) && !i.ejected_at(now))
-        .collect();
-    match fresh.len() {
-        0 => {
-            let open: Vec<&Arc<Instance>> =
-                all.iter().filter(|i| !refused.contains(&i.id)).collect();
-            let in_service: Vec<&Arc<Instance>> = open
-                .iter()
-                .copied()
-                .filter(|i| !i.ejected_at(now))
-                .collect();
-            let pool = if in_service.is_empty() {
-                open
-            } else {
-                in_service
-            };
-            pool.into_iter()
-                .min_by_key(|i| (i.health().failures, i.in_flight()))
-                .cloned()
+    if all.is_empty() {
+        return None;
+    }
+    let open = |i: &Instance| !used.contains(&i.id) && !refused.contains(&i.id);
+    if all.len() > DRAWS {
+        if let Some(i) = draw(all, &open, m, rng) {
+            return Some(i);
         }
-        1 => Some(Arc::clone(fresh[0])),
-        n => {
-            let a = rng.usize(..n);
-            let b = (a + 1 + rng.usize(..n - 1)) % n;
-            let (a, b) = (fresh[a], fresh[b]);
-            Some(Arc::clone(if b.in_flight() < a.in_flight() {
-                b
-            } else {
-                a
-            }))
+    }
+    every(all, &open, m, rng).or_else(|| look_over(all, used, refused, m))
+}
+
+/// [`choose`] by [`DRAWS`] random draws; `None` when they found none.
+fn draw(
+    all: &[Arc<Instance>],
+    open: &dyn Fn(&Instance) -> bool,
+    m: Moment,
+    rng: &mut fastrand::Rng,
+) -> Option<Arc<Instance>> {
+    let mut first: Option<&Arc<Instance>> = None;
+    for _ in 0..DRAWS {
+        let i = &all[rng.usize(..all.len())];
+        if !open(i) {
+            continue;
+        }
+        if !m.takes(i) {
+            if i.health.take_probe(m.now, m.probe_every) {
+                return Some(Arc::clone(i));
+            }
+            continue;
+        }
+        match first {
+            None => first = Some(i),
+            Some(a) if a.id == i.id => {}
+            Some(a) => return Some(Arc::clone(less_busy(a, i))),
+        }
+    }
+    first.cloned()
+}
+
+/// [`choose`] over every instance: a due probe first, else two distinct
+/// at random among those that take attempts.
+fn every(
+    all: &[Arc<Instance>],
+    open: &dyn Fn(&Instance) -> bool,
+    m: Moment,
+    rng: &mut fastrand::Rng,
+) -> Option<Arc<Instance>> {
+    let n = all.len();
+    let start = rng.usize(..n);
+    let in_order = || {
+        (0..n)
+            .map(move |k| &all[(start + k) % n])
+            .filter(|i| open(i))
+    };
+    let mut taking = 0;
+    for i in in_order() {
+        if m.takes(i) {
+            taking += 1;
+        } else if i.health.take_probe(m.now, m.probe_every) {
+            return Some(Arc::clone(i));
+        }
+    }
+    let nth = |k: usize| in_order().filter(|i| m.takes(i)).nth(k);
+    match taking {
+        0 => None,
+        1 => nth(0).cloned(),
+        _ => {
+            let a = rng.usize(..taking);
+            let b = (a + 1 + rng.usize(..taking - 1)) % taking;
+            match (nth(a), nth(b)) {
+                (Some(a), Some(b)) => Some(Arc::clone(less_busy(a, b))),
+                (a, b) => a.or(b).cloned(),
+            }
         }
     }
 }
 
+/// Of two, the one with fewer requests in flight (the first on a tie).
+fn less_busy<'a>(a: &'a Arc<Instance>, b: &'a Arc<Instance>) -> &'a Arc<Instance> {
+    if b.in_flight() < a.in_flight() {
+        b
+    } else {
+        a
+    }
+}
+
+/// The whole fleet looked over, when random draws found nothing: the one
+/// taking attempts that the call has not used, fewest in flight; else the
+/// one with the fewest failures among those not refused, in service first.
+fn look_over(
+    all: &[Arc<Instance>],
+    used: &[u64],
+    refused: &[u64],
+    m: Moment,
+) -> Option<Arc<Instance>> {
+    let open = || all.iter().filter(|i| !refused.contains(&i.id));
+    if let Some(fresh) = open()
+        .filter(|i| !used.contains(&i.id) && m.takes(i))
+        .min_by_key(|i| i.in_flight())
+    {
+        return Some(Arc::clone(fresh));
+    }
+    let fewest_failures =
+        |i: &&Arc<Instance>| (i.health.in_a_row.load(Ordering::Relaxed), i.in_flight());
+    open()
+        .filter(|i| m.takes(i))
+        .min_by_key(fewest_failures)
+        .or_else(|| open().min_by_key(fewest_failures))
+        .cloned()
+}
+
 impl Elsewhere for Roster {
     fn has_other(&self, used: &[u64]) -> bool {
-        let now = Instant::now();
+        let m = self.moment();
         self.instances()
             .iter()
-            .any(|i| !used.contains(&i.id) && !i.ejected_at(now))
+            .any(|i| !used.contains(&i.id) && m.takes(i))
+    }
+
+    fn len(&self) -> usize {
+        self.instances().len()
+    }
+
+    fn authorities(&self) -> Vec<Arc<http::uri::Authority>> {
+        self.instances()
+            .iter()
+            .map(|i| Arc::clone(&i.base.authority))
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use http::uri::Authority;
 
     use super::*;
 
     fn roster(n: u16, outliers: Outliers) -> Roster {
+        roster_of(usize::from(n), outliers)
+    }
+
+    /// A roster of `n` instances, `http://10.x.y.z:80`.
+    fn roster_of(n: usize, outliers: Outliers) -> Roster {
         let r = Roster::new(outliers);
         let addrs: Vec<_> = (0..n)
-            .map(|i| Base::parse(&format!("http://10.0.0.{i}:80")).unwrap())
+            .map(|i| {
+                let (a, b) = (i / 256, i % 256);
+                Base::parse(&format!("http://10.0.{a}.{b}:80")).unwrap()
+            })
             .collect();
         r.set(&addrs);
         r
@@ -456,12 +507,110 @@ mod tests {
         assert!(r.has_other(&[all[1].id, all[2].id]));
         assert!(r.failed(a));
         tokio::time::advance(Duration::from_secs(19)).await;
-        assert!(a.ejected_at(Instant::now()));
+        assert!(a.health.aside(r.now()));
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(!a.ejected_at(Instant::now()));
+        assert!(!a.health.aside(r.now()));
         // A success ends probation and the doubling.
         r.succeeded(a);
         assert!(!r.failed(a));
+    }
+
+    /// An instance set aside gets a probe every `probe_every`, and the
+    /// first that answers well brings it back at once.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_instance_set_aside_comes_back_at_its_first_good_probe() {
+        let r = roster(3, Outliers::default().consecutive(1));
+        let a = Arc::clone(&r.instances()[0]);
+        assert!(r.failed(&a));
+        let mut rng = fastrand::Rng::with_seed(4);
+        let picks = |r: &Roster, rng: &mut fastrand::Rng, n| {
+            (0..n)
+                .filter(|_| r.pick(&[], rng).unwrap().instance.id == a.id)
+                .count()
+        };
+        assert_eq!(picks(&r, &mut rng, 200), 0, "aside, no probe due");
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(picks(&r, &mut rng, 200), 1, "one probe");
+        // The probe failed: still aside, the next probe 500 ms later.
+        assert!(!r.failed(&a));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(picks(&r, &mut rng, 200), 1);
+        // It answered well: in service again, long before its 10 s pause.
+        r.succeeded(&a);
+        assert!(picks(&r, &mut rng, 300) > 50);
+    }
+
+    /// An outlier is one against the rest: when the others fail as much,
+    /// no more is set aside, and what was aside is let back.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn when_the_others_fail_too_nothing_is_an_outlier() {
+        let r = roster(4, Outliers::default().consecutive(2));
+        let all = r.instances();
+        // A fails alone: set aside.
+        for i in &all[1..] {
+            for _ in 0..5 {
+                r.succeeded(i);
+            }
+        }
+        assert!(!r.failed(&all[0]));
+        assert!(r.failed(&all[0]));
+        let mut rng = fastrand::Rng::with_seed(5);
+        let to_a = |r: &Roster, rng: &mut fastrand::Rng| {
+            (0..300)
+                .filter(|_| r.pick(&[], rng).unwrap().instance.id == all[0].id)
+                .count()
+        };
+        assert_eq!(to_a(&r, &mut rng), 0);
+        // Now every instance fails, over the next second: the fleet is
+        // degraded, and A is let back.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for _ in 0..20 {
+            for i in &all[1..] {
+                r.failed(i);
+            }
+        }
+        assert!(
+            to_a(&r, &mut rng) > 30,
+            "let back while the fleet is degraded"
+        );
+        // Degraded, no instance is an outlier: none is newly set aside.
+        let aside = |r: &Roster| all.iter().filter(|i| i.health.aside(r.now())).count();
+        let before = aside(&r);
+        for _ in 0..5 {
+            for i in &all[1..] {
+                assert!(!r.failed(i));
+            }
+        }
+        assert_eq!(aside(&r), before);
+    }
+
+    /// Wherever the bad instance is in a large fleet, it is set aside,
+    /// and picks draw at random rather than scan.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_bad_instance_of_two_thousand_is_set_aside_wherever_it_is() {
+        let r = roster_of(2000, Outliers::default());
+        let all = r.instances();
+        let mut rng = fastrand::Rng::with_seed(9);
+        for bad in [0, 1000, 1999] {
+            let bad = &all[bad];
+            for _ in 0..2000 {
+                let sent = r.pick(&[], &mut rng).unwrap();
+                if sent.instance.id == bad.id {
+                    r.failed(bad);
+                } else {
+                    r.succeeded(&sent.instance);
+                }
+            }
+            for _ in 0..5 {
+                r.failed(bad);
+            }
+            assert!(bad.health.aside(r.now()), "instance {}", bad.base.authority);
+            let to_bad = (0..4000)
+                .filter(|_| r.pick(&[], &mut rng).unwrap().instance.id == bad.id)
+                .count();
+            assert_eq!(to_bad, 0);
+            r.succeeded(bad);
+        }
     }
 
     #[test]
@@ -506,6 +655,8 @@ mod tests {
     }
 
     impl Circuits for Refusing {
+        fn retain(&self, _: &[u64]) {}
+
         fn admit(&self, id: u64, _: &Authority) -> Result<Box<dyn Pass>, Refusal> {
             if self.0.contains(&id) {
                 Err(Refusal::Probing {

@@ -34,6 +34,10 @@ pub(crate) trait Circuits: Send + Sync {
     /// Lets an attempt to instance `id` (at `authority`) through: a pass to
     /// settle with its outcome; or why its circuit refuses it.
     fn admit(&self, id: u64, authority: &http::uri::Authority) -> Result<Box<dyn Pass>, Refusal>;
+
+    /// The fleet is now the instances `live`: the circuits of the others
+    /// go (an instance that leaves takes its state with it).
+    fn retain(&self, live: &[u64]);
 }
 
 /// An attempt let through an instance's circuit. Dropped unsettled (the

@@ -12,6 +12,12 @@ use http::uri::Authority;
 pub(crate) trait Elsewhere: Send + Sync {
     /// An instance not in `used` is in service (not set aside).
     fn has_other(&self, used: &[u64]) -> bool;
+
+    /// How many instances the fleet has.
+    fn len(&self) -> usize;
+
+    /// The addresses of the fleet's instances.
+    fn authorities(&self) -> Vec<Arc<Authority>>;
 }
 
 #[derive(Default)]
@@ -61,6 +67,11 @@ impl Tried {
     /// The instance at `server` answered a copy of this call.
     pub(crate) fn answered(&self, server: Arc<Authority>) {
         self.lock().answered = Some(server);
+    }
+
+    /// The fleet this call's copies went to, once one went.
+    pub(crate) fn fleet(&self) -> Option<Arc<dyn Elsewhere>> {
+        self.lock().fleet.clone()
     }
 
     /// The instance that answered last, taken (for the attempt's record).

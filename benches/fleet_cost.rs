@@ -1,0 +1,144 @@
+//! How the cost of a call through `stack().fleet(..)` grows with the fleet
+//! and with the threads sharing one stack (DESIGN section 11): in process,
+//! to a transport that answers at once, so that the figure is the stack's
+//! and the fleet's own. And the memory an instance of a fleet takes.
+//!
+//! `cargo bench -p tower-resend-benches --bench fleet_cost`
+//! (`RESEND_BENCH_ROUNDS=n` sets the rounds, default 15)
+#![allow(missing_docs, clippy::print_stdout)]
+
+use std::sync::Arc;
+
+use http::Request;
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_resend::fleet::FleetLayer;
+
+use tower_resend_benches::{median, Body, Instant200};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
+
+/// Calls per measure.
+const CALLS: u32 = 20_000;
+
+/// `n` instances: `http://10.a.b.c:80`.
+fn addresses(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("http://10.{}.{}.{}:80", i >> 16, (i >> 8) & 255, i & 255))
+        .collect()
+}
+
+fn fleet(n: usize) -> FleetLayer {
+    FleetLayer::fixed(addresses(n)).expect("valid bases")
+}
+
+/// Nanoseconds per call, `CALLS` calls on clones of a stack over `n`
+/// instances.
+async fn per_call(n: usize) -> f64 {
+    let stack = tower_resend::stack().fleet(fleet(n)).service(Instant200);
+    let start = Instant::now();
+    for _ in 0..CALLS {
+        let req = Request::get("http://inventory/items/7")
+            .body(Body::new())
+            .expect("valid request");
+        std::hint::black_box(stack.clone().oneshot(req).await.expect("answered"));
+    }
+    start.elapsed().as_nanos() as f64 / f64::from(CALLS)
+}
+
+/// Nanoseconds per call, each of `threads` tasks on its own worker making
+/// `CALLS` calls on clones of one stack over 100 instances.
+fn per_call_threads(threads: usize) -> f64 {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_time()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let stack = Arc::new(tower_resend::stack().fleet(fleet(100)).service(Instant200));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..threads)
+            .map(|_| {
+                let stack = Arc::clone(&stack);
+                tokio::spawn(async move {
+                    for _ in 0..CALLS {
+                        let req = Request::get("http://inventory/items/7")
+                            .body(Body::new())
+                            .expect("valid request");
+                        let svc = (*stack).clone();
+                        std::hint::black_box(svc.oneshot(req).await.expect("answered"));
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("task");
+        }
+        // Per call, as each thread sees it: the wall time of its share.
+        start.elapsed().as_nanos() as f64 / f64::from(CALLS)
+    })
+}
+
+fn main() {
+    let rounds: usize = std::env::var("RESEND_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("rounds: {rounds}, {CALLS} calls per measure, {cores} cores");
+
+    // Memory an instance takes: a fleet of 10 000 made, bytes allocated and
+    // still held, per instance.
+    let region = Region::new(GLOBAL);
+    let big = fleet(10_000);
+    let held = region.change();
+    let per_instance = (held.bytes_allocated - held.bytes_deallocated) as f64 / 10_000.0;
+    drop(big);
+    println!("memory per instance (a fleet of 10 000): {per_instance:.0} B");
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let sizes = [3usize, 100, 1_000, 10_000];
+    let mut by_size: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
+    for r in 0..rounds {
+        // Each round in another order, so that drift hits all alike.
+        for k in 0..sizes.len() {
+            let i = (k + r) % sizes.len();
+            by_size[i].push(rt.block_on(per_call(sizes[i])));
+        }
+    }
+    let three = median(by_size[0].clone());
+    for (n, samples) in sizes.iter().zip(by_size) {
+        let m = median(samples);
+        println!(
+            "stack().fleet(..) over {n:>6} instances : median {m:7.1} ns per call ({:.3}x the 3-instance cost)",
+            m / three
+        );
+    }
+
+    let threads = [1usize, 2, 4, 8];
+    let mut by_threads: Vec<Vec<f64>> = vec![Vec::new(); threads.len()];
+    for r in 0..rounds {
+        for k in 0..threads.len() {
+            let i = (k + r) % threads.len();
+            by_threads[i].push(per_call_threads(threads[i]));
+        }
+    }
+    let one = median(by_threads[0].clone());
+    for (t, samples) in threads.iter().zip(by_threads) {
+        let m = median(samples);
+        let note = if *t > cores {
+            " (more threads than cores)"
+        } else {
+            ""
+        };
+        println!(
+            "{t} thread(s) sharing one stack over 100 instances: median {m:7.1} ns per call each ({:.3}x one thread's){note}",
+            m / one
+        );
+    }
+}
