@@ -86,3 +86,34 @@ impl Drop for InstancePass {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::CircuitBreakerLayer;
+
+    /// A circuit for every instance however many there are (a DNS fleet of
+    /// 2 000), and an instance that leaves takes its circuit with it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn every_instance_keeps_its_circuit_while_it_is_in_the_fleet() {
+        let (_, circuits) = CircuitBreakerLayer::new().into_instances(());
+        let authority = |id: u64| -> Authority {
+            format!("10.0.{}.{}:80", id / 256, id % 256)
+                .parse()
+                .unwrap()
+        };
+        for id in 0..2000 {
+            assert!(circuits.admit(id, &authority(id)).is_ok());
+        }
+        let held = |c: &InstanceCircuits| c.circuits.lock().unwrap().len();
+        assert_eq!(held(&circuits), 2000);
+        // The same instance gets its own circuit again, not a new one.
+        let first = circuits.circuit(7, &authority(7));
+        assert!(Arc::ptr_eq(&first, &circuits.circuit(7, &authority(7))));
+        // Half the fleet leaves: half the circuits go.
+        let live: Vec<u64> = (1000..2000).rev().collect();
+        circuits.retain(&live);
+        assert_eq!(held(&circuits), 1000);
+        assert!(!circuits.circuits.lock().unwrap().contains_key(&7));
+    }
+}

@@ -228,6 +228,59 @@ mod tests {
         assert!(err.is_not_sent(), "{err}");
     }
 
+    /// A fleet the call names through its record, holding `held`.
+    struct Held(Mutex<Vec<Arc<Authority>>>);
+
+    impl Elsewhere for Held {
+        fn has_other(&self, _: &[u64]) -> bool {
+            true
+        }
+
+        fn len(&self) -> usize {
+            self.0.lock().unwrap().len()
+        }
+
+        fn authorities(&self) -> Vec<Arc<Authority>> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    /// Transports are kept for the fleet's instances, however many, and an
+    /// instance that leaves the fleet takes its transport with it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_transport_goes_with_its_instance() {
+        let per = PerInstance::new(|_base: Uri| {
+            tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(()) })
+        });
+        let authority = |i: usize| -> Arc<Authority> {
+            Arc::new(format!("10.0.{}.{}:80", i / 256, i % 256).parse().unwrap())
+        };
+        let fleet = Arc::new(Held(Mutex::new((0..300).map(authority).collect())));
+        let send = |i: usize| {
+            let tried = Tried::default();
+            tried.record(
+                i as u64,
+                &authority(i),
+                Arc::clone(&fleet) as Arc<dyn Elsewhere>,
+            );
+            let mut req = Request::get(format!("http://{}/x", authority(i)))
+                .body(())
+                .unwrap();
+            req.extensions_mut().insert(tried);
+            per.clone().oneshot(req)
+        };
+        // More instances than the 256 kept when no fleet is named: all kept.
+        for i in 0..300 {
+            send(i).await.unwrap();
+        }
+        let kept = |p: &PerInstance<_, _>| p.made.lock().unwrap().transports.len();
+        assert_eq!(kept(&per), 300);
+        // The first hundred leave; a newcomer's transport makes room.
+        *fleet.0.lock().unwrap() = (100..301).map(authority).collect();
+        send(300).await.unwrap();
+        assert_eq!(kept(&per), 201);
+    }
+
     /// A fleet whose base has a path, over a channel per instance (as for
     /// gRPC): the channel is made from the scheme and authority alone, and
     /// the path reaches it once, under the base's.
