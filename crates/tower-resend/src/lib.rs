@@ -198,6 +198,8 @@ pub mod routes;
 pub mod service_config;
 pub mod stack;
 pub mod telemetry;
+#[cfg(test)]
+mod test_events;
 pub mod timeout;
 #[cfg(feature = "tonic")]
 pub mod tonic;

@@ -200,12 +200,10 @@ impl<'a> Field<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::fmt;
-    use std::sync::{Arc, Mutex};
-
     use serde_json::Map;
 
     use super::*;
+    use crate::test_events::Events;
 
     #[test]
     fn keys_name_fields_as_grpc_go_and_proto_json_match_them() {
@@ -268,17 +266,13 @@ mod tests {
         );
         assert_eq!(reader.unknown(), ["m[0].retry_polcy"]);
         assert_eq!(reader.not_applied(), ["m[0].wait_for_ready"]);
-        let events = Events::default();
-        // With one dispatcher alive, tracing asks the registering thread's
-        // own default whether a callsite is wanted, and another test's
-        // thread (with none) would make it "never" for all; with two alive,
-        // it asks them all (as in the breaker's tests).
-        let _second = tracing::Dispatch::new(Events::default());
+        let events = Events::under(module_path!().trim_end_matches("::tests"));
+        let _second = Events::keep_callsites_open();
         tracing::subscriber::with_default(events.clone(), || {
             reader.log("service config");
             Reader::default().log("nothing ignored");
         });
-        let got = events.0.lock().unwrap().clone();
+        let got = events.got();
         assert_eq!(got.len(), 1, "{got:?}");
         let (level, message, fields) = &got[0];
         assert_eq!(*level, tracing::Level::DEBUG);
@@ -327,44 +321,5 @@ mod tests {
                 .unwrap_err();
             assert_eq!((err.path(), err.message()), (path, message), "{json}");
         }
-    }
-
-    /// This module's tracing events: (level, message, other fields).
-    #[derive(Clone, Default)]
-    struct Events(Arc<Mutex<Vec<Event>>>);
-
-    type Event = (tracing::Level, String, Vec<(String, String)>);
-
-    impl tracing::Subscriber for Events {
-        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-            tracing::span::Id::from_u64(1)
-        }
-        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-        fn event(&self, event: &tracing::Event<'_>) {
-            #[derive(Default)]
-            struct Fields(String, Vec<(String, String)>);
-            impl tracing::field::Visit for Fields {
-                fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
-                    let value = format!("{value:?}");
-                    match field.name() {
-                        "message" => self.0 = value,
-                        name => self.1.push((name.to_owned(), value)),
-                    }
-                }
-            }
-            if event.metadata().target() != module_path!().trim_end_matches("::tests") {
-                return;
-            }
-            let mut f = Fields::default();
-            event.record(&mut f);
-            let level = *event.metadata().level();
-            self.0.lock().unwrap().push((level, f.0, f.1));
-        }
-        fn enter(&self, _: &tracing::span::Id) {}
-        fn exit(&self, _: &tracing::span::Id) {}
     }
 }
