@@ -187,6 +187,9 @@ pub mod fleet;
 pub mod hedge;
 pub mod idempotency;
 mod name;
+#[cfg(feature = "quota")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
+pub mod quota;
 pub mod read_ahead;
 mod renamed;
 #[cfg(feature = "reqwest")]

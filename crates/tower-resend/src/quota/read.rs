@@ -1,0 +1,559 @@
+//! Reading what an answer says of the caller's quota, in every common form
+//! (the table is in the [module docs](super)).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName, StatusCode};
+use sfv::{BareItem, Dictionary, List, ListEntry, Parameters, Parser};
+
+use super::clock::{go_duration, rfc3339};
+use crate::classify::parse_retry_after;
+
+/// What one answer said of one quota: a policy (and partition, when the
+/// server partitions it), what is left of it, and when it is whole again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Quota {
+    /// The form it was read from.
+    pub form: Form,
+    /// The policy's name: the IETF fields' identifier, the model APIs'
+    /// resource (`requests`, `tokens`, `input-tokens`…), `default` for the
+    /// forms that name none, or the name given to a form of your own.
+    pub policy: Box<str>,
+    /// The IETF fields' partition key (`pk`), when the server gave one.
+    pub partition: Option<Box<[u8]>>,
+    /// The quota's size, when the answer said it.
+    pub limit: Option<u64>,
+    /// What is left of it.
+    pub remaining: u64,
+    /// How long until it is whole again (at most the reader's cap).
+    pub reset: Duration,
+    /// The policy's window, when the answer said it (`w`).
+    pub window: Option<Duration>,
+}
+
+/// The forms a [`QuotaReader`] reads; see the [module docs](super).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Form {
+    /// `RateLimit-Policy` and `RateLimit`: the IETF fields (draft 09 on),
+    /// structured fields.
+    Ietf,
+    /// `RateLimit-Limit`, `-Remaining`, `-Reset` (delta seconds), or one
+    /// `RateLimit: limit=…, remaining=…, reset=…`: the earlier drafts'.
+    Draft,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (delta seconds, or an
+    /// epoch time in seconds: told apart by size).
+    XRateLimit,
+    /// `X-Rate-Limit-Limit`, `-Remaining`, `-Reset`, the same way.
+    XRateDashLimit,
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, the reset a
+    /// duration (`6m0s`): OpenAI's and the APIs that follow it.
+    ModelDuration,
+    /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
+    /// {limit,remaining,reset}`, the reset an RFC 3339 time.
+    ModelTime,
+    /// A form of your own ([`QuotaReader::form`]).
+    Custom,
+}
+
+/// Why a value read off the wire was not taken as it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Doubt {
+    /// It does not parse (garbage, a wrong type, a missing member).
+    Malformed,
+    /// It is negative.
+    Negative,
+    /// Its reset (or `Retry-After`) lies past the reader's cap: read as
+    /// the cap.
+    PastCap,
+}
+
+/// A value not taken as it was, and its field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Doubted {
+    /// The field.
+    pub field: HeaderName,
+    /// Why.
+    pub doubt: Doubt,
+}
+
+/// Everything one answer's headers said of the caller's quotas.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reading {
+    /// The quotas, in the order of the forms of the module docs' table.
+    pub quotas: Vec<Quota>,
+    /// The `Retry-After` of a 429 or a 403 (at most the cap): the quota is
+    /// spent until then, whatever the other fields say.
+    pub retry_after: Option<Duration>,
+    /// The values not taken as they were.
+    pub doubted: Vec<Doubted>,
+}
+
+/// A form of your own: the names of its three fields.
+#[derive(Clone, Debug)]
+struct Custom {
+    policy: Box<str>,
+    limit: HeaderName,
+    remaining: HeaderName,
+    reset: HeaderName,
+}
+
+/// Reads the quota an upstream states on its answers.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use http::{HeaderMap, StatusCode};
+/// use tower_resend::quota::QuotaReader;
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("ratelimit-policy", r#""default";q=100;w=60"#.parse().unwrap());
+/// headers.insert("ratelimit", r#""default";r=15;t=40"#.parse().unwrap());
+/// let reading = QuotaReader::new().read(StatusCode::OK, &headers, SystemTime::now());
+/// let q = &reading.quotas[0];
+/// assert_eq!((q.limit, q.remaining, q.reset), (Some(100), 15, Duration::from_secs(40)));
+/// assert_eq!(q.window, Some(Duration::from_secs(60)));
+/// ```
+#[derive(Clone, Debug)]
+pub struct QuotaReader {
+    cap: Duration,
+    custom: Vec<Custom>,
+}
+
+/// The longest reset a reader takes as it is, by default: 10 minutes.
+pub const DEFAULT_RESET_CAP: Duration = Duration::from_secs(600);
+
+/// Values at or over this are epoch times, under it delta seconds
+/// (2001-09-09 as an epoch time; 31 years as a delta).
+const EPOCH_FROM: u64 = 1_000_000_000;
+
+impl Default for QuotaReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QuotaReader {
+    /// Reads every form of the module docs' table; a reset past
+    /// [`DEFAULT_RESET_CAP`] is read as the cap.
+    pub const fn new() -> Self {
+        Self {
+            cap: DEFAULT_RESET_CAP,
+            custom: Vec::new(),
+        }
+    }
+
+    /// The longest reset (and `Retry-After`) taken as it is; a longer one
+    /// is read as this, and doubted ([`Doubt::PastCap`]): nothing read off
+    /// the wire makes the caller wait longer. Default: 10 minutes.
+    #[must_use]
+    pub const fn cap(mut self, cap: Duration) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// Also reads a form of your own, named `policy`: three fields, the
+    /// limit, what remains, and the reset in delta seconds (or an epoch
+    /// time, told apart as `X-RateLimit-Reset`'s).
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tower_resend::quota::QuotaReader;
+    ///
+    /// let reader = QuotaReader::new().form(
+    ///     "search",
+    ///     HeaderName::from_static("x-search-quota"),
+    ///     HeaderName::from_static("x-search-left"),
+    ///     HeaderName::from_static("x-search-reset"),
+    /// );
+    /// # let _ = reader;
+    /// ```
+    #[must_use]
+    pub fn form(
+        mut self,
+        policy: &str,
+        limit: HeaderName,
+        remaining: HeaderName,
+        reset: HeaderName,
+    ) -> Self {
+        self.custom.push(Custom {
+            policy: policy.into(),
+            limit,
+            remaining,
+            reset,
+        });
+        self
+    }
+
+    /// What `headers` (of an answer of `status`, at `now`) say of the
+    /// caller's quotas.
+    pub fn read(&self, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Reading {
+        let mut r = Read {
+            reader: self,
+            headers,
+            now,
+            out: Reading::default(),
+        };
+        r.ietf();
+        r.triple(Form::Draft, "default", TRIPLES[0]);
+        r.triple(Form::XRateLimit, "default", TRIPLES[1]);
+        r.triple(Form::XRateDashLimit, "default", TRIPLES[2]);
+        for resource in ["requests", "tokens"] {
+            r.model_duration(resource);
+        }
+        for resource in ["requests", "tokens", "input-tokens", "output-tokens"] {
+            r.model_time(resource);
+        }
+        for c in &self.custom {
+            r.fields(
+                Form::Custom,
+                &c.policy,
+                [&c.limit, &c.remaining, &c.reset],
+                Reset::Seconds,
+            );
+        }
+        if matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::FORBIDDEN
+        ) {
+            r.retry_after();
+        }
+        r.out
+    }
+}
+
+/// The three-field forms: limit, remaining, reset.
+const TRIPLES: [[&str; 3]; 3] = [
+    ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"],
+    [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ],
+    [
+        "x-rate-limit-limit",
+        "x-rate-limit-remaining",
+        "x-rate-limit-reset",
+    ],
+];
+
+/// How a reset is written.
+#[derive(Clone, Copy)]
+enum Reset {
+    /// Delta seconds only.
+    Delta,
+    /// Delta seconds, or an epoch time in seconds.
+    Seconds,
+    /// A Go duration.
+    Duration,
+    /// An RFC 3339 time.
+    Time,
+}
+
+/// One reading under way.
+struct Read<'a> {
+    reader: &'a QuotaReader,
+    headers: &'a HeaderMap,
+    now: SystemTime,
+    out: Reading,
+}
+
+impl Read<'_> {
+    fn doubt(&mut self, field: &HeaderName, doubt: Doubt) {
+        self.out.doubted.push(Doubted {
+            field: field.clone(),
+            doubt,
+        });
+    }
+
+    /// `d`, at most the cap (doubted past it).
+    fn capped(&mut self, field: &HeaderName, d: Duration) -> Duration {
+        if d > self.reader.cap {
+            self.doubt(field, Doubt::PastCap);
+            return self.reader.cap;
+        }
+        d
+    }
+
+    /// The field's lines joined as one structured field value.
+    fn joined(&self, name: &HeaderName) -> Option<String> {
+        let mut lines = self.headers.get_all(name).iter().peekable();
+        lines.peek()?;
+        let mut joined = String::new();
+        for (i, v) in lines.enumerate() {
+            if i > 0 {
+                joined.push_str(", ");
+            }
+            joined.push_str(&String::from_utf8_lossy(v.as_bytes()));
+        }
+        Some(joined)
+    }
+
+    /// The IETF fields (a list of policies), or an earlier draft's one
+    /// `RateLimit` dictionary.
+    fn ietf(&mut self) {
+        const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+        const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+        let Some(value) = self.joined(&RATELIMIT) else {
+            return;
+        };
+        let policies: List = self
+            .joined(&POLICY)
+            .and_then(|p| Parser::new(&p).parse().ok())
+            .unwrap_or_default();
+        match Parser::new(&value).parse::<List>() {
+            Ok(list)
+                if list.iter().any(
+                    |e| matches!(e, ListEntry::Item(i) if param(&i.params, "r").is_some()),
+                ) =>
+            {
+                for entry in list {
+                    self.ietf_entry(&RATELIMIT, entry, &policies);
+                }
+            }
+            _ => match Parser::new(&value).parse::<Dictionary>() {
+                Ok(dict) if dict.contains_key("remaining") => {
+                    self.draft_dictionary(&RATELIMIT, &dict)
+                }
+                _ => self.doubt(&RATELIMIT, Doubt::Malformed),
+            },
+        }
+    }
+
+    fn ietf_entry(&mut self, field: &HeaderName, entry: ListEntry, policies: &List) {
+        let ListEntry::Item(item) = entry else {
+            return self.doubt(field, Doubt::Malformed);
+        };
+        let Some(name) = identifier(&item.bare_item) else {
+            return self.doubt(field, Doubt::Malformed);
+        };
+        let partition = param(&item.params, "pk").and_then(BareItem::as_byte_sequence);
+        let policy = policies.iter().find_map(|p| match p {
+            ListEntry::Item(p)
+                if identifier(&p.bare_item) == Some(name)
+                    && param(&p.params, "pk").and_then(BareItem::as_byte_sequence) == partition =>
+            {
+                Some(&p.params)
+            }
+            _ => None,
+        });
+        let limit = policy.and_then(|p| int(param(p, "q")));
+        let window = policy
+            .and_then(|p| int(param(p, "w")))
+            .map(Duration::from_secs);
+        let remaining = match param(&item.params, "r")
+            .and_then(BareItem::as_integer)
+            .map(i64::from)
+        {
+            Some(r) if r < 0 => return self.doubt(field, Doubt::Negative),
+            Some(r) => r.unsigned_abs(),
+            None => return self.doubt(field, Doubt::Malformed),
+        };
+        // No reset: the policy's window, if it has one.
+        let reset = match param(&item.params, "t")
+            .and_then(BareItem::as_integer)
+            .map(i64::from)
+        {
+            Some(t) if t < 0 => return self.doubt(field, Doubt::Negative),
+            Some(t) => Duration::from_secs(t.unsigned_abs()),
+            None => match window {
+                Some(w) => w,
+                None => return self.doubt(field, Doubt::Malformed),
+            },
+        };
+        let reset = self.capped(field, reset);
+        self.out.quotas.push(Quota {
+            form: Form::Ietf,
+            policy: name.into(),
+            partition: partition.map(Into::into),
+            limit,
+            remaining,
+            reset,
+            window,
+        });
+    }
+
+    /// An earlier draft's `RateLimit: limit=10, remaining=5, reset=5`.
+    fn draft_dictionary(&mut self, field: &HeaderName, dict: &Dictionary) {
+        let member = |name: &str| match dict.get(name) {
+            Some(ListEntry::Item(i)) => i.bare_item.as_integer().map(i64::from),
+            _ => None,
+        };
+        let (Some(remaining), Some(reset)) = (member("remaining"), member("reset")) else {
+            return self.doubt(field, Doubt::Malformed);
+        };
+        if remaining < 0 || reset < 0 {
+            return self.doubt(field, Doubt::Negative);
+        }
+        let reset = self.capped(field, Duration::from_secs(reset.unsigned_abs()));
+        self.out.quotas.push(Quota {
+            form: Form::Draft,
+            policy: "default".into(),
+            partition: None,
+            limit: member("limit").and_then(|l| u64::try_from(l).ok()),
+            remaining: remaining.unsigned_abs(),
+            reset,
+            window: None,
+        });
+    }
+
+    fn triple(&mut self, form: Form, policy: &str, [limit, remaining, reset]: [&'static str; 3]) {
+        let how = if form == Form::Draft {
+            Reset::Delta
+        } else {
+            Reset::Seconds
+        };
+        let names = [
+            HeaderName::from_static(limit),
+            HeaderName::from_static(remaining),
+            HeaderName::from_static(reset),
+        ];
+        self.fields(form, policy, [&names[0], &names[1], &names[2]], how);
+    }
+
+    fn model_duration(&mut self, resource: &str) {
+        let name = |what: &str| HeaderName::try_from(format!("x-ratelimit-{what}-{resource}")).ok();
+        if let (Some(l), Some(r), Some(t)) = (name("limit"), name("remaining"), name("reset")) {
+            self.fields(Form::ModelDuration, resource, [&l, &r, &t], Reset::Duration);
+        }
+    }
+
+    fn model_time(&mut self, resource: &str) {
+        let name = |what: &str| {
+            HeaderName::try_from(format!("anthropic-ratelimit-{resource}-{what}")).ok()
+        };
+        if let (Some(l), Some(r), Some(t)) = (name("limit"), name("remaining"), name("reset")) {
+            self.fields(Form::ModelTime, resource, [&l, &r, &t], Reset::Time);
+        }
+    }
+
+    /// A form of three fields: read when what remains is there.
+    fn fields(
+        &mut self,
+        form: Form,
+        policy: &str,
+        [limit, remaining, reset]: [&HeaderName; 3],
+        how: Reset,
+    ) {
+        let Some(left) = self.headers.get(remaining) else {
+            return;
+        };
+        let Some(left) = self.count(remaining, left.as_bytes()) else {
+            return;
+        };
+        let limit = match self.headers.get(limit) {
+            Some(v) => self.count(limit, v.as_bytes()),
+            None => None,
+        };
+        let Some(value) = self.headers.get(reset) else {
+            return self.doubt(reset, Doubt::Malformed);
+        };
+        let Some(wait) = self.wait(reset, value.as_bytes(), how) else {
+            return;
+        };
+        let wait = self.capped(reset, wait);
+        self.out.quotas.push(Quota {
+            form,
+            policy: policy.into(),
+            partition: None,
+            limit,
+            remaining: left,
+            reset: wait,
+            window: None,
+        });
+    }
+
+    /// A count: the first integer of the value (an earlier draft's
+    /// `RateLimit-Limit: 100, 100;w=60` names its quota first).
+    fn count(&mut self, field: &HeaderName, value: &[u8]) -> Option<u64> {
+        let text = std::str::from_utf8(value).ok().map(str::trim);
+        let first = text.map(|t| t.split([',', ';']).next().unwrap_or("").trim());
+        match first {
+            Some(n) if n.starts_with('-') && n.len() > 1 => {
+                self.doubt(field, Doubt::Negative);
+                None
+            }
+            Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => match n.parse() {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    self.doubt(field, Doubt::Malformed);
+                    None
+                }
+            },
+            _ => {
+                self.doubt(field, Doubt::Malformed);
+                None
+            }
+        }
+    }
+
+    /// The wait a reset value says, written `how`.
+    fn wait(&mut self, field: &HeaderName, value: &[u8], how: Reset) -> Option<Duration> {
+        let text = std::str::from_utf8(value).ok().map(str::trim).unwrap_or("");
+        let wait = match how {
+            Reset::Delta | Reset::Seconds => {
+                let secs = self.count(field, text.as_bytes())?;
+                if matches!(how, Reset::Seconds) && secs >= EPOCH_FROM {
+                    let at = UNIX_EPOCH + Duration::from_secs(secs);
+                    Some(at.duration_since(self.now).unwrap_or(Duration::ZERO))
+                } else {
+                    Some(Duration::from_secs(secs))
+                }
+            }
+            Reset::Duration => go_duration(text),
+            Reset::Time => {
+                rfc3339(text).map(|at| at.duration_since(self.now).unwrap_or(Duration::ZERO))
+            }
+        };
+        if wait.is_none() && !matches!(how, Reset::Delta | Reset::Seconds) {
+            let doubt = if text.starts_with('-') {
+                Doubt::Negative
+            } else {
+                Doubt::Malformed
+            };
+            self.doubt(field, doubt);
+        }
+        wait
+    }
+
+    fn retry_after(&mut self) {
+        let Some(value) = self.headers.get(RETRY_AFTER) else {
+            return;
+        };
+        match parse_retry_after(value.as_bytes(), self.now) {
+            Ok(wait) => self.out.retry_after = Some(self.capped(&RETRY_AFTER, wait)),
+            Err(_) => {
+                let doubt = if value.as_bytes().first() == Some(&b'-') {
+                    Doubt::Negative
+                } else {
+                    Doubt::Malformed
+                };
+                self.doubt(&RETRY_AFTER, doubt);
+            }
+        }
+    }
+}
+
+/// A policy's identifier: a String or a Token.
+fn identifier(item: &BareItem) -> Option<&str> {
+    item.as_string()
+        .map(|s| s.as_str())
+        .or_else(|| item.as_token().map(|t| t.as_str()))
+}
+
+/// The parameter `key`.
+fn param<'a>(params: &'a Parameters, key: &str) -> Option<&'a BareItem> {
+    params
+        .iter()
+        .find(|(k, _)| k.as_str() == key)
+        .map(|(_, v)| v)
+}
+
+/// A non-negative integer parameter.
+fn int(item: Option<&BareItem>) -> Option<u64> {
+    item.and_then(BareItem::as_integer)
+        .and_then(|i| u64::try_from(i64::from(i)).ok())
+}
