@@ -300,10 +300,14 @@ impl Read<'_> {
         let Some(value) = self.joined(&RATELIMIT) else {
             return;
         };
-        let policies: List = self
-            .joined(&POLICY)
-            .and_then(|p| Parser::new(&p).parse().ok())
-            .unwrap_or_default();
+        let policies: List = match self.joined(&POLICY).map(|p| Parser::new(&p).parse()) {
+            Some(Ok(list)) => list,
+            Some(Err(_)) => {
+                self.doubt(&POLICY, Doubt::Malformed);
+                List::new()
+            }
+            None => List::new(),
+        };
         match Parser::new(&value).parse::<List>() {
             Ok(list)
                 if list.iter().any(

@@ -252,6 +252,15 @@ fn hostile_values_are_bounded_and_doubted() {
     assert_eq!(doubts(&r), [Doubt::Negative]);
     let r = read(StatusCode::OK, &[("ratelimit", "%%% not a list")]);
     assert_eq!(doubts(&r), [Doubt::Malformed]);
+    // A policy field that does not parse: the counts still read.
+    let r = read(
+        StatusCode::OK,
+        &[("ratelimit-policy", "(("), ("ratelimit", r#""d";r=1;t=2"#)],
+    );
+    assert_eq!(
+        (r.quotas[0].limit, doubts(&r)),
+        (None, vec![Doubt::Malformed])
+    );
     let r = read(
         StatusCode::OK,
         &[
