@@ -77,9 +77,9 @@ fn main() {
         println!();
         println!(
             "| client | server | recovered | goodput | peak ampl. | ampl. | p99 before, at the end \
-             | work for gone callers | queued, dropped | 503, queue full | wall |"
+             | work for gone callers | queued, dropped | 503, queue full | shed | wall |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
         for &column in &columns {
             let plan = Plan {
                 scenario,
@@ -94,7 +94,7 @@ fn main() {
             let wall = began.elapsed();
             let f = &report.figures;
             println!(
-                "| {} | {} | {} | {:.0} % | {:.2}x | {:.2}x | {} ms, {} ms | {:.0} % | {} | {} | {:.1} s |",
+                "| {} | {} | {} | {:.0} % | {:.2}x | {:.2}x | {} ms, {} ms | {:.0} % | {} | {} | {} | {:.1} s |",
                 column.client.name(),
                 column.server.name(),
                 f.recovery,
@@ -106,6 +106,7 @@ fn main() {
                 f.wasted_share * 100.0,
                 f.dropped,
                 f.full,
+                f.shed,
                 wall.as_secs_f64(),
             );
             if every_second {

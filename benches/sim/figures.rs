@@ -38,6 +38,7 @@ pub(crate) struct Tally {
     wasted: Vec<f64>,
     pub(crate) dropped: u64,
     pub(crate) full: u64,
+    pub(crate) shed: u64,
 }
 
 impl Tally {
@@ -51,6 +52,7 @@ impl Tally {
             wasted: vec![0.0; seconds],
             dropped: 0,
             full: 0,
+            shed: 0,
         }
     }
 
@@ -159,6 +161,9 @@ pub struct Figures {
     pub dropped: u64,
     /// Requests answered 503 because the queue was full.
     pub full: u64,
+    /// Requests refused by a server's `ShedLayer` (503 with `Retry-After`,
+    /// nothing done), before the trigger too.
+    pub shed: u64,
     /// The 99th percentile of the calls' time before the trigger (from the
     /// third second).
     pub p99_before: Duration,
@@ -196,6 +201,7 @@ pub(crate) fn report(plan: &Plan, tally: Tally) -> Report {
         wasted,
         dropped,
         full,
+        shed,
     } = tally;
     let seconds: Vec<Second> = (0..offered.0.len())
         .zip(latencies.iter().cloned())
@@ -254,6 +260,7 @@ pub(crate) fn report(plan: &Plan, tally: Tally) -> Report {
             },
             dropped,
             full,
+            shed,
             p99_before: p99_of(2.min(from_s)..from_s),
             p99_end: p99_of(n.saturating_sub(10).max(to_s).min(n)..n),
         },

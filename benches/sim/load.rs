@@ -118,12 +118,13 @@ pub(crate) async fn run(plan: Plan) -> Report {
     }
     // Every call made before the stop has ended by its deadline.
     tokio::time::sleep_until(start + stop + model.total + Duration::from_secs(1)).await;
-    let tally = std::mem::take(
+    let mut tally = std::mem::take(
         &mut *recorder
             .tally
             .lock()
             .unwrap_or_else(PoisonError::into_inner),
     );
+    tally.shed = transport.shed();
     figures::report(&plan, tally)
 }
 

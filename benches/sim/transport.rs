@@ -76,21 +76,26 @@ fn off_the_wire<RB>(resp: Response<RB>) -> Response<Body> {
     Response::from_parts(parts, Body::new())
 }
 
-fn front(server: Server, model: &Model, instance: Instance) -> Front {
+/// `instance` behind `server`'s layers; its `ShedLayer`, if it has one.
+fn front(server: Server, model: &Model, instance: Instance) -> (Front, Option<ShedLayer>) {
     let deadline = InboundDeadlineLayer::new(SERVER_MAX).http_header(DEADLINE_HEADER);
     match server {
-        Server::Plain => Front::new(instance),
-        Server::Deadline => Front::new(ServiceExt::<Request<Body>>::map_response(
-            deadline.layer(instance),
-            off_the_wire,
-        )),
+        Server::Plain => (Front::new(instance), None),
+        Server::Deadline => (
+            Front::new(ServiceExt::<Request<Body>>::map_response(
+                deadline.layer(instance),
+                off_the_wire,
+            )),
+            None,
+        ),
         Server::Shed => {
             let limit = AdaptiveLimit::between(model.workers, model.workers + model.queue);
-            let shed = ShedLayer::adaptive(limit).layer(instance);
-            Front::new(ServiceExt::<Request<Body>>::map_response(
-                deadline.layer(shed),
+            let shed = ShedLayer::adaptive(limit);
+            let front = Front::new(ServiceExt::<Request<Body>>::map_response(
+                deadline.layer(shed.layer(instance)),
                 off_the_wire,
-            ))
+            ));
+            (front, Some(shed))
         }
     }
 }
@@ -102,6 +107,7 @@ fn front(server: Server, model: &Model, instance: Instance) -> Front {
 #[derive(Clone)]
 pub(crate) struct Transport {
     fronts: Arc<[Front]>,
+    sheds: Arc<[ShedLayer]>,
     recorder: Arc<Recorder>,
 }
 
@@ -123,7 +129,7 @@ impl Transport {
         seed: u64,
     ) -> Self {
         let honour = server != Server::Plain;
-        let fronts: Vec<Front> = (0..script.slots())
+        let (fronts, sheds): (Vec<Front>, Vec<Option<ShedLayer>>) = (0..script.slots())
             .map(|i| {
                 let seed = seed ^ (i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
                 let instance = Instance::start(
@@ -136,11 +142,19 @@ impl Transport {
                 );
                 front(server, model, instance)
             })
-            .collect();
+            .unzip();
         Self {
             fronts: fronts.into(),
+            sheds: sheds.into_iter().flatten().collect(),
             recorder: Arc::clone(recorder),
         }
+    }
+}
+
+impl Transport {
+    /// Requests the servers' `ShedLayer`s refused so far.
+    pub(crate) fn shed(&self) -> u64 {
+        self.sheds.iter().map(|s| s.stats().shed()).sum()
     }
 }
 
