@@ -45,8 +45,9 @@ pub enum Client {
     /// 10 retries a second at least, 20 % of calls), deposited on each
     /// answer that is not a 5xx.
     TowerBudget,
-    /// `tower_resend::stack()` with the same attempts and limits (and its
-    /// defaults: retry budget, backoff, the deadline header) over the same
+    /// `tower_resend::stack()` with the same attempts and limits, its
+    /// defaults otherwise (its retry budget, backoff and overload floor),
+    /// writing the time left in the header the servers read, over the same
     /// balancer: the stack as a user with a balancer of their own builds it.
     Stack,
     /// `stack().fleet(FleetLayer::resolved(..))` over the transport: each
@@ -97,7 +98,7 @@ pub(crate) async fn build(
             tower_retry(model, balancer(model, script, transport, seed), None, seed)
         }
         Client::TowerBudget => {
-            let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2));
+            let budget = Arc::new(TpsBudget::default());
             tower_retry(
                 model,
                 balancer(model, script, transport, seed),
