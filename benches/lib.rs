@@ -1,6 +1,7 @@
 //! Benchmarks of tower-resend (`cargo bench -p tower-resend-benches`); results and the
 //! commands that reproduce them are in BENCHMARKS.md at the workspace root.
-//! This library holds what the benchmarks share.
+//! This library holds what the benchmarks share, and the simulator of the
+//! stack at scale ([`sim`], the `storm` bench).
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
@@ -11,6 +12,8 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use http_body_util::Empty;
 use tower::{Service, ServiceExt};
+
+pub mod sim;
 
 /// The response body of the in-process benchmarks.
 pub type Body = Empty<bytes::Bytes>;

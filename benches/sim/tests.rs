@@ -1,0 +1,119 @@
+//! The simulator's own tests: scaled down (a thousand callers, ten
+//! instances), each a few seconds of CPU, on the paused clock, so that a
+//! busy machine gives the same figures as a quiet one.
+
+use std::time::Duration;
+
+use super::*;
+
+/// Work time x4 for 5 s: the scenario that bites at this scale.
+const STORM: Scenario = Scenario::SlowX4;
+const SEED: u64 = 1;
+
+fn plan(client: Client, server: Server, watch: Duration) -> Plan {
+    Plan {
+        scenario: STORM,
+        column: Column { client, server },
+        scale: Scale::SMALL,
+        model: Model {
+            watch,
+            ..Model::default()
+        },
+        seed: SEED,
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_figures() {
+    // Every source of chance at once: arrivals, work times, the fleet's
+    // picks and its DNS churn, the throttle, the shed's limit; and tower's
+    // balancer and backoff.
+    let tiny = Scale {
+        callers: 200,
+        clients: 2,
+        instances: 4,
+    };
+    let model = Model {
+        watch: Duration::from_secs(4),
+        ..Model::default()
+    };
+    for column in [
+        Column {
+            client: Client::StackThrottled,
+            server: Server::Shed,
+        },
+        Column {
+            client: Client::TowerRetry,
+            server: Server::Deadline,
+        },
+    ] {
+        let plan = |seed| Plan {
+            scenario: Scenario::Churn,
+            column,
+            scale: tiny,
+            model,
+            seed,
+        };
+        let first = run(&plan(3));
+        assert!(first.figures.baseline > 100.0, "{:?}", first.figures);
+        assert_eq!(first, run(&plan(3)), "{}", column.name());
+        assert_ne!(first.seconds, run(&plan(4)).seconds, "{}", column.name());
+    }
+}
+
+#[test]
+fn tower_retry_without_a_budget_stays_down_after_the_storm() {
+    let report = run(&plan(
+        Client::TowerRetry,
+        Server::Plain,
+        Duration::from_secs(60),
+    ));
+    let f = report.figures;
+    assert_eq!(f.recovery, Recovery::Metastable, "{f:?}");
+    // Three attempts a call, and the work done for callers that had gone.
+    assert!(f.amplification > 2.5, "{f:?}");
+    assert!(f.goodput_share < 0.05, "{f:?}");
+    assert!(f.wasted_share > 0.8, "{f:?}");
+}
+
+/// The stack over the same balancer comes back from the same storm, at
+/// little extra load over it; but on a server that works through its whole
+/// queue it takes the queue's time to drain, and its budget spends a
+/// window's tokens in the storm's first seconds (see `stack_meets_the_line`).
+#[test]
+fn the_stack_comes_back_from_the_same_storm() {
+    let f = run(&plan(Client::Stack, Server::Plain, Duration::from_secs(60))).figures;
+    assert!(
+        matches!(f.recovery, Recovery::After(d) if d <= Duration::from_secs(20)),
+        "{f:?}"
+    );
+    assert!(f.amplification <= 1.2, "{f:?}");
+}
+
+/// With the server half in front (the inbound deadline, adaptive shedding),
+/// queues do not outgrow the attempt timeout, and the stack's goodput is
+/// back within 2 s.
+#[test]
+fn with_the_server_half_the_stack_is_back_within_two_seconds() {
+    let f = run(&plan(Client::Stack, Server::Shed, Duration::from_secs(5))).figures;
+    assert!(
+        matches!(f.recovery, Recovery::After(d) if d <= Duration::from_secs(2)),
+        "{f:?}"
+    );
+}
+
+/// The line issue 46 draws, against a plain server: not met (see the
+/// `ignore` reason and BENCHMARKS.md's `storm` section).
+#[test]
+#[ignore = "not met: stack() over p2c on a plain server is back 16 s after work x4 \
+            (the queues must drain below the attempt timeout; 17-20 s at 10 000 callers), \
+            and sends 2.34 attempts a call in its worst second (2.4 at 10 000 callers): \
+            in part the budget's window of tokens spent at once"]
+fn stack_meets_the_line() {
+    let f = run(&plan(Client::Stack, Server::Plain, Duration::from_secs(5))).figures;
+    assert!(
+        matches!(f.recovery, Recovery::After(d) if d <= Duration::from_secs(2)),
+        "{f:?}"
+    );
+    assert!(f.peak_amplification <= 1.2, "{f:?}");
+}
