@@ -3,15 +3,20 @@
 //! call has not used, by fewest requests in flight, drawn at random (no
 //! scan of the fleet: the cost of a pick does not grow with it); instances
 //! that keep failing set aside, probed, and let back, as
-//! [`Outliers`](super::Outliers) says.
+//! [`Outliers`](super::Outliers) says; with a limit
+//! ([`InstanceLimit`](super::InstanceLimit)), instances at it passed over.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::base::Base;
+use super::gauge::Gauge;
+use super::limit::{admits, signal, InstanceLimit, TimedOut};
 use super::outliers::{degraded, nanos, sets_aside, Health, Outliers, Recent, BIN};
+use crate::classify::Class;
 use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
 
 mod pick;
@@ -23,6 +28,8 @@ pub(crate) struct Instance {
     pub(crate) base: Base,
     in_flight: AtomicU32,
     health: Health,
+    /// Its limit on attempts in flight (used when the fleet has one).
+    gauge: Gauge,
 }
 
 impl Instance {
@@ -32,11 +39,43 @@ impl Instance {
             base,
             in_flight: AtomicU32::new(0),
             health: Health::default(),
+            gauge: Gauge::default(),
         }
     }
 
     pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Its limit on attempts in flight now: `None` while none binds.
+    pub(crate) fn limit(&self) -> Option<u32> {
+        self.gauge.limit()
+    }
+
+    /// One more attempt in flight, if its limit (`limited`: the fleet has
+    /// one) lets it in: checked and counted in one step, so that picks at
+    /// once cannot both take its last place.
+    fn take_place(&self, limited: bool) -> bool {
+        if !limited {
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let limit = self.gauge.limit();
+        let taken = self
+            .in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                admits(limit, n).then(|| n.saturating_add(1))
+            });
+        match taken {
+            Ok(before) => {
+                self.gauge.admitted(before.saturating_add(1));
+                true
+            }
+            Err(_) => {
+                self.gauge.passed_over();
+                false
+            }
+        }
     }
 }
 
@@ -44,7 +83,7 @@ impl Instance {
 /// and the rules that set them aside.
 pub(crate) struct Roster {
     instances: RwLock<Arc<[Arc<Instance>]>>,
-    outliers: RwLock<Outliers>,
+    settings: RwLock<Settings>,
     next_id: AtomicU64,
     /// The instances' circuits, under a stack with a circuit breaker.
     circuits: RwLock<Option<Arc<dyn Circuits>>>,
@@ -54,11 +93,20 @@ pub(crate) struct Roster {
     recent: Recent,
 }
 
+/// How the fleet treats its instances: when it sets them aside, and the
+/// limit on what each has in flight, if any. Set when the fleet is built,
+/// read once a pick.
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    outliers: Outliers,
+    limit: Option<InstanceLimit>,
+}
+
 impl std::fmt::Debug for Roster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Roster")
             .field("instances", &self.instances())
-            .field("outliers", &self.outliers())
+            .field("settings", &self.settings())
             .finish_non_exhaustive()
     }
 }
@@ -68,6 +116,10 @@ impl std::fmt::Debug for Roster {
 pub(crate) struct Sent {
     pub(crate) instance: Arc<Instance>,
     pub(crate) pass: Option<Box<dyn Pass>>,
+    /// When it was sent, on the instances' clock.
+    at: u64,
+    /// The limit it was sent under, when the fleet has one.
+    limit: Option<InstanceLimit>,
 }
 
 impl std::fmt::Debug for Sent {
@@ -85,6 +137,9 @@ pub(crate) enum Unpicked {
     Empty,
     /// Every instance's circuit refused; the last said this.
     Refused(Refusal),
+    /// Every instance the call could use (whose circuit would let it
+    /// through) has as many attempts in flight as its limit.
+    AtCapacity,
 }
 
 impl Drop for Sent {
@@ -93,13 +148,14 @@ impl Drop for Sent {
     }
 }
 
-/// What a pick needs of the moment: the time, and whether the instances set
-/// aside are let back.
+/// What a pick needs of the moment: the time, whether the instances set
+/// aside are let back, and the limit on attempts in flight, if any.
 #[derive(Clone, Copy, Debug)]
 struct Moment {
     now: u64,
     degraded: bool,
-    probe_every: std::time::Duration,
+    probe_every: Duration,
+    limit: Option<InstanceLimit>,
 }
 
 impl Moment {
@@ -107,13 +163,22 @@ impl Moment {
     fn takes(&self, i: &Instance) -> bool {
         !i.health.aside(self.now) || self.degraded
     }
+
+    /// `i` has room for another attempt under its limit (always, when the
+    /// fleet has none).
+    fn room(&self, i: &Instance) -> bool {
+        self.limit.is_none() || admits(i.gauge.limit(), i.in_flight())
+    }
 }
 
 impl Roster {
     pub(crate) fn new(outliers: Outliers) -> Self {
         Self {
             instances: RwLock::new(Arc::from(Vec::new())),
-            outliers: RwLock::new(outliers),
+            settings: RwLock::new(Settings {
+                outliers,
+                limit: None,
+            }),
             next_id: AtomicU64::new(1),
             circuits: RwLock::new(None),
             origin: Instant::now(),
@@ -121,15 +186,27 @@ impl Roster {
         }
     }
 
+    fn settings(&self) -> Settings {
+        *self.settings.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn outliers(&self) -> Outliers {
-        *self.outliers.read().unwrap_or_else(PoisonError::into_inner)
+        self.settings().outliers
     }
 
     pub(crate) fn set_outliers(&self, outliers: Outliers) {
-        *self
-            .outliers
+        self.settings
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = outliers;
+            .unwrap_or_else(PoisonError::into_inner)
+            .outliers = outliers;
+    }
+
+    /// Each instance's attempts in flight limited by `limit` from now.
+    pub(crate) fn set_limit(&self, limit: InstanceLimit) {
+        self.settings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .limit = Some(limit);
     }
 
     pub(crate) fn instances(&self) -> Arc<[Arc<Instance>]> {
@@ -180,11 +257,13 @@ impl Roster {
 
     fn moment(&self) -> Moment {
         let now = self.now();
-        let o = self.outliers();
+        let s = self.settings();
+        let o = s.outliers;
         Moment {
             now,
             degraded: degraded(&o, self.recent.ratio(Self::epoch(now))),
             probe_every: o.probe_every,
+            limit: s.limit,
         }
     }
 
@@ -203,10 +282,45 @@ impl Roster {
             .clone()
     }
 
+    /// The attempt `sent` ended, classified as `class`, `answered` (a
+    /// response) or not, and `timed_out` if it ran out of time: what it
+    /// says of its instance's health (a failure not sent, overloaded, or
+    /// whose outcome is unknown, an attempt timeout, says "this instance")
+    /// and, under a limit, of its load.
+    pub(crate) fn ended(
+        &self,
+        sent: &Sent,
+        class: Class,
+        answered: bool,
+        timed_out: Option<TimedOut>,
+    ) {
+        let now = self.now();
+        let instance = &sent.instance;
+        match class {
+            Class::NotSent | Class::Overloaded | Class::Unknown => {
+                self.failed_at(instance, now);
+            }
+            Class::Success | Class::Rejected | Class::NotProcessed | Class::InProgress => {
+                self.succeeded_at(instance, now);
+            }
+        }
+        if let Some(cfg) = &sent.limit {
+            let took = Duration::from_nanos(now.saturating_sub(sent.at));
+            let says = signal(class, answered, timed_out, took);
+            let in_flight = instance.in_flight();
+            instance.gauge.ended(cfg, sent.at, now, says, in_flight);
+        }
+    }
+
     /// `instance` answered well: back in service at once if it was set
     /// aside (a probe that answered), its failures forgotten.
+    #[cfg(test)]
     pub(crate) fn succeeded(&self, instance: &Instance) {
-        let epoch = Self::epoch(self.now());
+        self.succeeded_at(instance, self.now());
+    }
+
+    fn succeeded_at(&self, instance: &Instance, now: u64) {
+        let epoch = Self::epoch(now);
         instance.health.recent.record(epoch, false);
         self.recent.record(epoch, false);
         instance.health.success();
@@ -214,8 +328,12 @@ impl Roster {
 
     /// `instance` failed in a way that says "this instance": it is set
     /// aside as [`Outliers`] says. True if it was.
+    #[cfg(test)]
     pub(crate) fn failed(&self, instance: &Instance) -> bool {
-        let now = self.now();
+        self.failed_at(instance, self.now())
+    }
+
+    fn failed_at(&self, instance: &Instance, now: u64) -> bool {
         let epoch = Self::epoch(now);
         instance.health.recent.record(epoch, true);
         self.recent.record(epoch, true);
@@ -246,7 +364,7 @@ impl Elsewhere for Roster {
         let m = self.moment();
         self.instances()
             .iter()
-            .any(|i| !used.contains(&i.id) && m.takes(i))
+            .any(|i| !used.contains(&i.id) && m.takes(i) && m.room(i))
     }
 
     fn len(&self) -> usize {

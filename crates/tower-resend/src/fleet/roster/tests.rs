@@ -258,3 +258,113 @@ fn an_instance_whose_circuit_refuses_is_passed_over() {
         Err(Unpicked::Refused(Refusal::Probing { .. }))
     ));
 }
+
+/// The roster of `n` instances under an adaptive limit, outliers off.
+fn limited(n: usize) -> Roster {
+    let r = roster_of(n, Outliers::default().off());
+    r.set_limit(InstanceLimit::adaptive());
+    r
+}
+
+/// Each instance of `r` sheds one of the attempts `held` (an overloaded
+/// answer): its limit becomes half of what it had in flight.
+fn shed_one_each(r: &Roster, held: &mut Vec<Sent>) {
+    for i in r.instances().iter() {
+        if let Some(at) = held.iter().position(|s| s.instance.id == i.id) {
+            let sent = held.swap_remove(at);
+            r.ended(&sent, Class::Overloaded, true, None);
+        }
+    }
+}
+
+/// No limit binds until an instance sheds; then an instance at its limit
+/// is passed over, and when every one is, the pick is refused: at
+/// capacity. An attempt that ends gives its place back.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn under_a_limit_an_instance_at_it_is_passed_over_and_a_full_fleet_refuses() {
+    let r = limited(3);
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut held: Vec<Sent> = (0..30).map(|_| r.pick(&[], &mut rng).unwrap()).collect();
+    let all = r.instances();
+    assert!(all.iter().all(|i| i.limit().is_none()));
+    let before: Vec<u32> = all.iter().map(|i| i.in_flight()).collect();
+    shed_one_each(&r, &mut held);
+    for (i, had) in all.iter().zip(&before) {
+        assert_eq!(i.limit(), Some(had / 2), "{}", i.base.authority);
+    }
+    // Every instance has more in flight than its limit now.
+    assert!(matches!(r.pick(&[], &mut rng), Err(Unpicked::AtCapacity)));
+    assert!(!r.has_other(&[]), "no other instance can take an attempt");
+    // The first instance's attempts end: it takes attempts up to its
+    // limit, and nothing goes to the others.
+    held.retain(|s| s.instance.id != all[0].id);
+    let room = all[0].limit().unwrap();
+    for _ in 0..room {
+        let sent = r.pick(&[], &mut rng).unwrap();
+        assert_eq!(sent.instance.id, all[0].id);
+        held.push(sent);
+    }
+    assert!(matches!(r.pick(&[], &mut rng), Err(Unpicked::AtCapacity)));
+    // A retry that has used the first instance is refused too: the
+    // instances it could use are all at their limit.
+    assert!(matches!(
+        r.pick(&[all[0].id], &mut rng),
+        Err(Unpicked::AtCapacity)
+    ));
+}
+
+/// A fleet with no limit set, or one whose limit does not bind, takes
+/// any number of attempts in flight.
+#[test]
+fn without_a_binding_limit_nothing_is_refused() {
+    for r in [roster_of(3, Outliers::default()), limited(3)] {
+        let mut rng = fastrand::Rng::with_seed(12);
+        let held: Vec<Sent> = (0..10_000)
+            .map(|_| r.pick(&[], &mut rng).unwrap())
+            .collect();
+        assert_eq!(held.len(), 10_000);
+        assert!(r.instances().iter().all(|i| i.limit().is_none()));
+    }
+}
+
+/// Over a large fleet the pick does not look the fleet over to refuse:
+/// when its draws find only instances at their limit, the fleet is at
+/// capacity; with half of it with room, a pick finds one.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_large_fleet_at_capacity_is_refused_by_its_draws() {
+    let r = limited(200);
+    let all = r.instances();
+    let mut rng = fastrand::Rng::with_seed(13);
+    // Each instance sheds its only attempt: a limit of one.
+    let mut held = Vec::new();
+    while held.len() < all.len() {
+        let sent = r.pick(&[], &mut rng).unwrap();
+        if sent.instance.in_flight() == 1 {
+            held.push(sent);
+        }
+    }
+    shed_one_each(&r, &mut held);
+    assert!(all.iter().all(|i| i.limit() == Some(1)));
+    // One attempt at each (the last few places are found past refusals:
+    // with nearly the whole fleet full, most draws find only full ones).
+    let mut held = Vec::new();
+    let mut refused = 0;
+    while held.len() < all.len() {
+        match r.pick(&[], &mut rng) {
+            Ok(sent) => held.push(sent),
+            Err(Unpicked::AtCapacity) => refused += 1,
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(all.iter().all(|i| i.in_flight() == 1));
+    assert!(refused > 0);
+    for _ in 0..100 {
+        assert!(matches!(r.pick(&[], &mut rng), Err(Unpicked::AtCapacity)));
+    }
+    // Half of them free again: every pick goes to one of those (and ends).
+    held.retain(|s| s.instance.id % 2 == 0);
+    for _ in 0..1000 {
+        let sent = r.pick(&[], &mut rng).unwrap();
+        assert_eq!(sent.instance.id % 2, 1);
+    }
+}
