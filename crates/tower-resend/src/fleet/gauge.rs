@@ -39,6 +39,9 @@ pub(crate) struct Gauge {
     start: AtomicU64,
     /// The window's answers and their time.
     sums: AtomicU64,
+    /// The sum of the squares of their times, in microseconds squared (for
+    /// how far their mean may be off).
+    squares: AtomicU64,
     /// What windows move; taken only to move it.
     level: Mutex<Level>,
 }
@@ -51,6 +54,7 @@ impl Default for Gauge {
             peak: AtomicU32::new(0),
             start: AtomicU64::new(0),
             sums: AtomicU64::new(0),
+            squares: AtomicU64::new(0),
             level: Mutex::new(Level::START),
         }
     }
@@ -98,15 +102,18 @@ impl Gauge {
                 after_overload(cfg, level, self.peak.load(Relaxed))
             }),
             Signal::Took(took) => {
-                let micros = u64::try_from(took.as_micros()).unwrap_or(LONGEST);
-                let added = ONE | micros.min(LONGEST);
+                let micros = u64::try_from(took.as_micros()).map_or(LONGEST, |m| m.min(LONGEST));
+                let added = ONE | micros;
+                self.squares.fetch_add(micros * micros, Relaxed);
                 let sums = self.sums.fetch_add(added, Relaxed).wrapping_add(added);
                 let samples = u32::try_from(sums >> TIME_BITS).unwrap_or(u32::MAX);
                 let age = Duration::from_nanos(now.saturating_sub(start));
                 if closes(cfg, age, samples) {
-                    self.move_level(start, now, in_flight, |level, (n, total)| {
+                    self.move_level(start, now, in_flight, |level, answers| {
+                        let (mean, error) = answers.mean_and_error();
                         let w = Window {
-                            mean: Duration::from_micros(total / n.max(1)),
+                            mean,
+                            error,
                             limited: self.limited.load(Relaxed),
                             peak: self.peak.load(Relaxed),
                         };
@@ -118,15 +125,14 @@ impl Gauge {
     }
 
     /// Moves the level of the window that began at `start` by `rule` (given
-    /// the window's answers and their total time in microseconds) and
-    /// begins the next at `now`, unless another answer is moving it or
-    /// has moved it.
+    /// the window's answers) and begins the next at `now`, unless another
+    /// answer is moving it or has moved it.
     fn move_level(
         &self,
         start: u64,
         now: u64,
         in_flight: u32,
-        rule: impl FnOnce(Level, (u64, u64)) -> Level,
+        rule: impl FnOnce(Level, Answers) -> Level,
     ) {
         let mut level = match self.level.try_lock() {
             Ok(level) => level,
@@ -140,12 +146,46 @@ impl Gauge {
         // judged on its own.
         self.start.store(now.max(start.saturating_add(1)), Relaxed);
         let sums = self.sums.swap(0, Relaxed);
-        let answers = (sums >> TIME_BITS, sums & (ONE - 1));
+        let answers = Answers {
+            count: sums >> TIME_BITS,
+            micros: sums & (ONE - 1),
+            squares: self.squares.swap(0, Relaxed),
+        };
         *level = rule(*level, answers);
         self.limited.store(false, Relaxed);
         self.peak.store(in_flight, Relaxed);
         self.limit.store(level.whole().unwrap_or(NONE), Relaxed);
     }
+}
+
+/// A window's answers: how many, the sum of their times and of their
+/// squares (microseconds).
+#[derive(Clone, Copy, Debug)]
+struct Answers {
+    count: u64,
+    micros: u64,
+    squares: u64,
+}
+
+impl Answers {
+    /// Their mean time, and its standard error (their standard deviation
+    /// over the square root of their number).
+    fn mean_and_error(self) -> (Duration, Duration) {
+        let n = self.count.max(1) as f64;
+        let mean = self.micros as f64 / n;
+        let variance = if self.count > 1 {
+            ((self.squares as f64 - mean * mean * n) / (n - 1.0)).max(0.0)
+        } else {
+            0.0
+        };
+        let error = (variance / n).sqrt();
+        (micros(mean), micros(error))
+    }
+}
+
+/// `us` microseconds, as a duration (0 if not finite).
+fn micros(us: f64) -> Duration {
+    Duration::try_from_secs_f64(us / 1e6).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -204,6 +244,28 @@ mod tests {
         // A failure that says nothing of the load: nothing.
         g.ended(&cfg, 9 * MS, 10 * MS, Signal::Nothing, 7);
         assert_eq!(g.limit(), Some(7));
+    }
+
+    #[test]
+    fn a_window_says_its_mean_and_how_far_off_it_may_be() {
+        let same = Answers {
+            count: 10,
+            micros: 10 * 20_000,
+            squares: 10 * 20_000 * 20_000,
+        };
+        assert_eq!(
+            same.mean_and_error(),
+            (Duration::from_millis(20), Duration::ZERO)
+        );
+        // Half at 10 ms, half at 30: a deviation of 10.5 ms, over √10.
+        let spread = Answers {
+            count: 10,
+            micros: 5 * 10_000 + 5 * 30_000,
+            squares: 5 * 10_000 * 10_000 + 5 * 30_000 * 30_000,
+        };
+        let (mean, error) = spread.mean_and_error();
+        assert_eq!(mean, Duration::from_millis(20));
+        assert_eq!(error.as_micros(), 3_333);
     }
 
     #[test]

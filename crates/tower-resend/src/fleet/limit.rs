@@ -16,16 +16,24 @@
 //!   began, once it is [`window`](InstanceLimit::window) old (100 ms) and
 //!   has ten of them;
 //! - **what a window makes of the limit** ([`after_window`]): its mean
-//!   against the fastest mean seen (the instance's own time, without a
-//!   queue). Slower by more than the [`tolerance`](InstanceLimit::tolerance)
-//!   (1.5 times) is a congestion event: the limit becomes what was in
-//!   flight (the limit, or the most in flight at once when that is fewer)
-//!   scaled by fastest / now, at most halved (by Little's law, what the
-//!   instance served at once). Within it, a limit reached in the window
-//!   grows by its square root; one not reached for ten windows in a row
-//!   lapses (no limit, as at the start). A cut that did not bring the
-//!   latency down, or congestion at the floor, says the latency is the
-//!   work's own: it becomes the fastest from then on;
+//!   against the fastest seen (the instance's own time, without a queue),
+//!   each beyond the noise of its answers: the window counts as slower
+//!   than its mean less three standard errors, and the fastest is the
+//!   lowest of the windows' means plus three standard errors. Surely
+//!   slower by more than the [`tolerance`](InstanceLimit::tolerance) (1.5
+//!   times) is a congestion event: the limit becomes what was in flight
+//!   (the limit, or the most in flight at once when that is fewer) scaled
+//!   by fastest / mean, at most halved (by Little's law, what the instance
+//!   served at once). Otherwise a limit reached in the window grows by its
+//!   square root, and one not reached for ten windows in a row lapses (no
+//!   limit, as at the start). A cut that did not bring the latency down,
+//!   or congestion at the floor, says the latency is the work's own: it
+//!   becomes the fastest from then on.
+//!
+//!   So a few answers whose times vary widely (a quiet client of an
+//!   instance whose latency has a long tail) cut nothing, while the many
+//!   answers of a busy instance, where a limit matters, show a queue
+//!   within a window or two;
 //! - **an overload answer** ([`after_overload`]) cuts at once to half of
 //!   what was in flight, once for the attempts sent under one limit (those
 //!   sent before a cut, answered after it, cut nothing more);
@@ -118,6 +126,11 @@ impl InstanceLimit {
 /// The fewest answers a window decides on.
 pub(crate) const MIN_SAMPLES: u32 = 10;
 
+/// Standard errors a window's mean is taken to be off by, either way: at
+/// three, a window of answers whose times do not change is judged slower
+/// than the fastest (with the tolerance) about once in a million.
+pub(crate) const ERRORS: f64 = 3.0;
+
 /// Latency is compared with the fastest seen or this, whichever is more:
 /// a queue of less than a millisecond is scheduling noise, not one worth
 /// refusing calls for (and a clock that did not move, as a paused one over
@@ -187,7 +200,8 @@ pub(crate) fn closes(cfg: &InstanceLimit, age: Duration, samples: u32) -> bool {
 pub(crate) struct Level {
     /// Attempts let in flight at once; infinite while no limit binds.
     pub(crate) limit: f64,
-    /// The lowest mean of a window: the instance's own time, no queue.
+    /// The lowest mean of a window (plus its noise): the instance's own
+    /// time, no queue.
     pub(crate) base: Option<Duration>,
     /// The cut the previous window made, if it made one.
     pub(crate) cut: Option<Cut>,
@@ -227,26 +241,36 @@ pub(crate) struct Cut {
 pub(crate) struct Window {
     /// The mean time of its answers.
     pub(crate) mean: Duration,
+    /// How far off that mean may be: the standard error of its answers'
+    /// times (their standard deviation over the square root of their
+    /// number).
+    pub(crate) error: Duration,
     /// A pick found the instance at its limit in it.
     pub(crate) limited: bool,
     /// The most attempts in flight at once in it.
     pub(crate) peak: u32,
 }
 
-/// What the window `w` makes of `level` (see the [module docs](self)):
+/// What the window `w` makes of `level` (see the [module docs](self)), its
+/// mean `m` give or take `e` (three standard errors), the fastest `b`:
 ///
 /// | the window | the limit | becomes |
 /// |---|---|---|
-/// | within the tolerance, the limit reached | L | L + √L |
-/// | within the tolerance, not reached | L | L; none after ten such windows in a row |
-/// | within the tolerance | none | none |
-/// | slower than the tolerance, ratio r | L, or none (the most in flight: P) | min(L, P) / r, at most halved, at least the floor |
-/// | slower, after a cut that did not bring the latency down | L | L, its mean the fastest from now on |
-/// | slower, with no more than the floor in flight | L | L, its mean the fastest from now on |
+/// | not surely slower: (m − e) / b within the tolerance, the limit reached | L | L + √L |
+/// | not surely slower, not reached | L | L; none after ten such windows in a row |
+/// | not surely slower | none | none |
+/// | surely slower, m / b = r | L, or none (the most in flight: P) | min(L, P) / r, at most halved, at least the floor |
+/// | surely slower, after a cut that did not bring the latency down | L | L, m the fastest from now on |
+/// | surely slower, with no more than the floor in flight | L | L, m the fastest from now on |
+///
+/// and the fastest becomes m + e when that is lower.
 pub(crate) fn after_window(cfg: &InstanceLimit, level: Level, w: Window) -> Level {
+    let off_by = w.error.mul_f64(ERRORS);
+    let surely_within = w.mean.saturating_add(off_by);
+    let surely_over = w.mean.saturating_sub(off_by);
     let base = match level.base {
-        Some(b) if b <= w.mean => b,
-        _ => w.mean,
+        Some(b) if b <= surely_within => b,
+        _ => surely_within,
     };
     let mut next = Level {
         base: Some(base),
@@ -254,8 +278,9 @@ pub(crate) fn after_window(cfg: &InstanceLimit, level: Level, w: Window) -> Leve
         ..level
     };
     let floor = f64::from(cfg.floor);
-    let ratio = w.mean.as_secs_f64() / base.max(MIN_BASE).as_secs_f64();
-    if ratio > cfg.tolerance {
+    let against = base.max(MIN_BASE).as_secs_f64();
+    if surely_over.as_secs_f64() / against > cfg.tolerance {
+        let ratio = w.mean.as_secs_f64() / against;
         next.calm = 0;
         // A cut that did not bring the latency down: the latency is not
         // the queue this limit lets form. Learn it as the work's own.
@@ -324,8 +349,14 @@ mod tests {
     }
 
     fn window(mean: u64, limited: bool, peak: u32) -> Window {
+        noisy(mean, 0, limited, peak)
+    }
+
+    /// A window whose mean may be off by `error` ms (one standard error).
+    fn noisy(mean: u64, error: u64, limited: bool, peak: u32) -> Window {
         Window {
             mean: Duration::from_millis(mean),
+            error: Duration::from_millis(error),
             limited,
             peak,
         }
@@ -359,6 +390,12 @@ mod tests {
             (level(1.0, 20, 0), window(40, true, 1), Some(1), 40),      // at the floor: the work's own
             // Sub-millisecond latency is measured against 1 ms.
             (level(NONE, 0, 0), window(1, false, 50), None, 0),
+            // Noisy windows: judged by what is sure, the mean less three
+            // standard errors; the fastest, the mean plus three.
+            (level(64.0, 20, 0), noisy(40, 5, true, 64), Some(72), 20),   // 40 - 15: within
+            (level(64.0, 20, 0), noisy(70, 5, true, 64), Some(32), 20),   // 70 - 15: slower
+            (level(NONE, 20, 0), noisy(8, 1, false, 5), None, 11),        // faster: 8 + 3
+            (Level::START, noisy(20, 4, false, 5), None, 32),             // the first: 20 + 12
         ];
         for (i, &(before, w, limit, base)) in rows.iter().enumerate() {
             let after = after_window(&cfg, before, w);
