@@ -1,6 +1,7 @@
 //! Each instance's limit on attempts in flight, kept as the rules of
 //! [`limit`](super::limit) say, in atomics: a pick reads the limit with one
-//! load, and an answer adds its time to the window with one add. The answer
+//! load, and an answer adds its time (and its square) to the window with
+//! two adds. The answer
 //! that closes a window (once a window, 100 ms at least) or that cuts on an
 //! overload moves the limit, under a `try_lock` that no attempt waits on:
 //! when another answer holds it, that one is moving the same window.

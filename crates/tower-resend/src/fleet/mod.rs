@@ -27,13 +27,23 @@
 //!   instance its own circuit, with the breaker's rules; an instance whose
 //!   circuit is open is passed over, and a call is refused only when every
 //!   instance's circuit refuses it.
+//! - **a limit on what each instance has in flight** ([`FleetLayer::limit`],
+//!   opt-in): found from the latency of its answers, and cut on its
+//!   overloaded answers and attempt timeouts; none binds until an instance
+//!   shows it has too much. An instance at its limit is passed over, and
+//!   when every one the call could use is, the attempt fails at once, not
+//!   sent ([`ErrorKind::AtCapacity`](crate::ErrorKind::AtCapacity)), rather
+//!   than queue where its caller would be gone before its answer: the first
+//!   attempts a fleet cannot serve are refused, the others served in time.
 //! - **the retry layer knows**: a failure not sent (a refused connection)
 //!   is retried on another instance at once, and an overloaded answer's
 //!   wait (a 503's `Retry-After`, or the overload floor) is the instance's:
 //!   another instance is tried after the usual backoff. A 429 (or gRPC's
 //!   `RESOURCE_EXHAUSTED`) speaks for the whole service (a rate limit or a
 //!   quota is the caller's wherever it goes), and so does any wait when
-//!   every instance the call could use has been used.
+//!   every instance the call could use has been used. A call refused at
+//!   capacity (or by every instance's circuit) ends at once: a resend now
+//!   would be refused too, and its error's advice says when to come back.
 //!
 //! The instances are base URIs: each attempt's URI takes the instance's
 //! scheme and authority, and keeps the request's path and query, under
@@ -269,15 +279,20 @@ impl<C> FleetLayer<C> {
     /// Opt-in, because a limit found from latency cannot tell a queue from
     /// work that got slower on its own (a heavier mix of requests): until
     /// its rules learn the new time, it may refuse calls the instance
-    /// would have served.
+    /// would have served. And it sheds a little more than the excess of a
+    /// mild overload: on loopback, one instance of three gone for 3 s
+    /// under 70 % load (the two left at 105 %), it refused 8 % of the calls
+    /// while it lasted, which the stack without it answered, later.
     ///
     /// - **None binds until an instance shows it has too much**: an
     ///   overloaded answer (a 503, a 429, gRPC's UNAVAILABLE or
     ///   RESOURCE_EXHAUSTED) or an attempt timeout cuts its limit to half
     ///   of what it had in flight; a window (100 ms and ten answers at
-    ///   least) whose mean latency is more than 1.5 times the fastest
-    ///   window seen cuts it to what it served (in flight × fastest / now,
-    ///   at most halved). One cut for the attempts sent under one limit.
+    ///   least) whose mean latency is surely more than 1.5 times the
+    ///   fastest window seen (beyond three standard errors of its answers'
+    ///   times, so that a few slow answers of a long tail cut nothing) cuts
+    ///   it to what it served (in flight × fastest / now, at most halved).
+    ///   One cut for the attempts sent under one limit.
     /// - **It grows while latency holds**: a window within the tolerance
     ///   in which a pick found the instance at its limit grows the limit by
     ///   its square root; ten windows in a row within the tolerance, the
@@ -295,10 +310,22 @@ impl<C> FleetLayer<C> {
     /// The settings ([`InstanceLimit`]) are a floor (1), the tolerance
     /// (1.5) and the window (100 ms). What it costs an attempt: picks read
     /// each instance's limit with one atomic load and take a place with a
-    /// compare-and-swap; an answer adds its time with one atomic add.
-    /// Once a window, the answer that closes it moves the limit, under a
-    /// `try_lock` that no attempt waits on. [`limits`](Self::limits) says
-    /// where each instance's limit stands.
+    /// compare-and-swap; an answer adds its time (and its square) with two
+    /// atomic adds. Once a window, the answer that closes it moves the
+    /// limit, under a `try_lock` that no attempt waits on. The pick stays
+    /// O(1): over a large fleet, when its random draws find only instances
+    /// at their limit, the call is refused without a look over the whole
+    /// fleet (with a quarter of it with room, one call in a hundred may
+    /// be). [`limits`](Self::limits) says where each instance's limit
+    /// stands.
+    ///
+    /// On loopback, three instances that each serve one request at a time
+    /// in 10 ms (300 a second), 400 calls a second for 5 s, attempts of
+    /// 200 ms: without a limit, 253 calls got their answer (the instances
+    /// worked 2 154 times for callers that had gone); with it, 1 461 (538
+    /// refused at once, 50 attempts for callers gone). Under no overload,
+    /// answers of 1 to 61 ms with a long tail, 3 to 100 callers: no limit
+    /// bound and nothing was refused (`tests/fleet/limit.rs`).
     ///
     /// ```
     /// use std::time::Duration;
