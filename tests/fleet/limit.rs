@@ -256,6 +256,43 @@ async fn every_instance_at_its_limit_a_call_fails_at_once_not_sent() {
     assert_eq!(resp.status(), StatusCode::OK);
 }
 
+/// A hedged call over a fleet at capacity: its backup, refused at once,
+/// calls for no other (a backup now would be refused too), and the first
+/// copy's answer ends the call.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_backup_refused_at_capacity_calls_for_no_other() {
+    let a = server(
+        Script::new()
+            .then(Reply::status(503))
+            .otherwise(Reply::ok().delay(Duration::from_secs(1))),
+    )
+    .await;
+    let fleet = limited(&[&a], Outliers::default().off());
+    let stack = tower_resend::stack()
+        .max_attempts(1)
+        .hedge(10 * MS)
+        .hedge_copies(4)
+        .hedge_share(1.0)
+        .fleet(fleet.clone())
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    // (Shed through a stack of one attempt, no hedge, over the same fleet.)
+    let once = tower_resend::stack()
+        .max_attempts(1)
+        .fleet(fleet.clone())
+        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    let shed = once.oneshot(request(Method::GET, 0)).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(fleet.limits()[0].1, Some(1));
+    let start = Instant::now();
+    let resp = stack.oneshot(request(Method::GET, 1)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    let attempts = resp.extensions().get::<Attempts>().unwrap();
+    // Two copies: the first, and one backup refused at capacity; not four.
+    assert_eq!(attempts.hedges(), 1, "{attempts}");
+    assert_eq!(a.arrival_count(), 2);
+}
+
 /// No overload: three instances whose answers take 1 to 61 ms whatever
 /// their load, with a long tail (a mean of 21 ms, a deviation of 18), under
 /// 3, 30 and 100 callers. No limit ever binds, and no call is refused: the

@@ -515,6 +515,17 @@ impl Error {
     }
 }
 
+/// The kind of a refusal by a layer that sent nothing because what it
+/// knows of the upstream says that a resend now would be refused too (a
+/// circuit breaker's, [`ErrorKind::CircuitOpen`]; a fleet's at capacity,
+/// [`ErrorKind::AtCapacity`]), when `e` is one, anywhere in its chain.
+pub(crate) fn refused_below(e: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+    std::iter::successors(Some(e), |e| e.source()).find_map(|e| {
+        let kind = e.downcast_ref::<Error>()?.kind();
+        matches!(kind, ErrorKind::CircuitOpen | ErrorKind::AtCapacity).then_some(kind)
+    })
+}
+
 #[cfg(feature = "hyper-client")]
 fn is_hyper_connect_error(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<hyper_util::client::legacy::Error>()

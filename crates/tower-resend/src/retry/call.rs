@@ -19,7 +19,7 @@ use super::{CallOptions, RetryBudget, Token};
 use crate::body::Replay;
 use crate::classify::{is_replayed, Class, Classification, Classify, RequestFacts};
 use crate::deadline::Deadline;
-use crate::error::{BoxError, Error, ErrorKind};
+use crate::error::{refused_below, BoxError, Error, ErrorKind};
 use crate::telemetry::{self, Outcome, WaitReason};
 use crate::vocab::{Attempt, Attempts, Hedged, RetryInCharge, Stop, Tried};
 
@@ -448,15 +448,10 @@ fn rng<'a, S, C>(
 /// The refusal of a layer below (a circuit breaker's, a fleet's at
 /// capacity) when `result` is one, anywhere in the error's chain.
 fn local_refusal<R>(result: &Result<R, BoxError>) -> Option<LocalRefusal> {
-    let e = result.as_ref().err()?;
-    std::iter::successors(Some(&**e as &(dyn std::error::Error + 'static)), |e| {
-        e.source()
-    })
-    .find_map(|e| match e.downcast_ref::<Error>()?.kind() {
-        ErrorKind::CircuitOpen => Some(LocalRefusal::CircuitOpen),
+    match refused_below(&**result.as_ref().err()?)? {
         ErrorKind::AtCapacity => Some(LocalRefusal::AtCapacity),
-        _ => None,
-    })
+        _ => Some(LocalRefusal::CircuitOpen),
+    }
 }
 
 /// What an error taken out of a result for a moment is replaced with.
