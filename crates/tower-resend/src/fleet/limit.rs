@@ -17,9 +17,9 @@
 //!   has ten of them;
 //! - **what a window makes of the limit** ([`after_window`]): its mean
 //!   against the fastest seen (the instance's own time, without a queue),
-//!   each beyond the noise of its answers: the window counts as slower
-//!   than its mean less three standard errors, and the fastest is the
-//!   lowest of the windows' means plus three standard errors. Surely
+//!   each beyond the noise of its answers: a window is judged by its mean
+//!   less three standard errors (what it surely shows), and the fastest is
+//!   the lowest of the windows' means plus three standard errors. Surely
 //!   slower by more than the [`tolerance`](InstanceLimit::tolerance) (1.5
 //!   times) is a congestion event: the limit becomes what was in flight
 //!   (the limit, or the most in flight at once when that is fewer) scaled
@@ -39,6 +39,13 @@
 //!   sent before a cut, answered after it, cut nothing more);
 //! - **admitted** ([`admits`]): an instance takes another attempt while
 //!   fewer than its limit are in flight.
+//!
+//! Why a gradient rather than AIMD alone: when an instance's capacity
+//! drops, AIMD cuts by a constant factor per event and takes several
+//! rounds of queueing to find it, where the gradient lands on it in one
+//! cut (what was in flight, scaled by how much slower the answers got).
+//! AIMD's halving is kept where there is no latency to scale by: an
+//! overloaded answer, or an attempt that timed out.
 
 use std::time::Duration;
 
@@ -265,7 +272,8 @@ pub(crate) struct Window {
 ///
 /// and the fastest becomes m + e when that is lower.
 pub(crate) fn after_window(cfg: &InstanceLimit, level: Level, w: Window) -> Level {
-    let off_by = w.error.mul_f64(ERRORS);
+    let off_by =
+        Duration::try_from_secs_f64(w.error.as_secs_f64() * ERRORS).unwrap_or(Duration::MAX);
     let surely_within = w.mean.saturating_add(off_by);
     let surely_over = w.mean.saturating_sub(off_by);
     let base = match level.base {

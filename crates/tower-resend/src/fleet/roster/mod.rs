@@ -60,7 +60,14 @@ impl Instance {
             self.in_flight.fetch_add(1, Ordering::Relaxed);
             return true;
         }
-        let limit = self.gauge.limit();
+        let Some(limit) = self.gauge.limit() else {
+            // None binds: counted as without one (the most at once kept,
+            // for a cut to start from).
+            let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
+            self.gauge.admitted(before.saturating_add(1));
+            return true;
+        };
+        let limit = Some(limit);
         let taken = self
             .in_flight
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
