@@ -1,7 +1,9 @@
 //! How the cost of a call through `stack().fleet(..)` grows with the fleet
 //! and with the threads sharing one stack (DESIGN section 11): in process,
 //! to a transport that answers at once, so that the figure is the stack's
-//! and the fleet's own. And the memory an instance of a fleet takes.
+//! and the fleet's own. And the memory an instance of a fleet takes, and
+//! what a limit on each instance's attempts in flight
+//! (`FleetLayer::limit`) costs a call when nobody is overloaded.
 //!
 //! `cargo bench -p tower-resend-benches --bench fleet_cost`
 //! (`RESEND_BENCH_ROUNDS=n` sets the rounds, default 15)
@@ -13,7 +15,7 @@ use http::Request;
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_resend::fleet::FleetLayer;
+use tower_resend::fleet::{FleetLayer, InstanceLimit};
 
 use tower_resend_benches::{median, Body, Instant200};
 
@@ -37,7 +39,12 @@ fn fleet(n: usize) -> FleetLayer {
 /// Nanoseconds per call, `CALLS` calls on clones of a stack over `n`
 /// instances.
 async fn per_call(n: usize) -> f64 {
-    let stack = tower_resend::stack().fleet(fleet(n)).service(Instant200);
+    per_call_over(fleet(n)).await
+}
+
+/// Nanoseconds per call, `CALLS` calls on clones of a stack over `fleet`.
+async fn per_call_over(fleet: FleetLayer) -> f64 {
+    let stack = tower_resend::stack().fleet(fleet).service(Instant200);
     let start = Instant::now();
     for _ in 0..CALLS {
         let req = Request::get("http://inventory/items/7")
@@ -119,6 +126,25 @@ fn main() {
             m / three
         );
     }
+
+    // A limit on each instance's attempts in flight, nobody overloaded:
+    // interleaved with the same fleet without one.
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let limited = || fleet(3).limit(InstanceLimit::adaptive());
+        if r % 2 == 0 {
+            off.push(rt.block_on(per_call(3)));
+            on.push(rt.block_on(per_call_over(limited())));
+        } else {
+            on.push(rt.block_on(per_call_over(limited())));
+            off.push(rt.block_on(per_call(3)));
+        }
+    }
+    let (off, on) = (median(off), median(on));
+    println!(
+        "stack().fleet(..) over 3 instances, with a limit per instance: median {on:7.1} ns per call, without {off:7.1} ({:.3}x)",
+        on / off
+    );
 
     let threads = [1usize, 2, 4, 8];
     let mut by_threads: Vec<Vec<f64>> = vec![Vec::new(); threads.len()];

@@ -10,6 +10,10 @@ mod common;
 // refused at build, every instance named when all of them fail.
 #[path = "fleet/bases.rs"]
 mod bases;
+// A limit on the attempts in flight at each instance: one that slows gets
+// one, a fleet at capacity refuses at once, no overload refuses nothing.
+#[path = "fleet/limit.rs"]
+mod limit;
 
 use std::time::Duration;
 

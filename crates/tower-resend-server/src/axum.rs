@@ -18,7 +18,7 @@ use crate::problems::{Problem, ProblemType};
 /// |---|---|---|
 /// | `DeadlineExceeded`, and `OutcomeUnknown` caused by the deadline | 504 | [`deadline_exceeded`](crate::problems#deadline_exceeded): `error_source: upstream`, naming the upstream, with the time spent as [`InboundDeadlineLayer`](crate::InboundDeadlineLayer)'s 504 says it |
 /// | `OutcomeUnknown` | 502 | [`outcome_unknown`](crate::problems#outcome_unknown): the upstream may have acted; verify before sending again |
-/// | `BudgetExhausted`, `Throttled` | 503 with `Retry-After: 1` | [`upstream_overloaded`](crate::problems#upstream_overloaded) |
+/// | `BudgetExhausted`, `Throttled`, `AtCapacity` | 503 with `Retry-After: 1` | [`upstream_overloaded`](crate::problems#upstream_overloaded) |
 /// | `CircuitOpen` | 503 with `Retry-After`: the time the circuit stays open, rounded up to whole seconds | [`circuit_open`](crate::problems#circuit_open) |
 /// | `AttemptTimeout`, `ConnectTimeout` | 504 | [`upstream_timeout`](crate::problems#upstream_timeout) |
 /// | anything else | 502 | [`upstream_failed`](crate::problems#upstream_failed) |
@@ -160,6 +160,11 @@ impl ClientErrorResponse {
             ErrorKind::Throttled => Problem::new(
                 ProblemType::UpstreamOverloaded,
                 format!("{the} has been rejecting most calls; this one was not sent; try again later"),
+            )
+            .retry_after(Duration::from_secs(1)),
+            ErrorKind::AtCapacity => Problem::new(
+                ProblemType::UpstreamOverloaded,
+                format!("{the} has as many calls in flight as it serves; this one was not sent; try again later"),
             )
             .retry_after(Duration::from_secs(1)),
             ErrorKind::AttemptTimeout => Problem::new(

@@ -504,6 +504,43 @@ async fn client_errors_are_problems_one_shape_per_kind() {
         .unwrap()
         .contains("nothing was sent"));
 
+    // AtCapacity: 503 upstream_overloaded, Retry-After 1, nothing sent. An
+    // instance of a fleet sheds one call (its limit comes down to one)
+    // and holds the next: the third is refused at once.
+    let fleet = tower_resend::fleet::FleetLayer::fixed(["http://10.0.0.1:8080"])
+        .unwrap()
+        .limit(tower_resend::fleet::InstanceLimit::adaptive());
+    let inventory = tower_resend::stack()
+        .name("inventory")
+        .max_attempts(1)
+        .fleet(fleet)
+        .service(service_fn(|req: Request<String>| async move {
+            if req.uri().path() == "/shed" {
+                let mut r = Response::new(String::new());
+                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                return Ok(r);
+            }
+            std::future::pending::<Result<Response<String>, Error>>().await
+        }));
+    let get = |path: &str| {
+        Request::get(format!("http://inventory{path}"))
+            .body(String::new())
+            .unwrap()
+    };
+    let shed = inventory.clone().oneshot(get("/shed")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let held = tokio::spawn(inventory.clone().oneshot(get("/held")));
+    tokio::task::yield_now().await;
+    let e = inventory.oneshot(get("/")).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AtCapacity, "{e}");
+    let (status, headers, body) = answered(e).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(body["error"], "upstream_overloaded");
+    assert_eq!(body["upstream"], "inventory");
+    assert!(body["detail"].as_str().unwrap().contains("was not sent"));
+    held.abort();
+
     // A transport error: 502 upstream_failed.
     let io = std::io::Error::new(
         std::io::ErrorKind::ConnectionReset,

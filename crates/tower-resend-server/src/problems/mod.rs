@@ -127,7 +127,9 @@
 //! ### upstream_overloaded
 //!
 //! 503: the upstream is failing for many calls at once (tower-resend's retry
-//! budget is spent); try again later.
+//! budget is spent, or its adaptive throttle turned the call away), or
+//! every instance of it has as many calls in flight as it serves (a fleet
+//! at capacity: nothing was sent); try again later.
 //!
 //! ### circuit_open
 //!

@@ -190,14 +190,14 @@ pub(crate) fn outcome_of(class: Class, failing: Classes) -> Outcome {
 }
 
 /// False for an error that says nothing about the upstream: the call's
-/// deadline had passed before the attempt, so nothing was sent, or an inner
-/// breaker refused it.
+/// deadline had passed before the attempt, so nothing was sent, an inner
+/// breaker refused it, or a fleet below found every instance at its limit.
 pub(crate) fn observes_upstream(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(err);
     while let Some(e) = next {
         if let Some(ours) = e.downcast_ref::<crate::error::Error>() {
             return match ours.kind() {
-                crate::error::ErrorKind::CircuitOpen => false,
+                crate::error::ErrorKind::CircuitOpen | crate::error::ErrorKind::AtCapacity => false,
                 crate::error::ErrorKind::DeadlineExceeded => {
                     ours.phase() != Some(crate::error::Phase::Start)
                 }

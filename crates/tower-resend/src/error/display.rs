@@ -117,6 +117,10 @@ impl Error {
             ErrorKind::Throttled => f.write_str(
                 "throttled: the upstream has been rejecting most calls, this one was not sent",
             )?,
+            ErrorKind::AtCapacity => f.write_str(
+                "at capacity: every instance has as many attempts in flight as its limit \
+                 allows, this one was not sent",
+            )?,
             ErrorKind::CircuitOpen => {
                 write_circuit(f, i.circuit)?;
                 if i.attempts > 1 {

@@ -63,6 +63,15 @@ pub enum ErrorKind {
     /// one was not sent (a job runner can requeue it; it costs the
     /// upstream nothing).
     Throttled,
+    /// Every instance of the [fleet](crate::fleet) that the call could use
+    /// has as many attempts in flight as its
+    /// [limit](crate::fleet::InstanceLimit) allows: the fleet has shown it
+    /// is getting more than it serves, so this attempt failed at once, not
+    /// sent, rather than queue where its caller would have gone before its
+    /// answer came. Safe to send again, later:
+    /// [`Error::retry_advice`](crate::Error::retry_advice) says after a
+    /// second.
+    AtCapacity,
 }
 
 impl ErrorKind {
@@ -78,6 +87,7 @@ impl ErrorKind {
             Self::BodyNotReplayable => "body not replayable",
             Self::CircuitOpen => "circuit open",
             Self::Throttled => "throttled",
+            Self::AtCapacity => "at capacity",
         }
     }
 }

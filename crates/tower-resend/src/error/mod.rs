@@ -67,7 +67,10 @@ impl Error {
                 kind,
                 not_sent: matches!(
                     kind,
-                    ErrorKind::ConnectTimeout | ErrorKind::CircuitOpen | ErrorKind::Throttled
+                    ErrorKind::ConnectTimeout
+                        | ErrorKind::CircuitOpen
+                        | ErrorKind::Throttled
+                        | ErrorKind::AtCapacity
                 ),
                 phase: None,
                 limit: None,
@@ -93,6 +96,12 @@ impl Error {
     /// The adaptive throttle turned an attempt away: not sent.
     pub(crate) fn throttled() -> Self {
         Self::new(ErrorKind::Throttled)
+    }
+
+    /// Every instance of a fleet that the call could use is at its limit:
+    /// not sent.
+    pub(crate) fn at_capacity() -> Self {
+        Self::new(ErrorKind::AtCapacity)
     }
 
     pub(crate) fn attempt_timeout(limit: Duration) -> Self {
@@ -165,7 +174,10 @@ impl Error {
         self.inner.attempts = history.len();
         if !history.any_sent() {
             self.inner.not_sent = true;
-        } else if self.inner.kind == ErrorKind::CircuitOpen {
+        } else if matches!(
+            self.inner.kind,
+            ErrorKind::CircuitOpen | ErrorKind::AtCapacity
+        ) {
             // The last attempt was refused, but an earlier one went out.
             self.inner.not_sent = false;
         }
@@ -415,8 +427,9 @@ impl Error {
             // Not sent, but sending again before the circuit closes fails
             // the same way.
             ErrorKind::CircuitOpen => RetryAdvice::After(self.inner.limit.unwrap_or(LATER)),
-            // Not sent, and the upstream is rejecting most calls: later.
-            ErrorKind::Throttled => RetryAdvice::After(LATER),
+            // Not sent, and the upstream is rejecting most calls, or its
+            // fleet has more in flight than it serves: later.
+            ErrorKind::Throttled | ErrorKind::AtCapacity => RetryAdvice::After(LATER),
             _ if self.inner.not_sent => RetryAdvice::After(Duration::ZERO),
             _ if last.is_some_and(|a| a.class() == Class::Rejected) => RetryAdvice::Never,
             // A retry was needed and could not be made: unless nothing was
@@ -500,6 +513,17 @@ impl Error {
     pub fn elapsed(&self) -> Option<Duration> {
         self.inner.elapsed
     }
+}
+
+/// The kind of a refusal by a layer that sent nothing because what it
+/// knows of the upstream says that a resend now would be refused too (a
+/// circuit breaker's, [`ErrorKind::CircuitOpen`]; a fleet's at capacity,
+/// [`ErrorKind::AtCapacity`]), when `e` is one, anywhere in its chain.
+pub(crate) fn refused_below(e: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+    std::iter::successors(Some(e), |e| e.source()).find_map(|e| {
+        let kind = e.downcast_ref::<Error>()?.kind();
+        matches!(kind, ErrorKind::CircuitOpen | ErrorKind::AtCapacity).then_some(kind)
+    })
 }
 
 #[cfg(feature = "hyper-client")]

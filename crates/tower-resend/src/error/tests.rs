@@ -237,6 +237,14 @@ fn every_kind_says_what_its_advice_says() {
                 None,
             )],
             ErrorKind::Throttled => vec![Error::throttled()],
+            ErrorKind::AtCapacity => vec![
+                Error::at_capacity(),
+                // A retry refused after an attempt that was answered.
+                Error::at_capacity().with_history(history(std::slice::from_ref(&shed))),
+                Error::at_capacity()
+                    .with_history(history(std::slice::from_ref(&timed_out)))
+                    .outcome_unknown_over(key.clone()),
+            ],
         }
     };
     let kinds = [
@@ -250,6 +258,7 @@ fn every_kind_says_what_its_advice_says() {
         ErrorKind::BodyNotReplayable,
         ErrorKind::CircuitOpen,
         ErrorKind::Throttled,
+        ErrorKind::AtCapacity,
     ];
     let mut seen = Vec::new();
     for kind in kinds {

@@ -7,10 +7,11 @@ use http::{HeaderMap, Method, Request, Response, Uri};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::limit::TimedOut;
 use super::roster::{Roster, Sent, Unpicked};
 use super::InstanceError;
-use crate::classify::{Class, Classify, HttpClassifier, RequestFacts};
-use crate::error::{BoxError, Error};
+use crate::classify::{Classify, HttpClassifier, RequestFacts};
+use crate::error::{BoxError, Error, ErrorKind, Phase};
 use crate::vocab::{Elsewhere, Tried};
 
 /// Middleware that sends each attempt to one instance of the upstream;
@@ -82,6 +83,10 @@ where
             Err(Unpicked::Refused(why)) => {
                 return ResponseFuture::failed(Error::circuit_open(why, None));
             }
+            // Every instance the call could use is at its limit: not sent,
+            // rather than queued where its caller may be gone before it is
+            // served.
+            Err(Unpicked::AtCapacity) => return ResponseFuture::failed(Error::at_capacity()),
         };
         let instance = &sent.instance;
         let base = &instance.base;
@@ -225,21 +230,25 @@ where
                     .map(|e| &**e as &(dyn std::error::Error + 'static));
                 pass.settle(class, error);
             }
-            // Failures that say "this instance": not sent (refused, reset
-            // before a byte), overloaded, a 5xx or a break whose outcome
-            // is unknown, an attempt timeout.
-            match class {
-                Class::NotSent | Class::Overloaded | Class::Unknown => {
-                    p.roster.failed(&p.sent.instance);
-                }
-                Class::Success | Class::Rejected | Class::NotProcessed | Class::InProgress => {
-                    p.roster.succeeded(&p.sent.instance);
-                }
-            }
+            let timed_out = result.as_ref().err().and_then(|e| timed_out(&**e));
+            p.roster.ended(&p.sent, class, result.is_ok(), timed_out);
             let tried = p.tried.as_ref();
             return Poll::Ready(result.map_err(|e| name_instance(e, server, tried)));
         }
         Poll::Ready(result)
+    }
+}
+
+/// How the attempt that failed with `e` ran out of time, if it did:
+/// tower-resend's timeout below the fleet says so at the top of the box.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> Option<TimedOut> {
+    let e = e.downcast_ref::<Error>()?;
+    match e.kind() {
+        ErrorKind::AttemptTimeout => Some(TimedOut::Attempt),
+        ErrorKind::DeadlineExceeded if e.phase() == Some(Phase::Attempt) => {
+            Some(TimedOut::Deadline)
+        }
+        _ => None,
     }
 }
 

@@ -22,7 +22,7 @@ use super::{Delay, Hedged, Shared};
 use crate::body::Replay;
 use crate::classify::{Class, Classify, RequestFacts};
 use crate::deadline::Deadline;
-use crate::error::BoxError;
+use crate::error::{refused_below, BoxError};
 use crate::retry::{announce, announced};
 
 pin_project_lite::pin_project! {
@@ -205,7 +205,14 @@ where
                     Err(e) => self.shared.classifier.classify_error(&facts, &**e),
                 }
             };
-            match on_answer(c.class(), c.pushback().is_some()) {
+            // A copy refused below (every circuit open, the fleet at
+            // capacity) sent nothing, and a backup now would be refused too.
+            let refused = c.class() == Class::NotSent
+                && result
+                    .as_ref()
+                    .err()
+                    .is_some_and(|e| refused_below(&**e).is_some());
+            match on_answer(c.class(), c.pushback().is_some() || refused) {
                 OnAnswer::End => {
                     if let Delay::Percentile { p, .. } = self.shared.delay {
                         self.shared.latency.record(self.start.elapsed(), p);

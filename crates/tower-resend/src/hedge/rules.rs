@@ -15,16 +15,19 @@ pub(super) enum OnAnswer {
     End,
     /// It may change: the call goes on with the copies in flight; a backup
     /// goes out at once when `backup` (not after the server asked for a
-    /// wait, which the retry layer above honours).
+    /// wait, which the retry layer above honours, or a layer below refused
+    /// the copy, and would refuse a backup too).
     GoOn { backup: bool },
 }
 
-/// After a copy answered as `class`, `pushback` when the server said how
-/// long to wait (or not to retry).
-pub(super) const fn on_answer(class: Class, pushback: bool) -> OnAnswer {
+/// After a copy answered as `class`, `hold` when a backup now would not
+/// help: the server said how long to wait (or not to retry), or a layer
+/// below refused the copy without sending it (every circuit open, the
+/// fleet at capacity), and would refuse a backup too.
+pub(super) const fn on_answer(class: Class, hold: bool) -> OnAnswer {
     match class {
         Class::Success | Class::Rejected => OnAnswer::End,
-        _ => OnAnswer::GoOn { backup: !pushback },
+        _ => OnAnswer::GoOn { backup: !hold },
     }
 }
 
@@ -53,7 +56,7 @@ mod tests {
             assert_eq!(on_answer(class, true), OnAnswer::End);
         }
         // Any other: on, with a backup at once unless the server asked for
-        // a wait.
+        // a wait or a layer below refused the copy (a not-sent refusal).
         for class in [
             Class::NotSent,
             Class::NotProcessed,

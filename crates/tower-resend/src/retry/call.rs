@@ -14,12 +14,12 @@ use tokio::time::Instant;
 use super::budget::Want;
 use super::head::Head;
 use super::layer::Shared;
-use super::policy::{ends, Attempted, Decision, End, Ended, Ending, Retry};
+use super::policy::{ends, Attempted, Decision, End, Ended, Ending, LocalRefusal, Retry};
 use super::{CallOptions, RetryBudget, Token};
 use crate::body::Replay;
 use crate::classify::{is_replayed, Class, Classification, Classify, RequestFacts};
 use crate::deadline::Deadline;
-use crate::error::{BoxError, Error, ErrorKind};
+use crate::error::{refused_below, BoxError, Error, ErrorKind};
 use crate::telemetry::{self, Outcome, WaitReason};
 use crate::vocab::{Attempt, Attempts, Hedged, RetryInCharge, Stop, Tried};
 
@@ -147,7 +147,7 @@ impl<S, B, C> Call<S, B, C> {
         // call's total.
         let now = Instant::now();
         let took = now.saturating_duration_since(self.attempt_start);
-        let (c, circuit_open) = self.observe(&result, took);
+        let (c, refused) = self.observe(&result, took);
         // The body's copy is made only for an answer that is not final.
         let next_body = match c.class() {
             Class::Success | Class::Rejected => None,
@@ -160,7 +160,7 @@ impl<S, B, C> Call<S, B, C> {
             made: self.history.len(),
             replay_safe: self.replay_safe,
             allowed: self.allowed,
-            circuit_open,
+            refused,
             replayable: next_body.is_some(),
             remaining,
             max_attempts: self.options.max_attempts,
@@ -192,19 +192,23 @@ impl<S, B, C> Call<S, B, C> {
     /// What the attempt that ended with `result` after `took` says,
     /// recorded where it counts: the throttle, the budget's token, the
     /// metrics, the attempt's span and the call's history. Its
-    /// classification, and whether a circuit breaker refused it.
+    /// classification, and whether a layer below refused it (a circuit
+    /// breaker, a fleet at capacity).
     fn observe<R>(
         &mut self,
         result: &Result<Response<R>, BoxError>,
         took: Duration,
-    ) -> (Classification, bool)
+    ) -> (Classification, Option<LocalRefusal>)
     where
         C: Classify<R>,
     {
         let c = self.classify(result);
-        let circuit_open = c.class() == Class::NotSent && is_circuit_open(result);
+        let refused = match c.class() {
+            Class::NotSent => local_refusal(result),
+            _ => None,
+        };
         if let Some(throttle) = &self.shared.throttle {
-            throttle.answered_as(self.throttle_bin, c.class(), circuit_open);
+            throttle.answered_as(self.throttle_bin, c.class(), refused.is_some());
         }
         if let (Some(token), Some(budget)) = (self.token.take(), &self.shared.budget) {
             budget.settle(token, c.class());
@@ -233,7 +237,7 @@ impl<S, B, C> Call<S, B, C> {
             attempt = attempt.with_copies(h.sent, h.won);
         }
         self.history.push(attempt);
-        (c, circuit_open)
+        (c, refused)
     }
 
     /// A retry decided: its body kept, its token taken (or waited for,
@@ -441,18 +445,13 @@ fn rng<'a, S, C>(
     })
 }
 
-/// True when `result` is a circuit breaker's refusal, anywhere in the
-/// error's chain.
-fn is_circuit_open<R>(result: &Result<R, BoxError>) -> bool {
-    result.as_ref().err().is_some_and(|e| {
-        std::iter::successors(Some(&**e as &(dyn std::error::Error + 'static)), |e| {
-            e.source()
-        })
-        .any(|e| {
-            e.downcast_ref::<Error>()
-                .is_some_and(|e| e.kind() == ErrorKind::CircuitOpen)
-        })
-    })
+/// The refusal of a layer below (a circuit breaker's, a fleet's at
+/// capacity) when `result` is one, anywhere in the error's chain.
+fn local_refusal<R>(result: &Result<R, BoxError>) -> Option<LocalRefusal> {
+    match refused_below(&**result.as_ref().err()?)? {
+        ErrorKind::AtCapacity => Some(LocalRefusal::AtCapacity),
+        _ => Some(LocalRefusal::CircuitOpen),
+    }
 }
 
 /// What an error taken out of a result for a moment is replaced with.

@@ -35,6 +35,15 @@
 //! [`Stop::Replayed`], and its error advises
 //! [`VerifyFirst`](crate::RetryAdvice::VerifyFirst).
 //!
+//! An attempt that a layer below refused without sending it is not
+//! retried: a [circuit breaker](crate::breaker) that is open
+//! ([`CircuitOpen`](crate::ErrorKind::CircuitOpen)), or a
+//! [fleet](crate::fleet) whose instances are all at their
+//! [limit](crate::fleet::InstanceLimit)
+//! ([`AtCapacity`](crate::ErrorKind::AtCapacity)). What either knows of the
+//! upstream says that a resend now would be refused too: the call ends at
+//! once, not sent, and its error's advice says when to come back.
+//!
 //! Every retry also needs an attempt left (3 in all by default), time left (the
 //! wait plus a useful attempt must fit before the deadline; a Retry-After past
 //! it ends the call at once), a token from the shared [`RetryBudget`], and a

@@ -288,13 +288,13 @@ impl AdaptiveThrottle {
 
     /// An attempt that `admit` let through in `bin` ended, answered as
     /// `class`: the upstream's reject when it was overloaded or refused the
-    /// connection (a circuit breaker's refusal, `circuit_open`, never
-    /// reached it), else its accept.
-    pub(crate) fn answered_as(&self, bin: u64, class: crate::vocab::Class, circuit_open: bool) {
+    /// connection (a refusal by a layer below, `refused_below`: a circuit
+    /// breaker's, a fleet's at capacity, never reached it), else its accept.
+    pub(crate) fn answered_as(&self, bin: u64, class: crate::vocab::Class, refused_below: bool) {
         use crate::vocab::Class;
         let rejected = match class {
             Class::Overloaded => true,
-            Class::NotSent => !circuit_open,
+            Class::NotSent => !refused_below,
             _ => false,
         };
         self.answered(bin, !rejected);

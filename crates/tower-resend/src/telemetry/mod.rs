@@ -42,7 +42,7 @@
 //! passed (the deadline layer outside it fired). `resend.stop` is why
 //! retrying stopped: `final`, `disabled`, `max_attempts`, `budget`,
 //! `deadline`, `server_said_no`, `outcome_unknown`, `not_replayable`,
-//! `circuit_open`.
+//! `replayed`, `circuit_open`, `throttled`, `at_capacity`.
 //!
 //! Each wait before a retry is an event `waiting to retry` in the call
 //! span, at `INFO`, with `resend.wait.reason` — `backoff` (the jittered
@@ -54,7 +54,8 @@
 //! `budget` the longest it may wait for a token, `resend.wait.longest_ms`.
 //! A circuit breaker that refuses an attempt ends the call at once (no
 //! wait): the attempt says `error.type = "circuit_open"` and the call
-//! `resend.stop = "circuit_open"`.
+//! `resend.stop = "circuit_open"`; so does a fleet whose instances are all
+//! at their limit (`at_capacity`).
 //!
 //! # Metrics (feature `otel`)
 //!
@@ -246,6 +247,7 @@ pub(crate) const fn kind_str(kind: ErrorKind) -> &'static str {
         ErrorKind::BodyNotReplayable => "body_not_replayable",
         ErrorKind::CircuitOpen => "circuit_open",
         ErrorKind::Throttled => "throttled",
+        ErrorKind::AtCapacity => "at_capacity",
     }
 }
 
@@ -263,6 +265,7 @@ pub(crate) const fn stop_str(stop: Stop) -> &'static str {
         Stop::NotReplayable => "not_replayable",
         Stop::CircuitOpen => "circuit_open",
         Stop::Throttled => "throttled",
+        Stop::AtCapacity => "at_capacity",
     }
 }
 

@@ -25,7 +25,7 @@ use crate::retry::{Attempt, Attempts};
 /// | the last attempt was answered with a gRPC status (`RetriesExhausted`, `BudgetExhausted`, `OutcomeUnknown`, a replayed answer) | that status | what gRPC's own retries return: the last attempt's status |
 /// | the last attempt was answered with an HTTP status other than 200 (a proxy spoke) | as gRPC maps HTTP: 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, 400 INTERNAL, 429, 502, 503, 504 UNAVAILABLE, others UNKNOWN | gRPC's HTTP-to-gRPC status mapping |
 /// | an attempt's own time limit fired (`AttemptTimeout`, alone or as the last attempt's failure) | DEADLINE_EXCEEDED | a client-side time limit fired while the request was out |
-/// | nothing reached the server ([not sent](Error::is_not_sent): `ConnectTimeout`, a refused connection), or a local refusal (`CircuitOpen`, `Throttled`) | UNAVAILABLE | safe to send again, later |
+/// | nothing reached the server ([not sent](Error::is_not_sent): `ConnectTimeout`, a refused connection), or a local refusal (`CircuitOpen`, `Throttled`, `AtCapacity`) | UNAVAILABLE | safe to send again, later |
 /// | the connection broke after the request went out (`Transport`, or a last attempt that got no answer) | UNAVAILABLE | gRPC's code for a transport that failed mid-call; it does not promise that nothing ran |
 /// | anything else | UNKNOWN | nothing above describes it |
 ///
@@ -97,7 +97,11 @@ fn code(err: &Error) -> Code {
         return Code::DeadlineExceeded;
     }
     let refused_here = |e: &Error| {
-        e.is_not_sent() || matches!(e.kind(), ErrorKind::CircuitOpen | ErrorKind::Throttled)
+        e.is_not_sent()
+            || matches!(
+                e.kind(),
+                ErrorKind::CircuitOpen | ErrorKind::Throttled | ErrorKind::AtCapacity
+            )
     };
     let broke = |e: &Error| e.kind() == ErrorKind::Transport;
     if chain().any(|e| refused_here(e) || broke(e)) || last.is_some_and(|a| a.status().is_none()) {
@@ -285,6 +289,12 @@ mod tests {
                 Error::throttled(),
                 Code::Unavailable,
                 "throttled: the upstream has been rejecting most calls, this one was not sent",
+            ),
+            (
+                Error::at_capacity(),
+                Code::Unavailable,
+                "at capacity: every instance has as many attempts in flight as its limit \
+                 allows, this one was not sent",
             ),
             // Retried for a replay-safe call, every attempt UNAVAILABLE
             // but the last, which timed out.

@@ -209,6 +209,9 @@ pub enum Stop {
     /// The adaptive throttle turned the next attempt away: the upstream has
     /// been rejecting most calls.
     Throttled,
+    /// Every instance of the fleet that the attempt could go to was at its
+    /// limit on attempts in flight: the fleet has more than it serves.
+    AtCapacity,
 }
 
 impl fmt::Display for Stop {
@@ -225,6 +228,7 @@ impl fmt::Display for Stop {
             Self::Replayed => "a failure replayed by the server, the same for every retry",
             Self::CircuitOpen => "circuit open",
             Self::Throttled => "throttled",
+            Self::AtCapacity => "every instance at its limit",
         })
     }
 }

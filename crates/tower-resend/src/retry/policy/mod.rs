@@ -79,8 +79,8 @@ pub(crate) struct Attempted<'a> {
     pub(crate) replay_safe: bool,
     /// Retries are allowed for this request (it carries no `NoRetry`).
     pub(crate) allowed: bool,
-    /// A circuit breaker below refused the attempt.
-    pub(crate) circuit_open: bool,
+    /// A layer below refused the attempt before sending it.
+    pub(crate) refused: Option<LocalRefusal>,
     /// Its body can be sent again.
     pub(crate) replayable: bool,
     /// Time left before the deadline, if the call has one.
@@ -92,6 +92,28 @@ pub(crate) struct Attempted<'a> {
     pub(crate) other_instance: bool,
     /// How the call ends if it stops here (see [`Ended`]).
     pub(crate) call: Ended<'a>,
+}
+
+/// Why a layer below the retry layer refused an attempt, sending nothing:
+/// what it knows of the upstream says that sending again now would be
+/// refused too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LocalRefusal {
+    /// A circuit breaker: the upstream (or every instance of it) is unwell.
+    CircuitOpen,
+    /// A fleet: every instance the call could use is at its limit on
+    /// attempts in flight.
+    AtCapacity,
+}
+
+impl LocalRefusal {
+    /// Why the call stops.
+    const fn stop(self) -> Stop {
+        match self {
+            Self::CircuitOpen => Stop::CircuitOpen,
+            Self::AtCapacity => Stop::AtCapacity,
+        }
+    }
 }
 
 /// What to do after an attempt.
@@ -125,14 +147,17 @@ impl Policy {
         let stop = |why| Decision::Stop(ends(why, &attempt.call));
         let c = attempt.class;
         // 1. Is the answer final, and may this request go out again at all?
-        match c.class() {
-            Class::Success | Class::Rejected => return stop(Stop::Final),
-            // A circuit breaker below refused it: the upstream is known to
-            // be unwell, and trying again now would be refused too.
-            Class::NotSent if attempt.circuit_open => return stop(Stop::CircuitOpen),
+        match (c.class(), attempt.refused) {
+            (Class::Success | Class::Rejected, _) => return stop(Stop::Final),
+            // A layer below refused it: a circuit breaker (the upstream is
+            // known to be unwell) or a fleet at capacity (every instance
+            // has as much in flight as it serves). Trying again now would
+            // be refused too, and waiting here would hold the caller for a
+            // refusal it can act on at once (its advice says when).
+            (Class::NotSent, Some(why)) => return stop(why.stop()),
             _ if !attempt.allowed => return stop(Stop::Disabled),
-            Class::NotSent | Class::NotProcessed => {}
-            Class::Overloaded | Class::InProgress | Class::Unknown => {
+            (Class::NotSent | Class::NotProcessed, _) => {}
+            (Class::Overloaded | Class::InProgress | Class::Unknown, _) => {
                 // The server's stored answer of an earlier attempt under this
                 // key: every retry gets it again, and the work it records may
                 // be half done (a handler cut by its deadline).

@@ -19,7 +19,7 @@ fn attempted(c: &Classification, safe: bool, made: u32, left: Option<Duration>) 
         made,
         replay_safe: safe,
         allowed: true,
-        circuit_open: false,
+        refused: None,
         replayable: true,
         remaining: left,
         max_attempts: None,
@@ -273,9 +273,9 @@ fn attempts_and_time_bound_retries() {
     )));
 }
 
-/// The rows around the class table: a breaker's refusal, `NoRetry`, the
-/// request's own cap, a body that cannot be sent again, and which
-/// retries spend a budget token.
+/// The rows around the class table: a breaker's refusal, a fleet's at
+/// capacity, `NoRetry`, the request's own cap, a body that cannot be sent
+/// again, and which retries spend a budget token.
 #[test]
 fn the_rows_around_the_class_table() {
     let p = policy();
@@ -283,15 +283,32 @@ fn the_rows_around_the_class_table() {
     let unknown = cls(Class::Unknown);
     let not_sent = cls(Class::NotSent);
 
-    let open = Attempted {
-        circuit_open: true,
-        ..attempted(&not_sent, true, 1, None)
-    };
-    assert_eq!(why(p.decide(open, rng)), Some(Stop::CircuitOpen));
+    // A layer below refused it, not sent: the call stops as it said, with
+    // time, attempts and another instance left, not at once elsewhere.
+    for (refused, stop) in [
+        (LocalRefusal::CircuitOpen, Stop::CircuitOpen),
+        (LocalRefusal::AtCapacity, Stop::AtCapacity),
+    ] {
+        for safe in [true, false] {
+            let below = Attempted {
+                refused: Some(refused),
+                other_instance: true,
+                ..attempted(&not_sent, safe, 1, Some(10 * S))
+            };
+            assert_eq!(why(p.decide(below, rng)), Some(stop), "{refused:?}");
+        }
+        // The second attempt refused: the same; the first attempt's
+        // answer is kept in the history the end is decided from.
+        let after_a_shed = Attempted {
+            refused: Some(refused),
+            ..attempted(&not_sent, true, 2, Some(10 * S))
+        };
+        assert_eq!(why(p.decide(after_a_shed, rng)), Some(stop));
+    }
     // A final answer is final whatever else is true.
     let success = cls(Class::Success);
     let final_open = Attempted {
-        circuit_open: true,
+        refused: Some(LocalRefusal::CircuitOpen),
         allowed: false,
         ..attempted(&success, true, 1, None)
     };
@@ -636,6 +653,27 @@ fn how_a_call_ends_row_by_row() {
         Ending::Error(DeadlineExceeded)
     );
     assert_eq!(error(&[], false, true, Stop::Throttled), Ending::Answer);
+    // A fleet at capacity: its refusal as it is (not sent, with its
+    // advice); keyed after an attempt that may have run, outcome unknown
+    // over it.
+    assert_eq!(
+        error(
+            std::slice::from_ref(&refused),
+            false,
+            false,
+            Stop::AtCapacity
+        ),
+        Ending::Answer
+    );
+    assert_eq!(
+        error(
+            &[timed_out.clone(), refused.clone()],
+            false,
+            true,
+            Stop::AtCapacity
+        ),
+        Ending::Unknown { under: None }
+    );
 }
 
 /// A retry that found no token waits for one as long as the longest budget

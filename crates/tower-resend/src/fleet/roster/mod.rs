@@ -1,0 +1,390 @@
+//! The instances of one upstream, how each is doing, and which one an
+//! attempt goes to: power of two choices over those in service that the
+//! call has not used, by fewest requests in flight, drawn at random (no
+//! scan of the fleet: the cost of a pick does not grow with it); instances
+//! that keep failing set aside, probed, and let back, as
+//! [`Outliers`](super::Outliers) says; with a limit
+//! ([`InstanceLimit`](super::InstanceLimit)), instances at it passed over.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::base::Base;
+use super::gauge::Gauge;
+use super::limit::{admits, signal, InstanceLimit, TimedOut};
+use super::outliers::{degraded, nanos, sets_aside, Health, Outliers, Recent, BIN};
+use crate::classify::Class;
+use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
+
+mod pick;
+
+/// One instance: where it is, and how it is doing.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    pub(crate) id: u64,
+    pub(crate) base: Base,
+    in_flight: AtomicU32,
+    health: Health,
+    /// Its limit on attempts in flight (used when the fleet has one).
+    gauge: Gauge,
+}
+
+impl Instance {
+    pub(crate) fn new(id: u64, base: Base) -> Self {
+        Self {
+            id,
+            base,
+            in_flight: AtomicU32::new(0),
+            health: Health::default(),
+            gauge: Gauge::default(),
+        }
+    }
+
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Its limit on attempts in flight now: `None` while none binds.
+    pub(crate) fn limit(&self) -> Option<u32> {
+        self.gauge.limit()
+    }
+
+    /// One more attempt in flight, if its limit (`limited`: the fleet has
+    /// one) lets it in: checked and counted in one step, so that picks at
+    /// once cannot both take its last place.
+    fn take_place(&self, limited: bool) -> bool {
+        if !limited {
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        let Some(limit) = self.gauge.limit() else {
+            // None binds: counted as without one (the most at once kept,
+            // for a cut to start from).
+            let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
+            self.gauge.admitted(before.saturating_add(1));
+            return true;
+        };
+        let limit = Some(limit);
+        let taken = self
+            .in_flight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                admits(limit, n).then(|| n.saturating_add(1))
+            });
+        match taken {
+            Ok(before) => {
+                self.gauge.admitted(before.saturating_add(1));
+                true
+            }
+            Err(_) => {
+                self.gauge.passed_over();
+                false
+            }
+        }
+    }
+}
+
+/// The fleet: its instances (replaced whole when discovery changes them)
+/// and the rules that set them aside.
+pub(crate) struct Roster {
+    instances: RwLock<Arc<[Arc<Instance>]>>,
+    settings: RwLock<Settings>,
+    next_id: AtomicU64,
+    /// The instances' circuits, under a stack with a circuit breaker.
+    circuits: RwLock<Option<Arc<dyn Circuits>>>,
+    /// Where the instances' clocks start.
+    origin: Instant,
+    /// The whole fleet's recent attempts and failures.
+    recent: Recent,
+}
+
+/// How the fleet treats its instances: when it sets them aside, and the
+/// limit on what each has in flight, if any. Set when the fleet is built,
+/// read once a pick.
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    outliers: Outliers,
+    limit: Option<InstanceLimit>,
+}
+
+impl std::fmt::Debug for Roster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Roster")
+            .field("instances", &self.instances())
+            .field("settings", &self.settings())
+            .finish_non_exhaustive()
+    }
+}
+
+/// An attempt sent to an instance: counted in flight until it ends, and
+/// let through its circuit, if it has one.
+pub(crate) struct Sent {
+    pub(crate) instance: Arc<Instance>,
+    pub(crate) pass: Option<Box<dyn Pass>>,
+    /// When it was sent, on the instances' clock.
+    at: u64,
+    /// The limit it was sent under, when the fleet has one.
+    limit: Option<InstanceLimit>,
+}
+
+impl std::fmt::Debug for Sent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sent")
+            .field("instance", &self.instance.base.authority)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why no instance was picked.
+#[derive(Debug)]
+pub(crate) enum Unpicked {
+    /// The fleet has none.
+    Empty,
+    /// Every instance's circuit refused; the last said this.
+    Refused(Refusal),
+    /// Every instance the call could use (whose circuit would let it
+    /// through) has as many attempts in flight as its limit.
+    AtCapacity,
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        self.instance.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a pick needs of the moment: the time, whether the instances set
+/// aside are let back, and the limit on attempts in flight, if any.
+#[derive(Clone, Copy, Debug)]
+struct Moment {
+    now: u64,
+    degraded: bool,
+    probe_every: Duration,
+    limit: Option<InstanceLimit>,
+}
+
+impl Moment {
+    /// `i` takes attempts now: in service, or its probe is due (taken).
+    fn takes(&self, i: &Instance) -> bool {
+        !i.health.aside(self.now) || self.degraded
+    }
+
+    /// `i` has room for another attempt under its limit (always, when the
+    /// fleet has none).
+    fn room(&self, i: &Instance) -> bool {
+        self.limit.is_none() || admits(i.gauge.limit(), i.in_flight())
+    }
+}
+
+impl Roster {
+    pub(crate) fn new(outliers: Outliers) -> Self {
+        Self {
+            instances: RwLock::new(Arc::from(Vec::new())),
+            settings: RwLock::new(Settings {
+                outliers,
+                limit: None,
+            }),
+            next_id: AtomicU64::new(1),
+            circuits: RwLock::new(None),
+            origin: Instant::now(),
+            recent: Recent::default(),
+        }
+    }
+
+    fn settings(&self) -> Settings {
+        *self.settings.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn outliers(&self) -> Outliers {
+        self.settings().outliers
+    }
+
+    pub(crate) fn set_outliers(&self, outliers: Outliers) {
+        self.settings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .outliers = outliers;
+    }
+
+    /// Each instance's attempts in flight limited by `limit` from now.
+    pub(crate) fn set_limit(&self, limit: InstanceLimit) {
+        self.settings
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .limit = Some(limit);
+    }
+
+    pub(crate) fn instances(&self) -> Arc<[Arc<Instance>]> {
+        Arc::clone(
+            &self
+                .instances
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// The fleet is now `bases`: instances already known keep their
+    /// state (and id), new ones start fresh, the others leave, and their
+    /// state with them (their circuits too).
+    pub(crate) fn set(&self, bases: &[Base]) {
+        let old = self.instances();
+        let next: Vec<Arc<Instance>> = bases
+            .iter()
+            .map(|base| {
+                old.iter()
+                    .find(|i| i.base == *base)
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                        Arc::new(Instance::new(id, base.clone()))
+                    })
+            })
+            .collect();
+        if let Some(circuits) = self.circuits() {
+            let live: Vec<u64> = next.iter().map(|i| i.id).collect();
+            circuits.retain(&live);
+        }
+        *self
+            .instances
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::from(next);
+    }
+
+    /// Nanoseconds since the origin, plus one (0 means "none" in the
+    /// instances' clocks).
+    fn now(&self) -> u64 {
+        nanos(Instant::now().saturating_duration_since(self.origin)).saturating_add(1)
+    }
+
+    fn epoch(now: u64) -> u64 {
+        now / nanos(BIN)
+    }
+
+    fn moment(&self) -> Moment {
+        let now = self.now();
+        let s = self.settings();
+        let o = s.outliers;
+        Moment {
+            now,
+            degraded: degraded(&o, self.recent.ratio(Self::epoch(now))),
+            probe_every: o.probe_every,
+            limit: s.limit,
+        }
+    }
+
+    /// Over a stack with a circuit breaker: the circuits of the instances.
+    pub(crate) fn set_circuits(&self, circuits: Arc<dyn Circuits>) {
+        *self
+            .circuits
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(circuits);
+    }
+
+    fn circuits(&self) -> Option<Arc<dyn Circuits>> {
+        self.circuits
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The attempt `sent` ended, classified as `class`, `answered` (a
+    /// response) or not, and `timed_out` if it ran out of time: what it
+    /// says of its instance's health (a failure not sent, overloaded, or
+    /// whose outcome is unknown, an attempt timeout, says "this instance")
+    /// and, under a limit, of its load.
+    pub(crate) fn ended(
+        &self,
+        sent: &Sent,
+        class: Class,
+        answered: bool,
+        timed_out: Option<TimedOut>,
+    ) {
+        let now = self.now();
+        let instance = &sent.instance;
+        match class {
+            Class::NotSent | Class::Overloaded | Class::Unknown => {
+                self.failed_at(instance, now);
+            }
+            Class::Success | Class::Rejected | Class::NotProcessed | Class::InProgress => {
+                self.succeeded_at(instance, now);
+            }
+        }
+        if let Some(cfg) = &sent.limit {
+            let took = Duration::from_nanos(now.saturating_sub(sent.at));
+            let says = signal(class, answered, timed_out, took);
+            let in_flight = instance.in_flight();
+            instance.gauge.ended(cfg, sent.at, now, says, in_flight);
+        }
+    }
+
+    /// `instance` answered well: back in service at once if it was set
+    /// aside (a probe that answered), its failures forgotten.
+    #[cfg(test)]
+    pub(crate) fn succeeded(&self, instance: &Instance) {
+        self.succeeded_at(instance, self.now());
+    }
+
+    fn succeeded_at(&self, instance: &Instance, now: u64) {
+        let epoch = Self::epoch(now);
+        instance.health.recent.record(epoch, false);
+        self.recent.record(epoch, false);
+        instance.health.success();
+    }
+
+    /// `instance` failed in a way that says "this instance": it is set
+    /// aside as [`Outliers`] says. True if it was.
+    #[cfg(test)]
+    pub(crate) fn failed(&self, instance: &Instance) -> bool {
+        self.failed_at(instance, self.now())
+    }
+
+    fn failed_at(&self, instance: &Instance, now: u64) -> bool {
+        let epoch = Self::epoch(now);
+        instance.health.recent.record(epoch, true);
+        self.recent.record(epoch, true);
+        let Some((in_a_row, probation)) = instance.health.failure(now) else {
+            return false;
+        };
+        let o = self.outliers();
+        if in_a_row < o.consecutive && !probation {
+            return false;
+        }
+        // (The rarer path: the fleet is looked over.)
+        let others = self
+            .recent
+            .ratio(epoch)
+            .less(instance.health.recent.ratio(epoch));
+        let all = self.instances();
+        let aside = all.iter().filter(|i| i.health.aside(now)).count();
+        if !sets_aside(&o, in_a_row, probation, others, aside, all.len()) {
+            return false;
+        }
+        instance.health.set_aside(&o, now);
+        true
+    }
+}
+
+impl Elsewhere for Roster {
+    fn has_other(&self, used: &[u64]) -> bool {
+        let m = self.moment();
+        self.instances()
+            .iter()
+            .any(|i| !used.contains(&i.id) && m.takes(i) && m.room(i))
+    }
+
+    fn len(&self) -> usize {
+        self.instances().len()
+    }
+
+    fn authorities(&self) -> Vec<Arc<http::uri::Authority>> {
+        self.instances()
+            .iter()
+            .map(|i| Arc::clone(&i.base.authority))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;
