@@ -1,8 +1,9 @@
 //! A storm at scale: 10 000 callers in 100 client processes and a fleet of
 //! 100 instances, on tokio's paused clock, through each scenario's short
 //! trigger, for every column (tower's retry with and without its budget,
-//! the stack over tower's balancer, over a fleet, throttled; each against
-//! a plain server, one that honours deadlines, and one that also sheds).
+//! the stack over tower's balancer, over a fleet, throttled, limited per
+//! instance; each against a plain server, one that honours deadlines, and
+//! one that also sheds).
 //! See the `sim` module of this package for the model and its limits.
 //!
 //! `cargo bench -p tower-resend-benches --bench storm` prints a table per
@@ -199,6 +200,7 @@ fn colour(client: Client) -> RGBColor {
         Client::Stack => RGBColor(130, 130, 130),
         Client::StackFleet => RGBColor(0, 110, 190),
         Client::StackThrottled => RGBColor(40, 160, 90),
+        Client::StackLimited => RGBColor(120, 60, 170),
     }
 }
 

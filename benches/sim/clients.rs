@@ -1,7 +1,7 @@
 //! The columns' clients, each built once per client process as a user
 //! builds it: tower's retry over tower's p2c balancer, with and without
 //! tower's budget, and `tower_resend::stack()` over that balancer, over a
-//! fleet, and throttled.
+//! fleet, throttled, and with a limit per instance.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -22,7 +22,7 @@ use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::util::BoxCloneService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_resend::fleet::FleetLayer;
+use tower_resend::fleet::{FleetLayer, InstanceLimit};
 
 use super::instance::Answer;
 use super::script::{self, Script};
@@ -56,16 +56,23 @@ pub enum Client {
     StackFleet,
     /// [`Client::StackFleet`] with `.adaptive_throttling()`.
     StackThrottled,
+    /// [`Client::StackFleet`] with a limit per instance
+    /// (`FleetLayer::limit(InstanceLimit::adaptive())`): attempts beyond
+    /// what an instance's latency says it can take are not sent, and a
+    /// call that finds every instance it could use at its limit fails at
+    /// once, as at capacity.
+    StackLimited,
 }
 
 impl Client {
     /// Every client, in the tables' order.
-    pub const ALL: [Client; 5] = [
+    pub const ALL: [Client; 6] = [
         Client::TowerRetry,
         Client::TowerBudget,
         Client::Stack,
         Client::StackFleet,
         Client::StackThrottled,
+        Client::StackLimited,
     ];
 
     /// Its name in tables, pictures and on the command line.
@@ -76,6 +83,7 @@ impl Client {
             Client::Stack => "stack-p2c",
             Client::StackFleet => "stack-fleet",
             Client::StackThrottled => "stack-fleet+throttle",
+            Client::StackLimited => "stack-fleet+limit",
         }
     }
 
@@ -118,6 +126,11 @@ pub(crate) async fn build(
             stack(model, seed)
                 .adaptive_throttling()
                 .fleet(fleet(model, script).await)
+                .service(transport),
+        ),
+        Client::StackLimited => boxed(
+            stack(model, seed)
+                .fleet(fleet(model, script).await.limit(InstanceLimit::adaptive()))
                 .service(transport),
         ),
     }
