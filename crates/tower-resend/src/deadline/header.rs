@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::wire::{encode_grpc_timeout, encode_millis, parse_grpc_timeout, parse_millis};
 use super::Deadline;
+use crate::vocab::RetryInCharge;
 
 /// The `grpc-timeout` header.
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
@@ -20,8 +21,13 @@ pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 /// [`http_header`](Self::http_header), it writes that header in whole
 /// milliseconds. The value is the time left before the request's
 /// [`Deadline`] (or the ambient one) minus a safety [`margin`](Self::margin),
-/// rounded down: never more time than is left. A budget the caller already
-/// wrote is only ever lowered. Requests without a deadline go out untouched.
+/// rounded down: never more time than is left. Given the attempt's own
+/// limit ([`attempt_timeout`](Self::attempt_timeout), which
+/// [`stack()`](crate::stack()) gives it), it writes no more than that
+/// either: a callee that works past it works for a caller who has stopped
+/// waiting (Envoy's `x-envoy-expected-rq-timeout-ms` is the per-try timeout
+/// for the same reason). A budget the caller already wrote is only ever
+/// lowered. Requests with neither go out untouched.
 ///
 /// Place it inside the retry layer, so each attempt carries what is left at
 /// the time it is sent.
@@ -57,6 +63,8 @@ struct Config {
     // inline is 32 bytes more to copy each time.
     http_header: Option<std::sync::Arc<HeaderName>>,
     margin: Duration,
+    /// The attempt's own limit, when the layer knows it.
+    per_attempt: Option<Duration>,
 }
 
 /// The default safety margin taken off the budget written on the wire.
@@ -70,6 +78,7 @@ impl DeadlineHeaderLayer {
             config: Config {
                 http_header: None,
                 margin: DEFAULT_MARGIN,
+                per_attempt: None,
             },
         }
     }
@@ -87,6 +96,17 @@ impl DeadlineHeaderLayer {
     #[must_use]
     pub const fn margin(mut self, margin: Duration) -> Self {
         self.config.margin = margin;
+        self
+    }
+
+    /// Each attempt's own limit, as the attempt timeout below gives it: the
+    /// budget written is no more than that (or the request's own attempt
+    /// limit, from its [`CallOptions`](crate::retry::CallOptions)), so a
+    /// callee that honours it drops work the caller has stopped waiting
+    /// for. Default: none (the call's time left alone).
+    #[must_use]
+    pub const fn attempt_timeout(mut self, per_attempt: Duration) -> Self {
+        self.config.per_attempt = Some(super::clamp(per_attempt));
         self
     }
 }
@@ -167,9 +187,20 @@ where
         };
         if let Some(name) = name {
             // The request's deadline (a deadline layer's, or the caller's
-            // own), and the ambient one.
-            if let Some(deadline) = Deadline::of(req.extensions()) {
-                let budget = deadline.remaining().saturating_sub(self.config.margin);
+            // own), and the ambient one; the attempt's own limit.
+            let ext = req.extensions();
+            let per_attempt = self.config.per_attempt.map(|usual| {
+                RetryInCharge::of(ext)
+                    .and_then(|m| m.attempt_timeout)
+                    .map_or(usual, super::clamp)
+            });
+            let left = match (Deadline::of(ext), per_attempt) {
+                (Some(d), Some(a)) => Some(d.remaining().min(a)),
+                (Some(d), None) => Some(d.remaining()),
+                (None, a) => a,
+            };
+            if let Some(left) = left {
+                let budget = left.saturating_sub(self.config.margin);
                 if name == GRPC_TIMEOUT {
                     set_lower(
                         &mut req,
@@ -236,6 +267,30 @@ mod tests {
         tokio::time::advance(Duration::from_millis(300)).await;
         let h = sent_headers(DeadlineHeaderLayer::new(), grpc_request(Some(d))).await;
         assert_eq!(h[GRPC_TIMEOUT], "695000u");
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_attempts_limit_bounds_the_budget_written() {
+        let name = HeaderName::from_static("x-deadline-ms");
+        let layer = DeadlineHeaderLayer::new()
+            .http_header(name.clone())
+            .margin(Duration::ZERO)
+            .attempt_timeout(Duration::from_millis(800));
+        // The call has 3 s left, the attempt 800 ms: the attempt's.
+        let mut req = Request::new(());
+        req.extensions_mut()
+            .insert(Deadline::after(Duration::from_secs(3)));
+        assert_eq!(sent_headers(layer.clone(), req).await[&name], "800");
+        // The call has 500 ms left: the call's.
+        let mut req = Request::new(());
+        req.extensions_mut()
+            .insert(Deadline::after(Duration::from_millis(500)));
+        assert_eq!(sent_headers(layer.clone(), req).await[&name], "500");
+        // No deadline at all: still the attempt's, and on gRPC too.
+        let h = sent_headers(layer.clone(), Request::new(())).await;
+        assert_eq!(h[&name], "800");
+        let h = sent_headers(layer, grpc_request(None)).await;
+        assert_eq!(h[GRPC_TIMEOUT], "800000u");
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

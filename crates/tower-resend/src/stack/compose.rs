@@ -56,7 +56,9 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
         let inner = self.fleet.wrap(inner, self.retry.classifier.clone());
         let mut retry = self.retry;
         retry.fleet = F::IS_FLEET;
-        let inner = s.header.layer(inner);
+        // Each attempt tells the callee when the caller stops waiting for
+        // it: the call's time left or the attempt's limit, the sooner.
+        let inner = s.header.attempt_timeout(s.attempt_timeout).layer(inner);
         // Hedged copies below the breaker, which sees them as one call. (A
         // hedge layer that is not on sends one copy.)
         let hedge = s

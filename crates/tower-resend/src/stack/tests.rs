@@ -46,3 +46,54 @@ async fn the_stacks_name_counts_its_derived_keys() {
         derived(stack().idempotency_keys(), "http://10.0.0.7/").await
     );
 }
+
+/// Each attempt tells the callee when its caller stops waiting for it: the
+/// attempt's limit while the call has more time than that, the call's time
+/// left once it has less, and a request's own attempt limit when it gives
+/// one.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn each_attempt_says_when_its_caller_stops_waiting() {
+    use crate::retry::CallOptions;
+    use std::time::Duration;
+
+    let name = http::HeaderName::from_static("x-timeout-ms");
+    let echo = service_fn(|req: Request<String>| async move {
+        let v = req.headers()["x-timeout-ms"].to_str().unwrap().to_owned();
+        Ok::<_, std::convert::Infallible>(Response::new(v))
+    });
+    let client = |total| {
+        stack()
+            .total(total)
+            .attempt_timeout(Duration::from_secs(1))
+            .deadline_header(name.clone())
+            .service(echo)
+    };
+    let resp = client(Duration::from_secs(3))
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        sent(resp).await,
+        "995",
+        "the attempt's 1 s, less the margin"
+    );
+    let resp = client(Duration::from_millis(400))
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(sent(resp).await, "395", "the call's 400 ms");
+    let mut req = Request::new(String::new());
+    req.extensions_mut()
+        .insert(CallOptions::new().attempt_timeout(Duration::from_millis(250)));
+    let resp = client(Duration::from_secs(3)).oneshot(req).await.unwrap();
+    assert_eq!(sent(resp).await, "245", "the request's own attempt limit");
+}
+
+async fn sent<B>(resp: Response<B>) -> String
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    let body = http_body_util::BodyExt::collect(resp.into_body()).await;
+    String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap()
+}
