@@ -97,7 +97,7 @@ mod throttle;
 pub use crate::vocab::{Attempt, Attempts, Stop};
 pub(crate) use announce::{announce, announced};
 pub use backoff::{Backoff, InvalidBackoff};
-pub use budget::{InvalidBudget, RetryBudget};
+pub use budget::{InvalidBudget, RetryBudget, DEFAULT_BURST};
 pub(crate) use budget::{Token, DEFAULT_HEDGE_SHARE};
 pub use future::ResponseFuture;
 pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS, RESEND_PREVIOUS_ATTEMPTS};

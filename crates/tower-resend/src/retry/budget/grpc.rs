@@ -54,7 +54,7 @@ impl RetryBudget {
     /// `max_tokens` is left.
     #[cfg_attr(not(feature = "service-config"), allow(dead_code))]
     pub(crate) fn grpc_throttling(max_tokens: u64, ratio: u64) -> Self {
-        let mut budget = Self::build(0.0, 0.0, Duration::from_secs(10));
+        let mut budget = Self::build(0.0, 0.0, Duration::from_secs(10), super::DEFAULT_BURST);
         if let Some(inner) = Arc::get_mut(&mut budget.inner) {
             inner.bucket = Some(TokenBucket {
                 tokens: AtomicU64::new(max_tokens),
