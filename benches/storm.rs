@@ -77,10 +77,10 @@ fn main() {
         );
         println!();
         println!(
-            "| client | server | recovered | goodput | peak ampl. | ampl. | p99 before, at the end \
+            "| client | server | recovered | goodput | peak ampl. | peak load | ampl. | p99 before, at the end \
              | work for gone callers | queued, dropped | 503, queue full | shed | wall |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for &column in &columns {
             let plan = Plan {
                 scenario,
@@ -95,12 +95,13 @@ fn main() {
             let wall = began.elapsed();
             let f = &report.figures;
             println!(
-                "| {} | {} | {} | {:.0} % | {:.2}x | {:.2}x | {} ms, {} ms | {:.0} % | {} | {} | {} | {:.1} s |",
+                "| {} | {} | {} | {:.0} % | {:.2}x | {:.2}x | {:.2}x | {} ms, {} ms | {:.0} % | {} | {} | {} | {:.1} s |",
                 column.client.name(),
                 column.server.name(),
                 f.recovery,
                 f.goodput_share * 100.0,
                 f.peak_amplification,
+                f.peak_load,
                 f.amplification,
                 f.p99_before.as_millis(),
                 f.p99_end.as_millis(),
@@ -137,7 +138,10 @@ fn main() {
 /// amplification.
 fn summary(scenarios: &[Scenario], columns: &[Column], runs: &[(Plan, Report)]) {
     println!();
-    println!("### recovered after the trigger's end (peak amplification in a second)");
+    println!(
+        "### recovered after the trigger's end (in one second at most: attempts per call made, \
+         and those of them that reached an instance)"
+    );
     println!();
     let names: Vec<&str> = scenarios.iter().map(|s| s.name()).collect();
     println!("| client | server | {} |", names.join(" | "));
@@ -150,7 +154,10 @@ fn summary(scenarios: &[Scenario], columns: &[Column], runs: &[(Plan, Report)]) 
                     .find(|(p, _)| p.scenario == scenario && p.column == *column)
                     .map_or(String::new(), |(_, r)| {
                         let f = &r.figures;
-                        format!("{} ({:.1}x)", f.recovery, f.peak_amplification)
+                        format!(
+                            "{} ({:.1}x, {:.1}x)",
+                            f.recovery, f.peak_amplification, f.peak_load
+                        )
                     })
             })
             .collect();
@@ -164,11 +171,11 @@ fn summary(scenarios: &[Scenario], columns: &[Column], runs: &[(Plan, Report)]) 
 }
 
 fn print_seconds(report: &Report) {
-    println!("second offered sent good p99 work wasted");
+    println!("second offered sent reached good p99 work wasted");
     for (i, s) in report.seconds.iter().enumerate() {
         println!(
-            "{i} {} {} {} {:?} {:.1} {:.1}",
-            s.offered, s.sent, s.good, s.p99, s.work, s.wasted
+            "{i} {} {} {} {} {:?} {:.1} {:.1}",
+            s.offered, s.sent, s.reached, s.good, s.p99, s.work, s.wasted
         );
     }
 }

@@ -29,6 +29,7 @@ impl Counter {
 pub(crate) struct Tally {
     pub(crate) offered: Counter,
     pub(crate) sent: Counter,
+    pub(crate) reached: Counter,
     good: Counter,
     /// Every call's time, in microseconds, by the second it ended in.
     latencies: Vec<Vec<u32>>,
@@ -46,6 +47,7 @@ impl Tally {
         Self {
             offered: Counter(vec![0; seconds]),
             sent: Counter(vec![0; seconds]),
+            reached: Counter(vec![0; seconds]),
             good: Counter(vec![0; seconds]),
             latencies: vec![Vec::new(); seconds],
             work: vec![0.0; seconds],
@@ -82,8 +84,15 @@ impl Tally {
 pub struct Second {
     /// Calls made.
     pub offered: u32,
-    /// Attempts that reached an instance (or its refusal).
+    /// Attempts sent: every attempt that left a client, refused or not.
     pub sent: u32,
+    /// Attempts that reached an instance able to take them (queued,
+    /// answered 503 from a full queue, or swallowed by a black hole): the
+    /// load on the fleet. An attempt refused at once (an instance down,
+    /// an address no instance has) is sent, not reached: it costs the
+    /// fleet nothing, and the stack retries it elsewhere at once, without
+    /// a budget token.
+    pub reached: u32,
     /// Calls that ended 2xx within their deadline.
     pub good: u32,
     /// The 99th percentile of the time of the calls that ended (all of
@@ -108,11 +117,21 @@ impl Second {
 
     /// Attempts per call made.
     pub fn amplification(&self) -> f64 {
-        if self.offered == 0 {
-            0.0
-        } else {
-            f64::from(self.sent) / f64::from(self.offered)
-        }
+        per_call(self.sent, self.offered)
+    }
+
+    /// Attempts that reached an instance per call made: the load on the
+    /// fleet, as a multiple of what the callers asked of it.
+    pub fn load(&self) -> f64 {
+        per_call(self.reached, self.offered)
+    }
+}
+
+fn per_call(n: u32, offered: u32) -> f64 {
+    if offered == 0 {
+        0.0
+    } else {
+        f64::from(n) / f64::from(offered)
     }
 }
 
@@ -150,6 +169,9 @@ pub struct Figures {
     pub recovery: Recovery,
     /// The largest attempts per call made in one second.
     pub peak_amplification: f64,
+    /// The largest attempts that reached an instance per call made in one
+    /// second ([`Second::load`]).
+    pub peak_load: f64,
     /// Attempts per call made, from the trigger's start to the end.
     pub amplification: f64,
     /// Calls that ended 2xx within their deadline, a share of those made,
@@ -195,6 +217,7 @@ pub(crate) fn report(plan: &Plan, tally: Tally) -> Report {
     let Tally {
         offered,
         sent,
+        reached,
         good,
         latencies,
         work,
@@ -208,6 +231,7 @@ pub(crate) fn report(plan: &Plan, tally: Tally) -> Report {
         .map(|(s, l)| Second {
             offered: offered.0[s],
             sent: sent.0[s],
+            reached: reached.0[s],
             good: good.0[s],
             p99: p99(l),
             work: work[s],
@@ -235,10 +259,8 @@ pub(crate) fn report(plan: &Plan, tally: Tally) -> Report {
         .map_or(Recovery::Metastable, |s| {
             Recovery::After(Duration::from_secs((s - to_s) as u64))
         });
-    let peak_amplification = seconds[2.min(from_s)..]
-        .iter()
-        .map(Second::amplification)
-        .fold(0.0, f64::max);
+    let peak = |f: fn(&Second) -> f64| seconds[2.min(from_s)..].iter().map(f).fold(0.0, f64::max);
+    let (peak_amplification, peak_load) = (peak(Second::amplification), peak(Second::load));
     let after = &seconds[from_s..];
     let sum = |f: fn(&Second) -> f64| after.iter().map(f).sum::<f64>();
     let made = sum(|s| f64::from(s.offered)).max(1.0);
@@ -251,6 +273,7 @@ pub(crate) fn report(plan: &Plan, tally: Tally) -> Report {
             baseline_share,
             recovery,
             peak_amplification,
+            peak_load,
             amplification: sum(|s| f64::from(s.sent)) / made,
             goodput_share: sum(|s| f64::from(s.good)) / made,
             wasted_share: if all_work > 0.0 {

@@ -134,8 +134,12 @@ impl<B> Service<Request<B>> for Instance {
                 let refused = h2::Error::from(h2::Reason::REFUSED_STREAM);
                 Box::pin(std::future::ready(Err(refused.into())))
             }
-            State::BlackHole => Box::pin(std::future::pending()),
+            State::BlackHole => {
+                s.recorder.reached();
+                Box::pin(std::future::pending())
+            }
             State::Up { .. } => {
+                s.recorder.reached();
                 let mut queue = s.queue.lock().unwrap_or_else(PoisonError::into_inner);
                 if queue.len() >= s.bound {
                     drop(queue);

@@ -50,6 +50,12 @@ impl Recorder {
         self.with(|t, s| t.sent.bump(s));
     }
 
+    /// An attempt reached an instance able to take it (see
+    /// [`Second::reached`](super::Second::reached)).
+    pub(crate) fn reached(&self) {
+        self.with(|t, s| t.reached.bump(s));
+    }
+
     /// A call ended after `took`; `good` if 2xx within its deadline.
     pub(crate) fn ended(&self, took: Duration, good: bool) {
         self.with(|t, s| t.ended(s, took, good));

@@ -78,8 +78,8 @@ fn tower_retry_without_a_budget_stays_down_after_the_storm() {
 
 /// The stack over the same balancer comes back from the same storm, at
 /// little extra load over it; but on a server that works through its whole
-/// queue it takes the queue's time to drain, and its budget spends a
-/// window's tokens in the storm's first seconds (see `stack_meets_the_line`).
+/// queue it takes the queue's time to drain (see
+/// `stack_meets_the_line_on_a_plain_server`).
 #[test]
 fn the_stack_comes_back_from_the_same_storm() {
     let f = run(&plan(Client::Stack, Server::Plain, Duration::from_secs(60))).figures;
@@ -88,6 +88,7 @@ fn the_stack_comes_back_from_the_same_storm() {
         "{f:?}"
     );
     assert!(f.amplification <= 1.2, "{f:?}");
+    assert!(f.peak_amplification <= 1.22, "{f:?}");
 }
 
 /// With the server half in front (the inbound deadline, adaptive shedding),
@@ -102,14 +103,37 @@ fn with_the_server_half_the_stack_is_back_within_two_seconds() {
     );
 }
 
-/// The line issue 46 draws, against a plain server: not met (see the
-/// `ignore` reason and BENCHMARKS.md's `storm` section).
+/// The line issue 46 draws, where the servers drop queued work whose
+/// caller's attempt has gone (the deadline each attempt carries, read by
+/// the server half's `InboundDeadlineLayer`): tower's retry never comes
+/// back from the storm, and in the same scenario, with the same seed, the
+/// stack is back within 2 s of its end, sending at most 1.2 attempts a call
+/// in any second (20 % of the calls as retries, plus each client's floor
+/// of one retry a second: 1.21 here).
 #[test]
-#[ignore = "not met: stack() over p2c on a plain server is back 16 s after work x4 \
-            (the queues must drain below the attempt timeout; 17-20 s at 10 000 callers), \
-            and sends 2.34 attempts a call in its worst second (2.4 at 10 000 callers): \
-            in part the budget's window of tokens spent at once"]
-fn stack_meets_the_line() {
+fn on_servers_that_drop_expired_work_the_stack_meets_the_line() {
+    let watch = Duration::from_secs(20);
+    let tower = run(&plan(Client::TowerRetry, Server::Deadline, watch)).figures;
+    assert_eq!(tower.recovery, Recovery::Metastable, "{tower:?}");
+    for client in [Client::Stack, Client::StackFleet] {
+        let f = run(&plan(client, Server::Deadline, watch)).figures;
+        assert!(
+            matches!(f.recovery, Recovery::After(d) if d <= Duration::from_secs(2)),
+            "{client:?}: {f:?}"
+        );
+        assert!(f.peak_load <= 1.22, "{client:?}: {f:?}");
+        assert!(f.peak_amplification <= 1.22, "{client:?}: {f:?}");
+    }
+}
+
+/// The same against a plain server, which works through every queued
+/// request: not met (see the `ignore` reason and BENCHMARKS.md's `storm`
+/// section).
+#[test]
+#[ignore = "not met: on a plain server the stack is back 13 s after work x4 (14 s at \
+            10 000 callers): the queues must drain below the attempt timeout, and at \
+            1.2 attempts a call they drain at a sixth of the fleet's capacity"]
+fn stack_meets_the_line_on_a_plain_server() {
     let f = run(&plan(Client::Stack, Server::Plain, Duration::from_secs(5))).figures;
     assert!(
         matches!(f.recovery, Recovery::After(d) if d <= Duration::from_secs(2)),
