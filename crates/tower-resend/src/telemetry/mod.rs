@@ -248,6 +248,7 @@ pub(crate) const fn kind_str(kind: ErrorKind) -> &'static str {
         ErrorKind::CircuitOpen => "circuit_open",
         ErrorKind::Throttled => "throttled",
         ErrorKind::AtCapacity => "at_capacity",
+        ErrorKind::QuotaSpent => "quota_spent",
     }
 }
 
@@ -266,6 +267,7 @@ pub(crate) const fn stop_str(stop: Stop) -> &'static str {
         Stop::CircuitOpen => "circuit_open",
         Stop::Throttled => "throttled",
         Stop::AtCapacity => "at_capacity",
+        Stop::QuotaSpent => "quota_spent",
     }
 }
 
