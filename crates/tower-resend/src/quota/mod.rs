@@ -54,8 +54,22 @@
 //! ```
 
 mod clock;
+mod future;
+mod layer;
+mod pace;
 mod read;
+mod service;
+mod shared;
+mod slot;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_pace;
 
+pub use future::ResponseFuture;
+pub use layer::{PaceLayer, DEFAULT_BURST};
 pub use read::{Doubt, Doubted, Form, Quota, QuotaReader, Reading, DEFAULT_RESET_CAP};
+pub use service::Pace;
+pub use shared::{PaceStats, QuotaLeft};
+pub(crate) use slot::sealed::WrapsPace;
+pub use slot::{NoPace, PaceSlot};
