@@ -203,17 +203,20 @@ impl Quotas {
             // In the window an answer already told of (its reset within
             // the second that integer resets round to), an answer that
             // comes late says more is left than one that came before it
-            // did: the lower count holds, and the later reset. Else (a new
-            // window, or one only assumed) the answer says it.
+            // did: the lower count holds. A reset in whole seconds is
+            // rounded up (never early), so the earliest said is the
+            // nearest to the truth. Else (a new window, or one only
+            // assumed) the answer says it.
             let near = |a: Instant, b: Instant| a.max(b) - a.min(b) <= Duration::from_secs(1);
             if !b.assumed && now < b.reset_at && near(reset_at, b.reset_at) {
                 b.left = b.left.min(left);
-                b.reset_at = b.reset_at.max(reset_at);
+                b.reset_at = b.reset_at.min(reset_at);
             } else {
                 b.left = left;
                 b.reset_at = reset_at;
                 b.assumed = false;
-                b.tat = b.tat.min(now);
+                // (The places taken stay; none past the new reset.)
+                b.tat = b.tat.min(reset_at);
             }
             b.limit = q.limit.or(b.limit);
             b.peak = b.peak.max(q.remaining);
