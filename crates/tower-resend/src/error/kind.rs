@@ -72,8 +72,8 @@ pub enum ErrorKind {
     /// [`Error::retry_advice`](crate::Error::retry_advice) says after a
     /// second.
     AtCapacity,
-    /// The quota the upstream states on its answers (read by a
-    /// [pacing layer](crate::quota::PaceLayer), feature `quota`) has no room
+    /// The quota the upstream states on its answers (read by a pacing
+    /// layer, `quota::PaceLayer`, feature `quota`) has no room
     /// for this call before its deadline: it is spent until a reset past
     /// the deadline, or the calls paced ahead of it fill the time left. Not
     /// sent; [`Error::retry_advice`](crate::Error::retry_advice) says to
