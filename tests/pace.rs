@@ -19,6 +19,7 @@ use tower_resend::quota::PaceLayer;
 use tower_resend::ErrorKind;
 use tower_resend_testkit::{Reply, Script, TestServer};
 
+#[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
 
 const CALLERS: usize = 20;
@@ -170,7 +171,8 @@ struct Figures {
     too_many: usize,
     /// The most 200s in the first second of a window after the first.
     at_reset: usize,
-    /// The most 200s in any one second.
+    /// The most 200s in any one second but the first (in which the
+    /// callers' first calls go before any answer told the quota).
     busiest: usize,
 }
 
@@ -197,7 +199,7 @@ fn figures(served: &Served) -> Figures {
             .count(),
         too_many: served.log.iter().filter(|(_, s)| *s == 429).count(),
         at_reset,
-        busiest: per_second.into_iter().max().unwrap_or(0),
+        busiest: per_second.into_iter().skip(1).max().unwrap_or(0),
     }
 }
 
@@ -233,6 +235,10 @@ async fn paced_against_unpaced(announce: Announce) {
     assert!(paced.ok <= quota_in_run, "{announce:?}: {paced:?}");
     assert!(
         paced.at_reset * 100 <= QUOTA as usize * 20,
+        "{announce:?}: {paced:?}"
+    );
+    assert!(
+        paced.busiest * 100 <= QUOTA as usize * 20,
         "{announce:?}: {paced:?}"
     );
     assert_eq!(seen.failed, 0, "{announce:?}: {seen:?}");

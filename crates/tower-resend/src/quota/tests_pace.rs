@@ -18,11 +18,18 @@ use crate::test_events::{field, Events};
 
 const S: Duration = Duration::from_secs(1);
 
+/// A status, and the fields an answer carries.
+type Answer = (u16, Vec<(String, String)>);
+
+/// The window a [`Windowed`] upstream is in, the calls it had in it, and
+/// the instant (from its start) and status of every call.
+type Log = (u64, u64, Vec<(Duration, u16)>);
+
 /// An upstream that answers every call with the status and fields it is
 /// set to, and counts the calls it had.
 #[derive(Clone, Default)]
 struct Scripted {
-    answer: Arc<Mutex<(u16, Vec<(String, String)>)>>,
+    answer: Arc<Mutex<Answer>>,
     calls: Arc<AtomicU32>,
 }
 
@@ -80,7 +87,7 @@ struct Windowed {
     q: u64,
     w: Duration,
     start: Instant,
-    log: Arc<Mutex<(u64, u64, Vec<(Duration, u16)>)>>,
+    log: Arc<Mutex<Log>>,
 }
 
 impl Windowed {
