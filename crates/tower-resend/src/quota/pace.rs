@@ -107,7 +107,9 @@ impl Quotas {
     /// May a call whose deadline is `deadline` go at `now`? With `burst`,
     /// that many calls more than the pace may go at once.
     pub(crate) fn admit(&mut self, now: Instant, deadline: Option<Instant>, burst: u32) -> Admit {
-        let fits = |until: Instant| deadline.is_none_or(|d| until + MIN_LEFT <= d);
+        // A wait must leave the attempt some time; no wait needs none (the
+        // deadline, if it is that near, is the deadline layer's to keep).
+        let fits = |until: Instant| until <= now || deadline.is_none_or(|d| until + MIN_LEFT <= d);
         let wait_for = |until: Instant| {
             if fits(until) {
                 Admit::Wait {

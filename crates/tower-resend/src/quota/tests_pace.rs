@@ -231,6 +231,20 @@ async fn a_reset_past_the_deadline_is_refused_at_once_not_sent() {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_call_that_need_not_wait_goes_however_near_its_deadline() {
+    let up = Scripted::answering(200, &[("ratelimit", "\"default\";r=5;t=10")]);
+    let svc = PaceLayer::new().layer(up.service());
+    call(svc.clone(), 10 * S).await.unwrap();
+    call(svc.clone(), Duration::from_millis(10)).await.unwrap();
+    assert_eq!(up.calls(), 2);
+    // A wait it has no time for: refused, with the wait as its advice.
+    up.set(200, &[("ratelimit", "\"default\";r=0;t=1")]);
+    call(svc.clone(), 10 * S).await.unwrap();
+    let err = call(svc, Duration::from_millis(1040)).await.unwrap_err();
+    assert_eq!(quota_spent(&err).retry_advice(), RetryAdvice::After(S));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn calls_out_spend_the_quota_too() {
     // Four calls in the window, and answers that come a second late and
     // say nothing new: the calls out count, so that only three more go.

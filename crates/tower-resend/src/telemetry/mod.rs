@@ -42,7 +42,7 @@
 //! passed (the deadline layer outside it fired). `resend.stop` is why
 //! retrying stopped: `final`, `disabled`, `max_attempts`, `budget`,
 //! `deadline`, `server_said_no`, `outcome_unknown`, `not_replayable`,
-//! `replayed`, `circuit_open`, `throttled`, `at_capacity`.
+//! `replayed`, `circuit_open`, `throttled`, `at_capacity`, `quota_spent`.
 //!
 //! Each wait before a retry is an event `waiting to retry` in the call
 //! span, at `INFO`, with `resend.wait.reason` — `backoff` (the jittered
@@ -55,7 +55,15 @@
 //! A circuit breaker that refuses an attempt ends the call at once (no
 //! wait): the attempt says `error.type = "circuit_open"` and the call
 //! `resend.stop = "circuit_open"`; so does a fleet whose instances are all
-//! at their limit (`at_capacity`).
+//! at their limit (`at_capacity`), and a pacing layer (feature `quota`)
+//! whose upstream's stated quota has no room before the deadline
+//! (`quota_spent`). A pacing layer's wait for the quota is an event
+//! `waiting for the upstream's quota` in the attempt's span, at `DEBUG`,
+//! with `resend.quota.wait_ms` and `resend.quota.reason` (`pace`: the
+//! call's place in the pace; `spent`: the reset); its refusal an event
+//! `not sent: ...`, at `INFO`, with `error.type = "quota_spent"` and
+//! `resend.quota.reset_ms`; a value off the wire not taken as it was, at
+//! `DEBUG`, with `http.response.header` and `resend.quota.doubt`.
 //!
 //! # Metrics (feature `otel`)
 //!
