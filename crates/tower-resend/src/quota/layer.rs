@@ -52,6 +52,8 @@ impl PaceLayer {
             reader: QuotaReader::new(),
             burst: DEFAULT_BURST,
             wall: Wall::System,
+            #[cfg(feature = "otel")]
+            metrics: None,
         })
     }
 
@@ -93,6 +95,26 @@ impl PaceLayer {
     pub fn wall_clock(self, now: SystemTime) -> Self {
         let at = Instant::now();
         self.set(|c| c.wall = Wall::Anchored { at, wall: now })
+    }
+
+    /// Records on instruments made from `meter` (feature `otel`): each
+    /// wait (`resend.client.quota.wait`, seconds, by `resend.quota.reason`:
+    /// `pace` or `spent`), each refusal (`resend.client.quota.refused`),
+    /// and what is left of each quota after each answer
+    /// (`resend.client.quota.remaining`, a gauge by `resend.quota.policy`).
+    /// Default: none, and no cost.
+    ///
+    /// ```
+    /// let meter = opentelemetry::global::meter("tower-resend");
+    /// let pace = tower_resend::quota::PaceLayer::new().meter(&meter);
+    /// # let _ = pace;
+    /// ```
+    #[cfg(feature = "otel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+    #[must_use]
+    pub fn meter(self, meter: &opentelemetry::metrics::Meter) -> Self {
+        let metrics = super::metrics::PaceMetrics::new(meter);
+        self.set(|c| c.metrics = Some(metrics))
     }
 
     /// What the layer knows of each quota now, and the calls it made wait

@@ -129,6 +129,8 @@
 mod clock;
 mod future;
 mod layer;
+#[cfg(feature = "otel")]
+mod metrics;
 mod pace;
 mod read;
 mod service;

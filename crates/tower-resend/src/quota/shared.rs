@@ -37,6 +37,8 @@ pub(crate) struct Config {
     pub(crate) reader: QuotaReader,
     pub(crate) burst: u32,
     pub(crate) wall: Wall,
+    #[cfg(feature = "otel")]
+    pub(crate) metrics: Option<super::metrics::PaceMetrics>,
 }
 
 /// What every clone of one layer shares.
@@ -91,6 +93,10 @@ impl Shared {
                 self.waits.fetch_add(1, Ordering::Relaxed);
                 let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
                 self.waited_us.fetch_add(us, Ordering::Relaxed);
+                #[cfg(feature = "otel")]
+                if let Some(m) = &self.config.metrics {
+                    m.waited(wait, if reserved { "pace" } else { "spent" });
+                }
                 tracing::debug!(
                     resend.quota.wait_ms = millis(wait),
                     resend.quota.reason = if reserved { "pace" } else { "spent" },
@@ -99,6 +105,10 @@ impl Shared {
             }
             Admit::Refuse(wait) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
+                #[cfg(feature = "otel")]
+                if let Some(m) = &self.config.metrics {
+                    m.refused();
+                }
                 tracing::info!(
                     error.type = "quota_spent",
                     resend.quota.reset_ms = millis(wait),
@@ -131,9 +141,15 @@ impl Shared {
             return;
         }
         let pending = self.pending.load(Ordering::Acquire);
-        let seen = self
-            .quotas()
-            .observe(&reading, now, pending, self.config.reader.reset_cap());
+        let mut quotas = self.quotas();
+        let seen = quotas.observe(&reading, now, pending, self.config.reader.reset_cap());
+        #[cfg(feature = "otel")]
+        if let Some(m) = &self.config.metrics {
+            for b in &quotas.buckets {
+                m.remaining(&b.policy, b.left);
+            }
+        }
+        drop(quotas);
         self.ignored.fetch_add(seen.ignored, Ordering::Relaxed);
         self.known.store(true, Ordering::Release);
     }

@@ -100,6 +100,9 @@
 //! | `resend.client.retry_budget.exhausted` | counter, `{call}` | a call that ended because no retry budget token came in time | `resend.upstream` |
 //! | `resend.client.outcome_unknown` | counter, `{call}` | a call that ended outcome-unknown (it may have been processed, and is not safe to resend) | `resend.upstream`, `http.request.method` |
 //! | `resend.client.breaker.state_changes` | counter, `{change}` | every change of a circuit breaker's state | `resend.upstream`, `resend.breaker.state` (`open`, `half_open`, `closed`: the new state) |
+//! | `resend.client.quota.wait` | histogram, `s` | a pacing layer's (feature `quota`, its own `PaceLayer::meter`) every wait of a call for its place in the upstream's stated quota | `resend.quota.reason` (`pace`: its place in the pace; `spent`: the reset) |
+//! | `resend.client.quota.refused` | counter, `{call}` | a pacing layer's every call refused, not sent: no room in the quota before its deadline | none |
+//! | `resend.client.quota.remaining` | gauge, `{call}` | after each answer that states a quota: what is left of it, less the calls out | `resend.quota.policy` (at most 16 per layer) |
 //!
 //! Attributes are bounded: the upstream's name, the method (an extension
 //! method is `_OTHER`), classes, kinds and states; never a URL, a key or a
