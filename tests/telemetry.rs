@@ -1063,3 +1063,64 @@ async fn the_throttle_probability_is_a_gauge() {
     assert!(gauge[0].sum > 0.3, "{gauge:?}");
     assert!((gauge[0].sum - throttle.probability()).abs() < 1e-9);
 }
+
+// 5. A pacing layer (feature `quota`).
+
+/// A pacing layer's wait for a reset and its refusal: events in the
+/// attempt's span, the refused attempt's `error.type`, and the layer's
+/// instruments.
+#[cfg(feature = "quota")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pacing_layers_wait_and_refusal_are_recorded() {
+    use tower_resend::quota::PaceLayer;
+
+    let t = Telemetry::start();
+    let server = server(
+        Script::new()
+            .then(Reply::ok().header("ratelimit", "\"default\";r=0;t=2"))
+            .otherwise(Reply::ok().header("ratelimit", "\"default\";r=0;t=60")),
+    )
+    .await;
+    let client = stack()
+        .pace(PaceLayer::new().meter(&t.meter()))
+        .service(transport());
+    client.clone().oneshot(get(server.uri("/x"))).await.unwrap();
+    // Spent for 2 s: this call waits for the reset.
+    client.clone().oneshot(get(server.uri("/x"))).await.unwrap();
+    // Spent for 60 s, past the deadline: refused, not sent.
+    let err = client.oneshot(get(server.uri("/x"))).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::QuotaSpent);
+
+    let attempts = t.named("GET");
+    assert_eq!(attempts.len(), 3);
+    let waits = events(&attempts[1], "waiting for the upstream's quota");
+    assert_eq!(waits.len(), 1, "{:?}", attempts[1].events);
+    assert_eq!(
+        waits[0].get("resend.quota.wait_ms").map(String::as_str),
+        Some("2000")
+    );
+    assert_eq!(
+        waits[0].get("resend.quota.reason").map(String::as_str),
+        Some("spent")
+    );
+    assert_eq!(
+        attr(&attempts[2], "error.type").as_deref(),
+        Some("quota_spent")
+    );
+    let call = &t.named("resend.call")[2];
+    assert_eq!(attr(call, "resend.stop").as_deref(), Some("quota_spent"));
+
+    assert_eq!(
+        t.points_of("resend.client.quota.wait"),
+        [Point {
+            attrs: labels(&[("resend.quota.reason", "spent")]),
+            count: 1,
+            sum: 2.0
+        }]
+    );
+    assert_eq!(t.points_of("resend.client.quota.refused")[0].sum, 1.0);
+    let remaining = t.points_of("resend.client.quota.remaining");
+    assert_eq!(remaining.len(), 1, "{remaining:?}");
+    assert_eq!(remaining[0].attr("resend.quota.policy"), Some("default"));
+    assert_eq!(remaining[0].sum, 0.0);
+}

@@ -190,6 +190,14 @@ mod name;
 #[cfg(feature = "quota")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
 pub mod quota;
+/// The pacing layer's place in a [`Stack`](stack::Stack), empty: the
+/// rest of the module needs feature `quota`.
+#[cfg(not(feature = "quota"))]
+pub mod quota {
+    mod slot;
+    pub(crate) use slot::sealed::WrapsPace;
+    pub use slot::{NoPace, PaceSlot};
+}
 pub mod read_ahead;
 mod renamed;
 #[cfg(feature = "reqwest")]

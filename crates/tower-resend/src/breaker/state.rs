@@ -197,7 +197,9 @@ pub(crate) fn observes_upstream(err: &(dyn std::error::Error + 'static)) -> bool
     while let Some(e) = next {
         if let Some(ours) = e.downcast_ref::<crate::error::Error>() {
             return match ours.kind() {
-                crate::error::ErrorKind::CircuitOpen | crate::error::ErrorKind::AtCapacity => false,
+                crate::error::ErrorKind::CircuitOpen
+                | crate::error::ErrorKind::AtCapacity
+                | crate::error::ErrorKind::QuotaSpent => false,
                 crate::error::ErrorKind::DeadlineExceeded => {
                     ours.phase() != Some(crate::error::Phase::Start)
                 }

@@ -121,6 +121,18 @@ impl Error {
                 "at capacity: every instance has as many attempts in flight as its limit \
                  allows, this one was not sent",
             )?,
+            ErrorKind::QuotaSpent => {
+                // (The limit is a wait to come, not a time spent.)
+                f.write_str("quota spent: the upstream's stated quota has no room for this call")?;
+                if let Some(wait) = i.limit {
+                    write!(f, " for another {}", Readable(wait))?;
+                }
+                f.write_str(", past its deadline; it was not sent")?;
+                if i.attempts > 1 {
+                    write!(f, " ({} attempts)", i.attempts)?;
+                }
+                return self.write_advice(f);
+            }
             ErrorKind::CircuitOpen => {
                 write_circuit(f, i.circuit)?;
                 if i.attempts > 1 {

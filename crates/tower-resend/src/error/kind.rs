@@ -72,6 +72,14 @@ pub enum ErrorKind {
     /// [`Error::retry_advice`](crate::Error::retry_advice) says after a
     /// second.
     AtCapacity,
+    /// The quota the upstream states on its answers (read by a pacing
+    /// layer, `quota::PaceLayer`, feature `quota`) has no room
+    /// for this call before its deadline: it is spent until a reset past
+    /// the deadline, or the calls paced ahead of it fill the time left. Not
+    /// sent; [`Error::retry_advice`](crate::Error::retry_advice) says to
+    /// come back after the reset ([`Error::limit`](crate::Error::limit)),
+    /// so a job runner can requeue it.
+    QuotaSpent,
 }
 
 impl ErrorKind {
@@ -88,6 +96,7 @@ impl ErrorKind {
             Self::CircuitOpen => "circuit open",
             Self::Throttled => "throttled",
             Self::AtCapacity => "at capacity",
+            Self::QuotaSpent => "quota spent",
         }
     }
 }

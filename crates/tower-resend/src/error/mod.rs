@@ -71,6 +71,7 @@ impl Error {
                         | ErrorKind::CircuitOpen
                         | ErrorKind::Throttled
                         | ErrorKind::AtCapacity
+                        | ErrorKind::QuotaSpent
                 ),
                 phase: None,
                 limit: None,
@@ -102,6 +103,16 @@ impl Error {
     /// not sent.
     pub(crate) fn at_capacity() -> Self {
         Self::new(ErrorKind::AtCapacity)
+    }
+
+    /// The upstream's stated quota has no room for the call before its
+    /// deadline: not sent, to come back after `wait` (the reset, or the
+    /// call's place in the pace), the [`limit`](Self::limit).
+    #[cfg_attr(not(feature = "quota"), allow(dead_code))]
+    pub(crate) fn quota_spent(wait: Duration) -> Self {
+        let mut e = Self::new(ErrorKind::QuotaSpent);
+        e.inner.limit = Some(wait);
+        e
     }
 
     pub(crate) fn attempt_timeout(limit: Duration) -> Self {
@@ -176,7 +187,7 @@ impl Error {
             self.inner.not_sent = true;
         } else if matches!(
             self.inner.kind,
-            ErrorKind::CircuitOpen | ErrorKind::AtCapacity
+            ErrorKind::CircuitOpen | ErrorKind::AtCapacity | ErrorKind::QuotaSpent
         ) {
             // The last attempt was refused, but an earlier one went out.
             self.inner.not_sent = false;
@@ -427,6 +438,9 @@ impl Error {
             // Not sent, but sending again before the circuit closes fails
             // the same way.
             ErrorKind::CircuitOpen => RetryAdvice::After(self.inner.limit.unwrap_or(LATER)),
+            // Not sent, and the upstream's stated quota has no room before
+            // its reset (the limit).
+            ErrorKind::QuotaSpent => RetryAdvice::After(self.inner.limit.unwrap_or(LATER)),
             // Not sent, and the upstream is rejecting most calls, or its
             // fleet has more in flight than it serves: later.
             ErrorKind::Throttled | ErrorKind::AtCapacity => RetryAdvice::After(LATER),
@@ -518,11 +532,16 @@ impl Error {
 /// The kind of a refusal by a layer that sent nothing because what it
 /// knows of the upstream says that a resend now would be refused too (a
 /// circuit breaker's, [`ErrorKind::CircuitOpen`]; a fleet's at capacity,
-/// [`ErrorKind::AtCapacity`]), when `e` is one, anywhere in its chain.
+/// [`ErrorKind::AtCapacity`]; a pacing layer's whose quota is spent,
+/// [`ErrorKind::QuotaSpent`]), when `e` is one, anywhere in its chain.
 pub(crate) fn refused_below(e: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
     std::iter::successors(Some(e), |e| e.source()).find_map(|e| {
         let kind = e.downcast_ref::<Error>()?.kind();
-        matches!(kind, ErrorKind::CircuitOpen | ErrorKind::AtCapacity).then_some(kind)
+        matches!(
+            kind,
+            ErrorKind::CircuitOpen | ErrorKind::AtCapacity | ErrorKind::QuotaSpent
+        )
+        .then_some(kind)
     })
 }
 

@@ -245,6 +245,15 @@ fn every_kind_says_what_its_advice_says() {
                     .with_history(history(std::slice::from_ref(&timed_out)))
                     .outcome_unknown_over(key.clone()),
             ],
+            ErrorKind::QuotaSpent => vec![
+                Error::quota_spent(Duration::from_secs(7)),
+                // A retry refused after an attempt that was answered.
+                Error::quota_spent(Duration::from_secs(7))
+                    .with_history(history(std::slice::from_ref(&shed))),
+                Error::quota_spent(Duration::from_secs(7))
+                    .with_history(history(std::slice::from_ref(&timed_out)))
+                    .outcome_unknown_over(key.clone()),
+            ],
         }
     };
     let kinds = [
@@ -259,6 +268,7 @@ fn every_kind_says_what_its_advice_says() {
         ErrorKind::CircuitOpen,
         ErrorKind::Throttled,
         ErrorKind::AtCapacity,
+        ErrorKind::QuotaSpent,
     ];
     let mut seen = Vec::new();
     for kind in kinds {

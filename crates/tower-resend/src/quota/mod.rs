@@ -52,10 +52,99 @@
 //! assert_eq!(reading.quotas[0].reset, Duration::from_secs(120));
 //! assert_eq!(reading.doubted[0].doubt, Doubt::PastCap);
 //! ```
+//!
+//! # Pacing
+//!
+//! A [`PaceLayer`] (on a stack: [`StackBuilder::pace`](crate::stack::StackBuilder::pace))
+//! reads every answer with its reader and keeps what it said of each quota
+//! (per policy and partition, at most 16): what is left, and when it is
+//! whole again. Then, for each call:
+//!
+//! - **Paced**: the calls that remain are spread over the time that
+//!   remains, one every `time left / calls left` (a GCRA schedule), with a
+//!   [burst](PaceLayer::burst) of a few at once. A call whose place is
+//!   later waits for it; calls out (sent, or waiting for their place) have
+//!   spent their share, so that concurrent callers do not all see the same
+//!   count. A model API's quota of tokens (spent by an amount the call does
+//!   not know beforehand) holds calls back only once spent.
+//! - **Spent** (none left, or a 429's or 403's `Retry-After`): a call waits
+//!   for the reset if that leaves it at least 50 ms of its deadline
+//!   ([`Deadline::of`](crate::Deadline::of)), else fails at once, not sent,
+//!   with [`ErrorKind::QuotaSpent`](crate::ErrorKind::QuotaSpent) and
+//!   [`RetryAdvice::After`](crate::RetryAdvice::After) the reset; a retry
+//!   layer above stops on it at once, and a job runner can requeue it. A
+//!   call with no deadline waits at most the reader's cap.
+//! - **At a reset**, the quota is taken as whole again (its stated size,
+//!   for its stated window, or the longest reset seen) until an answer
+//!   says otherwise. In a window already told of, the lowest count said
+//!   holds (an answer that comes late says more is left than it is), and
+//!   the earliest reset (a reset in whole seconds is rounded up).
+//! - **Bounded**: every reset and `Retry-After` is held to the reader's
+//!   cap, so nothing read off the wire holds calls back longer, or makes
+//!   one wait past its deadline; values not taken, and quotas past 16, are
+//!   counted ([`PaceStats`]).
+//!
+//! In the stack it sits under the hedge and above the deadline header:
+//! every attempt and hedged copy takes its place (retries and hedges spend
+//! the quota as calls do), its wait is inside the call's deadline and
+//! outside the attempt timeout, and the time left written on the request
+//! is what is left after the wait. Its clones share one state. Each wait
+//! and refusal is a `tracing` event in the attempt's span
+//! (`resend.quota.wait_ms`, `resend.quota.reason`; `error.type =
+//! "quota_spent"`, `resend.quota.reset_ms`).
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{service_fn, ServiceExt};
+//! use tower_resend::quota::PaceLayer;
+//! use tower_resend::ErrorKind;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! // An upstream with no call left for 5 s, then for 50 s.
+//! let reset = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(5));
+//! let upstream = service_fn(move |_: http::Request<String>| {
+//!     let t = reset.swap(50, std::sync::atomic::Ordering::SeqCst);
+//!     async move {
+//!         let resp = http::Response::builder()
+//!             .header("ratelimit", format!("\"default\";r=0;t={t}"))
+//!             .body(String::new())
+//!             .unwrap();
+//!         Ok::<_, tower_resend::BoxError>(resp)
+//!     }
+//! });
+//! let pace = PaceLayer::new();
+//! let stack = tower_resend::stack().total(Duration::from_secs(10)).pace(pace.clone()).service(upstream);
+//! stack.clone().oneshot(http::Request::new(String::new())).await.unwrap();
+//! // Within the deadline: it waits for the reset, then goes.
+//! let start = tokio::time::Instant::now();
+//! stack.clone().oneshot(http::Request::new(String::new())).await.unwrap();
+//! assert_eq!(start.elapsed(), Duration::from_secs(5));
+//! // Past it: refused at once, not sent.
+//! let err = stack.oneshot(http::Request::new(String::new())).await.unwrap_err();
+//! assert_eq!(err.kind(), ErrorKind::QuotaSpent);
+//! assert_eq!((pace.stats().waits, pace.stats().refused), (1, 1));
+//! # }
+//! ```
 
 mod clock;
+mod future;
+mod layer;
+#[cfg(feature = "otel")]
+mod metrics;
+mod pace;
 mod read;
+mod service;
+mod shared;
+mod slot;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_pace;
 
+pub use future::ResponseFuture;
+pub use layer::{PaceLayer, DEFAULT_BURST};
 pub use read::{Doubt, Doubted, Form, Quota, QuotaReader, Reading, DEFAULT_RESET_CAP};
+pub use service::Pace;
+pub use shared::{PaceStats, QuotaLeft};
+pub(crate) use slot::sealed::WrapsPace;
+pub use slot::{NoPace, PaceSlot};

@@ -155,6 +155,11 @@ impl QuotaReader {
         self
     }
 
+    /// The longest reset taken as it is.
+    pub(crate) const fn reset_cap(&self) -> Duration {
+        self.cap
+    }
+
     /// Also reads a form of your own, named `policy`: three fields, the
     /// limit, what remains, and the reset in delta seconds (or an epoch
     /// time, told apart as `X-RateLimit-Reset`'s).

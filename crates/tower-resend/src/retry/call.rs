@@ -450,6 +450,7 @@ fn rng<'a, S, C>(
 fn local_refusal<R>(result: &Result<R, BoxError>) -> Option<LocalRefusal> {
     match refused_below(&**result.as_ref().err()?)? {
         ErrorKind::AtCapacity => Some(LocalRefusal::AtCapacity),
+        ErrorKind::QuotaSpent => Some(LocalRefusal::QuotaSpent),
         _ => Some(LocalRefusal::CircuitOpen),
     }
 }

@@ -40,7 +40,9 @@
 //! ([`CircuitOpen`](crate::ErrorKind::CircuitOpen)), or a
 //! [fleet](crate::fleet) whose instances are all at their
 //! [limit](crate::fleet::InstanceLimit)
-//! ([`AtCapacity`](crate::ErrorKind::AtCapacity)). What either knows of the
+//! ([`AtCapacity`](crate::ErrorKind::AtCapacity)), or a pacing layer whose
+//! upstream's stated quota has no room before the call's deadline
+//! ([`QuotaSpent`](crate::ErrorKind::QuotaSpent)). What each knows of the
 //! upstream says that a resend now would be refused too: the call ends at
 //! once, not sent, and its error's advice says when to come back.
 //!

@@ -10,6 +10,7 @@ use crate::fleet::{FleetLayer, NoFleet};
 use crate::hedge::{HedgeLayer, Hedging, NoHedge};
 use crate::idempotency::SetIdempotencyKeyLayer;
 use crate::name::Name;
+use crate::quota::NoPace;
 use crate::read_ahead::DEFAULT_READ_AHEAD;
 use crate::retry::{Backoff, RetryBudget, RetryLayer};
 
@@ -21,15 +22,18 @@ use crate::retry::{Backoff, RetryBudget, RetryLayer};
 /// [`circuit_breaker`](Self::circuit_breaker) put one there; `F` is the
 /// fleet's place: [`NoFleet`], or a [`FleetLayer`] once
 /// [`fleet`](Self::fleet) put one there; `H` is the hedge's place:
-/// [`NoHedge`], or [`Hedging`] once [`hedge`](Self::hedge) turned it on.
+/// [`NoHedge`], or [`Hedging`] once [`hedge`](Self::hedge) turned it on;
+/// `P` is the pacing layer's place: [`NoPace`], or a `PaceLayer` once
+/// `pace` (feature `quota`) put one there.
 /// How the settings become a stack is in `compose.rs`.
 #[derive(Clone, Debug)]
-pub struct StackBuilder<C = HttpClassifier, B = NoBreaker, F = NoFleet, H = NoHedge> {
+pub struct StackBuilder<C = HttpClassifier, B = NoBreaker, F = NoFleet, H = NoHedge, P = NoPace> {
     pub(super) settings: Settings,
     pub(super) retry: RetryLayer<C>,
     pub(super) breaker: B,
     pub(super) fleet: F,
     pub(super) hedging: H,
+    pub(super) pacing: P,
 }
 
 /// The settings whose types do not change with the classifier, the
@@ -66,6 +70,7 @@ impl StackBuilder {
             breaker: NoBreaker,
             fleet: NoFleet,
             hedging: NoHedge,
+            pacing: NoPace,
         }
     }
 }
@@ -76,7 +81,7 @@ impl Default for StackBuilder {
     }
 }
 
-impl<C, B, F, H> StackBuilder<C, B, F, H> {
+impl<C, B, F, H, P> StackBuilder<C, B, F, H, P> {
     /// Names the upstream: it shows up in errors, tracing and 504 bodies,
     /// names the circuit breaker (unless its layer was named), and counts
     /// this upstream's [derived](crate::idempotency::derive_keys)
@@ -226,13 +231,14 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     pub fn retry<C2>(
         self,
         f: impl FnOnce(RetryLayer<C>) -> RetryLayer<C2>,
-    ) -> StackBuilder<C2, B, F, H> {
+    ) -> StackBuilder<C2, B, F, H, P> {
         StackBuilder {
             settings: self.settings,
             retry: f(self.retry),
             breaker: self.breaker,
             fleet: self.fleet,
             hedging: self.hedging,
+            pacing: self.pacing,
         }
     }
 
@@ -256,7 +262,7 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     /// # let _ = shipping;
     /// ```
     #[must_use]
-    pub fn circuit_breaker(self) -> StackBuilder<C, CircuitBreakerLayer, F, H> {
+    pub fn circuit_breaker(self) -> StackBuilder<C, CircuitBreakerLayer, F, H, P> {
         self.circuit_breaker_with(CircuitBreakerLayer::new())
     }
 
@@ -268,7 +274,7 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     pub fn circuit_breaker_with<K>(
         self,
         layer: CircuitBreakerLayer<K>,
-    ) -> StackBuilder<C, CircuitBreakerLayer<K>, F, H> {
+    ) -> StackBuilder<C, CircuitBreakerLayer<K>, F, H, P> {
         // The stack's meter, if it has one, counts the breaker's changes
         // too (unless the layer has its own).
         StackBuilder {
@@ -277,6 +283,7 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
             retry: self.retry,
             fleet: self.fleet,
             hedging: self.hedging,
+            pacing: self.pacing,
         }
     }
 
@@ -359,7 +366,7 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     /// # let _ = stack;
     /// ```
     #[must_use]
-    pub fn hedge(self, after: Duration) -> StackBuilder<C, B, F, Hedging> {
+    pub fn hedge(self, after: Duration) -> StackBuilder<C, B, F, Hedging, P> {
         self.hedging_with(HedgeLayer::new(after).classifier(()))
     }
 
@@ -367,7 +374,11 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     /// first copy has taken longer than the `p` quantile of recent calls
     /// (say 0.95), and at least `at_least`.
     #[must_use]
-    pub fn hedge_at_percentile(self, p: f64, at_least: Duration) -> StackBuilder<C, B, F, Hedging> {
+    pub fn hedge_at_percentile(
+        self,
+        p: f64,
+        at_least: Duration,
+    ) -> StackBuilder<C, B, F, Hedging, P> {
         self.hedging_with(HedgeLayer::at_percentile(p, at_least).classifier(()))
     }
 
@@ -384,7 +395,7 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     /// # let _ = stack;
     /// ```
     #[must_use]
-    pub fn maybe_hedge(self, after: Option<Duration>) -> StackBuilder<C, B, F, Hedging> {
+    pub fn maybe_hedge(self, after: Option<Duration>) -> StackBuilder<C, B, F, Hedging, P> {
         match after {
             Some(after) => self.hedge(after),
             None => self.hedgeable(),
@@ -395,17 +406,18 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     /// which sends one copy unless [`hedge`](Self::hedge) turned hedging
     /// on: for tables of stacks of one type (routes, a gRPC service
     /// config), some of which hedge.
-    pub(crate) fn hedgeable(self) -> StackBuilder<C, B, F, Hedging> {
+    pub(crate) fn hedgeable(self) -> StackBuilder<C, B, F, Hedging, P> {
         StackBuilder {
             settings: self.settings,
             retry: self.retry,
             breaker: self.breaker,
             fleet: self.fleet,
             hedging: Hedging,
+            pacing: self.pacing,
         }
     }
 
-    fn hedging_with(mut self, hedge: HedgeLayer<()>) -> StackBuilder<C, B, F, Hedging> {
+    fn hedging_with(mut self, hedge: HedgeLayer<()>) -> StackBuilder<C, B, F, Hedging, P> {
         self.settings.hedge = Some(hedge);
         self.hedgeable()
     }
@@ -427,7 +439,7 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     /// # let _ = stack;
     /// ```
     #[must_use]
-    pub fn fleet<C2>(self, fleet: FleetLayer<C2>) -> StackBuilder<C, B, FleetLayer, H> {
+    pub fn fleet<C2>(self, fleet: FleetLayer<C2>) -> StackBuilder<C, B, FleetLayer, H, P> {
         StackBuilder {
             settings: self.settings,
             retry: self.retry,
@@ -435,6 +447,42 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
             // (The stack classifies with its retry classifier.)
             fleet: fleet.classifier(HttpClassifier::new()),
             hedging: self.hedging,
+            pacing: self.pacing,
+        }
+    }
+
+    /// Paces every attempt by the quota the upstream states on its answers
+    /// (see [`quota`](crate::quota#pacing)): the calls that remain are
+    /// spread over the time that remains, a call waits for a spent quota's
+    /// reset within its deadline, and fails at once, not sent, with
+    /// [`ErrorKind::QuotaSpent`](crate::ErrorKind::QuotaSpent) when the
+    /// reset is past it. It sits under the hedge and above the deadline
+    /// header, so that every attempt and every hedged copy takes its place
+    /// in the quota, its wait is outside the attempt timeout and inside the
+    /// call's deadline, and the time left written below is what is left
+    /// after it. Shared by every clone of the stack (and of `layer`). The
+    /// stack is then a `Stack<S, C, B, F, H, PaceLayer>`. Default: none,
+    /// and no layer in its place.
+    ///
+    /// ```
+    /// use tower_resend::quota::PaceLayer;
+    /// let github = tower_resend::stack().name("github").pace(PaceLayer::new());
+    /// # let _ = github;
+    /// ```
+    #[cfg(feature = "quota")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
+    #[must_use]
+    pub fn pace(
+        self,
+        layer: crate::quota::PaceLayer,
+    ) -> StackBuilder<C, B, F, H, crate::quota::PaceLayer> {
+        StackBuilder {
+            settings: self.settings,
+            retry: self.retry,
+            breaker: self.breaker,
+            fleet: self.fleet,
+            hedging: self.hedging,
+            pacing: layer,
         }
     }
 
@@ -447,7 +495,7 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     }
 }
 
-impl<C, B, F> StackBuilder<C, B, F, Hedging> {
+impl<C, B, F, P> StackBuilder<C, B, F, Hedging, P> {
     /// At most `n` copies of a hedged attempt (the first included), when
     /// hedging is on. Default 2.
     #[must_use]
@@ -478,7 +526,7 @@ impl<C, B, F> StackBuilder<C, B, F, Hedging> {
 }
 
 #[cfg(feature = "otel")]
-impl<C, F, H> StackBuilder<C, NoBreaker, F, H> {
+impl<C, F, H, P> StackBuilder<C, NoBreaker, F, H, P> {
     /// Records the stack's metrics on instruments made from `meter` (your
     /// meter provider's, or [`global_meter`](crate::telemetry::global_meter)):
     /// attempts and retries per call, each wait, budget exhaustion,
@@ -503,7 +551,7 @@ impl<C, F, H> StackBuilder<C, NoBreaker, F, H> {
 }
 
 #[cfg(feature = "otel")]
-impl<C, K, F, H> StackBuilder<C, CircuitBreakerLayer<K>, F, H> {
+impl<C, K, F, H, P> StackBuilder<C, CircuitBreakerLayer<K>, F, H, P> {
     /// Records the stack's metrics on instruments made from `meter`, the
     /// circuit breaker's changes of state included (unless its layer was
     /// given a meter of its own); see the `meter` of a stack without a

@@ -13,10 +13,11 @@ use crate::breaker::BreakerSlot;
 use crate::deadline::{CallDeadlineLayer, DeadlineHeader};
 use crate::fleet::FleetSlot;
 use crate::hedge::{HedgeLayer, HedgeSlot};
+use crate::quota::PaceSlot;
 use crate::read_ahead::{ReadAhead, ReadAheadLayer};
 use crate::timeout::{AttemptTimeout, AttemptTimeoutLayer};
 
-impl<C, B, F, H> StackBuilder<C, B, F, H> {
+impl<C, B, F, H, P> StackBuilder<C, B, F, H, P> {
     /// Wraps `transport` (a hyper-util client, a reqwest adapter, a tonic
     /// channel) in the stack.
     ///
@@ -28,12 +29,14 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
     ///     tower_resend::stack().name("inventory").service(client);
     /// # let _ = inventory;
     /// ```
-    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B, F, H>
+    pub fn service<S: Clone>(self, transport: S) -> Stack<S, C, B, F, H, P>
     where
         B: BreakerSlot,
         F: FleetSlot,
         H: HedgeSlot,
-        H::Service<DeadlineHeader<F::Service<AttemptTimeout<ReadAhead<S>>, C>>, C>: Clone,
+        P: PaceSlot,
+        H::Service<P::Service<DeadlineHeader<F::Service<AttemptTimeout<ReadAhead<S>>, C>>>, C>:
+            Clone,
         C: Clone,
     {
         let s = self.settings;
@@ -59,6 +62,9 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
         // Each attempt tells the callee when the caller stops waiting for
         // it: the call's time left or the attempt's limit, the sooner.
         let inner = s.header.attempt_timeout(s.attempt_timeout).layer(inner);
+        // Every attempt and hedged copy takes its place in the upstream's
+        // stated quota (if paced), before the time left is written.
+        let inner = self.pacing.wrap(inner);
         // Hedged copies below the breaker, which sees them as one call. (A
         // hedge layer that is not on sends one copy.)
         let hedge = s
@@ -103,18 +109,19 @@ impl<C, B, F, H> StackBuilder<C, B, F, H> {
 /// assert_eq!(resp.extensions().get::<tower_resend::retry::Attempts>().unwrap().len(), 2);
 /// # }
 /// ```
-impl<S, C, B, F, H> Layer<S> for StackBuilder<C, B, F, H>
+impl<S, C, B, F, H, P> Layer<S> for StackBuilder<C, B, F, H, P>
 where
     S: Clone,
     C: Clone,
     B: BreakerSlot + Clone,
     F: FleetSlot + Clone,
     H: HedgeSlot + Clone,
-    H::Service<DeadlineHeader<F::Service<AttemptTimeout<ReadAhead<S>>, C>>, C>: Clone,
+    P: PaceSlot + Clone,
+    H::Service<P::Service<DeadlineHeader<F::Service<AttemptTimeout<ReadAhead<S>>, C>>>, C>: Clone,
 {
-    type Service = Stack<S, C, B, F, H>;
+    type Service = Stack<S, C, B, F, H, P>;
 
-    fn layer(&self, transport: S) -> Stack<S, C, B, F, H> {
+    fn layer(&self, transport: S) -> Stack<S, C, B, F, H, P> {
         self.clone().service(transport)
     }
 }

@@ -12,17 +12,20 @@ use crate::error::{BoxError, Error};
 use crate::fleet::{self, FleetSlot, NoFleet};
 use crate::hedge::{self, HedgeSlot, NoHedge};
 use crate::idempotency::SetIdempotencyKey;
+use crate::quota::{self, NoPace, PaceSlot};
 use crate::read_ahead::ReadAhead;
 use crate::retry::Retry;
 use crate::timeout::AttemptTimeout;
 
-pub(super) type Inner<S, C, B, F, H> = CallDeadline<
+pub(super) type Inner<S, C, B, F, H, P> = CallDeadline<
     SetIdempotencyKey<
         Retry<
             <B as WrapsBreaker>::Service<
                 <H as hedge::WrapsHedge>::Service<
-                    DeadlineHeader<
-                        <F as fleet::WrapsFleet>::Service<AttemptTimeout<ReadAhead<S>>, C>,
+                    <P as quota::WrapsPace>::Service<
+                        DeadlineHeader<
+                            <F as fleet::WrapsFleet>::Service<AttemptTimeout<ReadAhead<S>>, C>,
+                        >,
                     >,
                     C,
                 >,
@@ -36,27 +39,30 @@ pub(super) type Inner<S, C, B, F, H> = CallDeadline<
 /// [`SetIdempotencyKeyLayer`](crate::idempotency::SetIdempotencyKeyLayer), [`RetryLayer`](crate::retry::RetryLayer), the [`CircuitBreakerLayer`](crate::breaker::CircuitBreakerLayer) if
 /// one was added (`B`; none by default, and then no layer at all), the
 /// [`HedgeLayer`](crate::hedge::HedgeLayer) if hedging is on (`H`; off by default, and then no
-/// layer at all), [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), the [`FleetLayer`](crate::fleet::FleetLayer) if one was given (`F`; none by
+/// layer at all), the pacing layer if one was given (`P`; none by default, and then no layer
+/// at all; feature `quota`), [`DeadlineHeaderLayer`](crate::deadline::DeadlineHeaderLayer), the [`FleetLayer`](crate::fleet::FleetLayer) if one was given (`F`; none by
 /// default, and then no layer at all), [`AttemptTimeoutLayer`](crate::timeout::AttemptTimeoutLayer), the
 /// [`ReadAheadLayer`](crate::read_ahead::ReadAheadLayer), then the transport. Its error is always a
 /// [`tower_resend::Error`](Error).
-pub struct Stack<S, C = HttpClassifier, B = NoBreaker, F = NoFleet, H = NoHedge>
+pub struct Stack<S, C = HttpClassifier, B = NoBreaker, F = NoFleet, H = NoHedge, P = NoPace>
 where
     B: BreakerSlot,
     F: FleetSlot,
     H: HedgeSlot,
+    P: PaceSlot,
 {
-    inner: Inner<S, C, B, F, H>,
+    inner: Inner<S, C, B, F, H, P>,
     /// The retry layer's replay cap: how much of a stream body is kept.
     replay_cap: usize,
 }
 
-impl<S, C, B, F, H> Clone for Stack<S, C, B, F, H>
+impl<S, C, B, F, H, P> Clone for Stack<S, C, B, F, H, P>
 where
     B: BreakerSlot,
     F: FleetSlot,
     H: HedgeSlot,
-    Inner<S, C, B, F, H>: Clone,
+    P: PaceSlot,
+    Inner<S, C, B, F, H, P>: Clone,
 {
     #[inline]
     fn clone(&self) -> Self {
@@ -67,32 +73,34 @@ where
     }
 }
 
-impl<S, C, B, F, H> std::fmt::Debug for Stack<S, C, B, F, H>
+impl<S, C, B, F, H, P> std::fmt::Debug for Stack<S, C, B, F, H, P>
 where
     B: BreakerSlot,
     F: FleetSlot,
     H: HedgeSlot,
-    Inner<S, C, B, F, H>: std::fmt::Debug,
+    P: PaceSlot,
+    Inner<S, C, B, F, H, P>: std::fmt::Debug,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stack").field("inner", &self.inner).finish()
     }
 }
 
-impl<S, C, B, F, H, ReqB> Service<Request<ReqB>> for Stack<S, C, B, F, H>
+impl<S, C, B, F, H, P, ReqB> Service<Request<ReqB>> for Stack<S, C, B, F, H, P>
 where
     B: BreakerSlot,
     F: FleetSlot,
     H: HedgeSlot,
+    P: PaceSlot,
     ReqB: Replay,
-    Inner<S, C, B, F, H>: Service<Request<ReqB::Sent>, Error = BoxError>,
+    Inner<S, C, B, F, H, P>: Service<Request<ReqB::Sent>, Error = BoxError>,
 {
     // (`Response<DeadlineBody<_>>`, named through the inner service: a type
     // parameter here that only the inner service's response fixes would
     // make every layer above a stack prove the whole stack again.)
-    type Response = <Inner<S, C, B, F, H> as Service<Request<ReqB::Sent>>>::Response;
+    type Response = <Inner<S, C, B, F, H, P> as Service<Request<ReqB::Sent>>>::Response;
     type Error = Error;
-    type Future = ResponseFuture<<Inner<S, C, B, F, H> as Service<Request<ReqB::Sent>>>::Future>;
+    type Future = ResponseFuture<<Inner<S, C, B, F, H, P> as Service<Request<ReqB::Sent>>>::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.inner.poll_ready(cx).map_err(Error::from_box)
@@ -118,8 +126,8 @@ where
     }
 }
 
-impl<S, C, B: BreakerSlot, F: FleetSlot, H: HedgeSlot> Stack<S, C, B, F, H> {
-    pub(super) fn new(inner: Inner<S, C, B, F, H>, replay_cap: usize) -> Self {
+impl<S, C, B: BreakerSlot, F: FleetSlot, H: HedgeSlot, P: PaceSlot> Stack<S, C, B, F, H, P> {
+    pub(super) fn new(inner: Inner<S, C, B, F, H, P>, replay_cap: usize) -> Self {
         Self { inner, replay_cap }
     }
 

@@ -42,7 +42,7 @@
 //! passed (the deadline layer outside it fired). `resend.stop` is why
 //! retrying stopped: `final`, `disabled`, `max_attempts`, `budget`,
 //! `deadline`, `server_said_no`, `outcome_unknown`, `not_replayable`,
-//! `replayed`, `circuit_open`, `throttled`, `at_capacity`.
+//! `replayed`, `circuit_open`, `throttled`, `at_capacity`, `quota_spent`.
 //!
 //! Each wait before a retry is an event `waiting to retry` in the call
 //! span, at `INFO`, with `resend.wait.reason` — `backoff` (the jittered
@@ -55,7 +55,15 @@
 //! A circuit breaker that refuses an attempt ends the call at once (no
 //! wait): the attempt says `error.type = "circuit_open"` and the call
 //! `resend.stop = "circuit_open"`; so does a fleet whose instances are all
-//! at their limit (`at_capacity`).
+//! at their limit (`at_capacity`), and a pacing layer (feature `quota`)
+//! whose upstream's stated quota has no room before the deadline
+//! (`quota_spent`). A pacing layer's wait for the quota is an event
+//! `waiting for the upstream's quota` in the attempt's span, at `DEBUG`,
+//! with `resend.quota.wait_ms` and `resend.quota.reason` (`pace`: the
+//! call's place in the pace; `spent`: the reset); its refusal an event
+//! `not sent: ...`, at `INFO`, with `error.type = "quota_spent"` and
+//! `resend.quota.reset_ms`; a value off the wire not taken as it was, at
+//! `DEBUG`, with `http.response.header` and `resend.quota.doubt`.
 //!
 //! # Metrics (feature `otel`)
 //!
@@ -92,6 +100,9 @@
 //! | `resend.client.retry_budget.exhausted` | counter, `{call}` | a call that ended because no retry budget token came in time | `resend.upstream` |
 //! | `resend.client.outcome_unknown` | counter, `{call}` | a call that ended outcome-unknown (it may have been processed, and is not safe to resend) | `resend.upstream`, `http.request.method` |
 //! | `resend.client.breaker.state_changes` | counter, `{change}` | every change of a circuit breaker's state | `resend.upstream`, `resend.breaker.state` (`open`, `half_open`, `closed`: the new state) |
+//! | `resend.client.quota.wait` | histogram, `s` | a pacing layer's (feature `quota`, its own `PaceLayer::meter`) every wait of a call for its place in the upstream's stated quota | `resend.quota.reason` (`pace`: its place in the pace; `spent`: the reset) |
+//! | `resend.client.quota.refused` | counter, `{call}` | a pacing layer's every call refused, not sent: no room in the quota before its deadline | none |
+//! | `resend.client.quota.remaining` | gauge, `{call}` | after each answer that states a quota: what is left of it, less the calls out | `resend.quota.policy` (at most 16 per layer) |
 //!
 //! Attributes are bounded: the upstream's name, the method (an extension
 //! method is `_OTHER`), classes, kinds and states; never a URL, a key or a
@@ -248,6 +259,7 @@ pub(crate) const fn kind_str(kind: ErrorKind) -> &'static str {
         ErrorKind::CircuitOpen => "circuit_open",
         ErrorKind::Throttled => "throttled",
         ErrorKind::AtCapacity => "at_capacity",
+        ErrorKind::QuotaSpent => "quota_spent",
     }
 }
 
@@ -266,6 +278,7 @@ pub(crate) const fn stop_str(stop: Stop) -> &'static str {
         Stop::CircuitOpen => "circuit_open",
         Stop::Throttled => "throttled",
         Stop::AtCapacity => "at_capacity",
+        Stop::QuotaSpent => "quota_spent",
     }
 }
 

@@ -25,7 +25,7 @@ use crate::retry::{Attempt, Attempts};
 /// | the last attempt was answered with a gRPC status (`RetriesExhausted`, `BudgetExhausted`, `OutcomeUnknown`, a replayed answer) | that status | what gRPC's own retries return: the last attempt's status |
 /// | the last attempt was answered with an HTTP status other than 200 (a proxy spoke) | as gRPC maps HTTP: 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, 400 INTERNAL, 429, 502, 503, 504 UNAVAILABLE, others UNKNOWN | gRPC's HTTP-to-gRPC status mapping |
 /// | an attempt's own time limit fired (`AttemptTimeout`, alone or as the last attempt's failure) | DEADLINE_EXCEEDED | a client-side time limit fired while the request was out |
-/// | nothing reached the server ([not sent](Error::is_not_sent): `ConnectTimeout`, a refused connection), or a local refusal (`CircuitOpen`, `Throttled`, `AtCapacity`) | UNAVAILABLE | safe to send again, later |
+/// | nothing reached the server ([not sent](Error::is_not_sent): `ConnectTimeout`, a refused connection), or a local refusal (`CircuitOpen`, `Throttled`, `AtCapacity`, `QuotaSpent`) | UNAVAILABLE | safe to send again, later |
 /// | the connection broke after the request went out (`Transport`, or a last attempt that got no answer) | UNAVAILABLE | gRPC's code for a transport that failed mid-call; it does not promise that nothing ran |
 /// | anything else | UNKNOWN | nothing above describes it |
 ///
@@ -100,7 +100,10 @@ fn code(err: &Error) -> Code {
         e.is_not_sent()
             || matches!(
                 e.kind(),
-                ErrorKind::CircuitOpen | ErrorKind::Throttled | ErrorKind::AtCapacity
+                ErrorKind::CircuitOpen
+                    | ErrorKind::Throttled
+                    | ErrorKind::AtCapacity
+                    | ErrorKind::QuotaSpent
             )
     };
     let broke = |e: &Error| e.kind() == ErrorKind::Transport;

@@ -212,6 +212,9 @@ pub enum Stop {
     /// Every instance of the fleet that the attempt could go to was at its
     /// limit on attempts in flight: the fleet has more than it serves.
     AtCapacity,
+    /// A pacing layer found the upstream's stated quota with no room for
+    /// the attempt before the call's deadline.
+    QuotaSpent,
 }
 
 impl fmt::Display for Stop {
@@ -229,6 +232,7 @@ impl fmt::Display for Stop {
             Self::CircuitOpen => "circuit open",
             Self::Throttled => "throttled",
             Self::AtCapacity => "every instance at its limit",
+            Self::QuotaSpent => "the upstream's quota spent",
         })
     }
 }

@@ -104,6 +104,9 @@ pub(crate) enum LocalRefusal {
     /// A fleet: every instance the call could use is at its limit on
     /// attempts in flight.
     AtCapacity,
+    /// A pacing layer: the upstream's stated quota has no room for the
+    /// attempt before the call's deadline.
+    QuotaSpent,
 }
 
 impl LocalRefusal {
@@ -112,6 +115,7 @@ impl LocalRefusal {
         match self {
             Self::CircuitOpen => Stop::CircuitOpen,
             Self::AtCapacity => Stop::AtCapacity,
+            Self::QuotaSpent => Stop::QuotaSpent,
         }
     }
 }

@@ -288,6 +288,7 @@ fn the_rows_around_the_class_table() {
     for (refused, stop) in [
         (LocalRefusal::CircuitOpen, Stop::CircuitOpen),
         (LocalRefusal::AtCapacity, Stop::AtCapacity),
+        (LocalRefusal::QuotaSpent, Stop::QuotaSpent),
     ] {
         for safe in [true, false] {
             let below = Attempted {

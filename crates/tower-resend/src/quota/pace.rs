@@ -1,0 +1,240 @@
+//! The pacing rules: what the answers said of each quota, and when the
+//! next call may go. Pure functions of the state and of `now` (tokio's
+//! clock); the layer's service keeps the state under a lock around them.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Form, Reading};
+
+/// At most this many quotas (policies, partitions) are kept per layer: a
+/// peer that names more is not followed, and they are counted as ignored.
+pub(crate) const MAX_QUOTAS: usize = 16;
+
+/// A wait is taken only when it leaves the call at least this much of its
+/// deadline for the attempt itself (the retry layer's least useful
+/// attempt); else the call is refused at once.
+pub(crate) const MIN_LEFT: Duration = crate::retry::DEFAULT_MIN_ATTEMPT;
+
+/// What one quota is known to hold now.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    pub(crate) policy: Box<str>,
+    pub(crate) partition: Option<Box<[u8]>>,
+    /// Each call spends one of it (not a quota of tokens, which a call
+    /// spends an unknown number of: those only hold calls back once spent).
+    calls: bool,
+    /// What may still be sent before `reset_at`: the last answer's count,
+    /// less the calls sent or reserved since.
+    pub(crate) left: u64,
+    /// When the quota is whole again.
+    pub(crate) reset_at: Instant,
+    /// `left` and `reset_at` are what [`roll`](Self::roll) assumed, not
+    /// what an answer said.
+    assumed: bool,
+    /// Its size, stated (or the most ever seen left of it).
+    limit: Option<u64>,
+    peak: u64,
+    /// Its window, stated (`w`), else the longest reset seen; at most the
+    /// reader's cap.
+    window: Option<Duration>,
+    span: Duration,
+    /// The pace's next slot (a GCRA's theoretical arrival time).
+    tat: Instant,
+}
+
+impl Bucket {
+    /// Past its reset, the quota is whole again: its size (stated, or the
+    /// most seen), until the next reset, one window on; an answer then
+    /// says what it really holds.
+    fn roll(&mut self, now: Instant) {
+        if now < self.reset_at {
+            return;
+        }
+        self.left = self.limit.unwrap_or(self.peak).max(1);
+        self.assumed = true;
+        // The pace starts again with the window.
+        self.tat = self.tat.min(now);
+        let window = self.window.unwrap_or(self.span).max(Duration::from_secs(1));
+        let behind = now.saturating_duration_since(self.reset_at);
+        // Whole windows after the last reset, so that the next one falls
+        // where the upstream's does.
+        let windows = u32::try_from(behind.as_nanos() / window.as_nanos() + 1).unwrap_or(u32::MAX);
+        self.reset_at = window
+            .checked_mul(windows)
+            .and_then(|d| self.reset_at.checked_add(d))
+            .filter(|at| *at > now)
+            .unwrap_or(now + window);
+    }
+
+    /// The pace's interval for a call at `at`: the time left after the
+    /// pace's next slot (or `at`, if later) spread over the calls left.
+    fn interval(&self, at: Instant) -> Duration {
+        let left = u32::try_from(self.left).unwrap_or(u32::MAX).max(1);
+        self.reset_at.saturating_duration_since(self.tat.max(at)) / left
+    }
+}
+
+/// What a call may do now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Go now; it spends its place.
+    Go,
+    /// Wait until then: for its place in the pace, taken already
+    /// (`reserved`), or for a reset, after which it asks again.
+    Wait { until: Instant, reserved: bool },
+    /// No room before the deadline: not sent, to come back after this.
+    Refuse(Duration),
+}
+
+/// Every quota the answers stated, and the Retry-After of a 429 or a 403.
+#[derive(Debug, Default)]
+pub(crate) struct Quotas {
+    pub(crate) buckets: Vec<Bucket>,
+    /// A 429's (or a 403's) Retry-After: nothing goes before it.
+    pub(crate) blocked_until: Option<Instant>,
+}
+
+/// What one answer changed, to be counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Observed {
+    /// Quotas not followed: more than [`MAX_QUOTAS`].
+    pub(crate) ignored: u64,
+}
+
+impl Quotas {
+    /// May a call whose deadline is `deadline` go at `now`? With `burst`,
+    /// that many calls more than the pace may go at once.
+    pub(crate) fn admit(&mut self, now: Instant, deadline: Option<Instant>, burst: u32) -> Admit {
+        // A wait must leave the attempt some time; no wait needs none (the
+        // deadline, if it is that near, is the deadline layer's to keep).
+        let fits = |until: Instant| until <= now || deadline.is_none_or(|d| until + MIN_LEFT <= d);
+        let wait_for = |until: Instant| {
+            if fits(until) {
+                Admit::Wait {
+                    until,
+                    reserved: false,
+                }
+            } else {
+                Admit::Refuse(until.saturating_duration_since(now))
+            }
+        };
+        match self.blocked_until {
+            Some(until) if until > now => return wait_for(until),
+            Some(_) => self.blocked_until = None,
+            None => {}
+        }
+        // A spent quota holds the call until its reset (the latest of
+        // them); else its place is the latest any quota's pace gives.
+        let mut spent: Option<Instant> = None;
+        let mut slot = now;
+        for b in &mut self.buckets {
+            b.roll(now);
+            if b.left == 0 {
+                spent = spent.max(Some(b.reset_at));
+            } else if b.calls {
+                let tolerance = b.interval(now).saturating_mul(burst);
+                let earliest = b.tat.checked_sub(tolerance).unwrap_or(now);
+                slot = slot.max(earliest);
+            }
+        }
+        if let Some(reset) = spent {
+            return wait_for(reset);
+        }
+        if !fits(slot) {
+            return Admit::Refuse(slot.saturating_duration_since(now));
+        }
+        for b in self.buckets.iter_mut().filter(|b| b.calls) {
+            b.tat = b.tat.max(slot) + b.interval(slot);
+            b.left -= 1;
+        }
+        if slot > now {
+            Admit::Wait {
+                until: slot,
+                reserved: true,
+            }
+        } else {
+            Admit::Go
+        }
+    }
+
+    /// What an answer read at `now` says, while `pending` other calls are
+    /// out (sent, or waiting for their place) and not yet answered: they
+    /// spend the quota too. Values past `cap` are held to it.
+    pub(crate) fn observe(
+        &mut self,
+        reading: &Reading,
+        now: Instant,
+        pending: u64,
+        cap: Duration,
+    ) -> Observed {
+        let mut seen = Observed::default();
+        for q in &reading.quotas {
+            let reset_at = now + q.reset.min(cap);
+            let left = q.remaining.saturating_sub(pending);
+            let window = q.window.map(|w| w.min(cap));
+            let found = self
+                .buckets
+                .iter()
+                .position(|b| *b.policy == *q.policy && b.partition == q.partition);
+            let b = match found {
+                Some(i) => &mut self.buckets[i],
+                None if self.buckets.len() >= MAX_QUOTAS => {
+                    seen.ignored += 1;
+                    continue;
+                }
+                None => {
+                    self.buckets.push(Bucket {
+                        policy: q.policy.clone(),
+                        partition: q.partition.clone(),
+                        calls: counts_calls(q.form, &q.policy),
+                        left,
+                        reset_at,
+                        assumed: false,
+                        limit: None,
+                        peak: 0,
+                        window: None,
+                        span: Duration::ZERO,
+                        tat: now,
+                    });
+                    let last = self.buckets.len() - 1;
+                    &mut self.buckets[last]
+                }
+            };
+            // In the window an answer already told of (its reset within
+            // the second that integer resets round to), an answer that
+            // comes late says more is left than one that came before it
+            // did: the lower count holds. A reset in whole seconds is
+            // rounded up (never early), so the earliest said is the
+            // nearest to the truth. Else (a new window, or one only
+            // assumed) the answer says it.
+            let near = |a: Instant, b: Instant| a.max(b) - a.min(b) <= Duration::from_secs(1);
+            if !b.assumed && now < b.reset_at && near(reset_at, b.reset_at) {
+                b.left = b.left.min(left);
+                b.reset_at = b.reset_at.min(reset_at);
+            } else {
+                b.left = left;
+                b.reset_at = reset_at;
+                b.assumed = false;
+                // (The places taken stay; none past the new reset.)
+                b.tat = b.tat.min(reset_at);
+            }
+            b.limit = q.limit.or(b.limit);
+            b.peak = b.peak.max(q.remaining);
+            b.window = window.or(b.window);
+            b.span = b.span.max(q.reset.min(cap));
+        }
+        if let Some(wait) = reading.retry_after {
+            let until = now + wait.min(cap);
+            self.blocked_until = self.blocked_until.max(Some(until));
+        }
+        seen
+    }
+}
+
+/// Each call spends one of a quota of requests; the model APIs' quotas of
+/// tokens are spent by an amount the call does not know before its answer.
+fn counts_calls(form: Form, policy: &str) -> bool {
+    !matches!(form, Form::ModelDuration | Form::ModelTime) || policy == "requests"
+}

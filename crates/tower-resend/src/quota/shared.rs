@@ -1,0 +1,258 @@
+//! The state every clone of a pacing layer shares: the quotas under a
+//! lock, the calls out, and the counts a [`PaceStats`] shows.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+use tokio::time::Instant;
+
+use super::pace::{Admit, Quotas};
+use super::{Doubt, QuotaReader};
+
+/// How the layer tells the wall-clock time a reset written as a time (an
+/// epoch, an RFC 3339 time) is read against.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wall {
+    /// The system's clock.
+    System,
+    /// The time `wall` at tokio's instant `at`, and tokio's clock since:
+    /// for tests on a paused clock.
+    Anchored { at: Instant, wall: SystemTime },
+}
+
+impl Wall {
+    fn now(self, now: Instant) -> SystemTime {
+        match self {
+            Self::System => SystemTime::now(),
+            Self::Anchored { at, wall } => wall + now.saturating_duration_since(at),
+        }
+    }
+}
+
+/// The settings of a pacing layer.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) reader: QuotaReader,
+    pub(crate) burst: u32,
+    pub(crate) wall: Wall,
+    #[cfg(feature = "otel")]
+    pub(crate) metrics: Option<super::metrics::PaceMetrics>,
+}
+
+/// What every clone of one layer shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    /// An answer has stated a quota (or a Retry-After): until then, calls
+    /// go without taking the lock.
+    known: AtomicBool,
+    /// Calls that took their place and have no answer yet.
+    pending: AtomicU64,
+    quotas: Mutex<Quotas>,
+    waits: AtomicU64,
+    waited_us: AtomicU64,
+    refused: AtomicU64,
+    doubted: AtomicU64,
+    ignored: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn new(config: Config) -> Self {
+        Self {
+            config,
+            known: AtomicBool::new(false),
+            pending: AtomicU64::new(0),
+            quotas: Mutex::default(),
+            waits: AtomicU64::new(0),
+            waited_us: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            doubted: AtomicU64::new(0),
+            ignored: AtomicU64::new(0),
+        }
+    }
+
+    fn quotas(&self) -> MutexGuard<'_, Quotas> {
+        // The rules do not panic; a poisoned lock still holds whole values.
+        self.quotas.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// May a call whose deadline is `deadline` go now? Counts the wait or
+    /// the refusal, and says it on the current (the attempt's) span.
+    pub(crate) fn admit(&self, now: Instant, deadline: Option<Instant>) -> Admit {
+        let admit = if self.known.load(Ordering::Acquire) {
+            self.quotas().admit(now, deadline, self.config.burst)
+        } else {
+            Admit::Go
+        };
+        match admit {
+            Admit::Go => {}
+            Admit::Wait { until, reserved } => {
+                let wait = until.saturating_duration_since(now);
+                self.waits.fetch_add(1, Ordering::Relaxed);
+                let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                self.waited_us.fetch_add(us, Ordering::Relaxed);
+                #[cfg(feature = "otel")]
+                if let Some(m) = &self.config.metrics {
+                    m.waited(wait, if reserved { "pace" } else { "spent" });
+                }
+                tracing::debug!(
+                    resend.quota.wait_ms = millis(wait),
+                    resend.quota.reason = if reserved { "pace" } else { "spent" },
+                    "waiting for the upstream's quota",
+                );
+            }
+            Admit::Refuse(wait) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                #[cfg(feature = "otel")]
+                if let Some(m) = &self.config.metrics {
+                    m.refused();
+                }
+                tracing::info!(
+                    error.type = "quota_spent",
+                    resend.quota.reset_ms = millis(wait),
+                    "not sent: the upstream's quota has no room before the deadline",
+                );
+            }
+        }
+        admit
+    }
+
+    /// What an answer of `status` with `headers`, at `now`, says of the
+    /// quotas; the call that had it is no longer out.
+    fn observe(&self, status: StatusCode, headers: &HeaderMap, now: Instant) {
+        let reading = self
+            .config
+            .reader
+            .read(status, headers, self.config.wall.now(now));
+        if !reading.doubted.is_empty() {
+            self.doubted
+                .fetch_add(reading.doubted.len() as u64, Ordering::Relaxed);
+            for d in &reading.doubted {
+                tracing::debug!(
+                    http.response.header = d.field.as_str(),
+                    resend.quota.doubt = doubt_str(d.doubt),
+                    "a quota value not taken as it was",
+                );
+            }
+        }
+        if reading.quotas.is_empty() && reading.retry_after.is_none() {
+            return;
+        }
+        let pending = self.pending.load(Ordering::Acquire);
+        let mut quotas = self.quotas();
+        let seen = quotas.observe(&reading, now, pending, self.config.reader.reset_cap());
+        #[cfg(feature = "otel")]
+        if let Some(m) = &self.config.metrics {
+            for b in &quotas.buckets {
+                m.remaining(&b.policy, b.left);
+            }
+        }
+        drop(quotas);
+        self.ignored.fetch_add(seen.ignored, Ordering::Relaxed);
+        self.known.store(true, Ordering::Release);
+    }
+
+    /// What the layer knows and has done so far.
+    pub(crate) fn stats(&self, now: Instant) -> PaceStats {
+        let quotas = self
+            .quotas()
+            .buckets
+            .iter()
+            .map(|b| QuotaLeft {
+                policy: b.policy.clone(),
+                partition: b.partition.clone(),
+                remaining: if now < b.reset_at { b.left } else { 0 },
+                reset: b.reset_at.saturating_duration_since(now),
+            })
+            .collect();
+        PaceStats {
+            quotas,
+            pending: self.pending.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
+            waited: Duration::from_micros(self.waited_us.load(Ordering::Relaxed)),
+            refused: self.refused.load(Ordering::Relaxed),
+            doubted: self.doubted.load(Ordering::Relaxed),
+            ignored: self.ignored.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn doubt_str(d: Doubt) -> &'static str {
+    match d {
+        Doubt::Malformed => "malformed",
+        Doubt::Negative => "negative",
+        Doubt::PastCap => "past_cap",
+    }
+}
+
+/// A call's place in the quota, from the moment it took one until its
+/// answer (or its end without one): while it is out, it spends the quota.
+#[derive(Debug)]
+pub(crate) struct Ticket(Option<std::sync::Arc<Shared>>);
+
+impl Ticket {
+    pub(crate) fn new(shared: std::sync::Arc<Shared>) -> Self {
+        shared.pending.fetch_add(1, Ordering::AcqRel);
+        Self(Some(shared))
+    }
+
+    /// The call's answer came: what it says of the quotas.
+    pub(crate) fn answered(mut self, status: StatusCode, headers: &HeaderMap) {
+        if let Some(shared) = self.0.take() {
+            shared.pending.fetch_sub(1, Ordering::AcqRel);
+            shared.observe(status, headers, Instant::now());
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// What a [`PaceLayer`](super::PaceLayer) knows of the upstream's quotas
+/// and what it has done, from [`PaceLayer::stats`](super::PaceLayer::stats):
+/// for a gauge of what is left and counters of waits and refusals.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PaceStats {
+    /// Each quota the answers stated (at most 16 are followed).
+    pub quotas: Vec<QuotaLeft>,
+    /// Calls that took their place and have no answer yet.
+    pub pending: u64,
+    /// Calls that waited (for their place in the pace, or for a reset).
+    pub waits: u64,
+    /// The time they waited, in all.
+    pub waited: Duration,
+    /// Calls refused, not sent, with [`ErrorKind::QuotaSpent`](crate::ErrorKind::QuotaSpent).
+    pub refused: u64,
+    /// Values read off the wire not taken as they were
+    /// ([`Doubted`](super::Doubted): malformed, negative, past the cap).
+    pub doubted: u64,
+    /// Quotas not followed: an upstream that states more than 16.
+    pub ignored: u64,
+}
+
+/// One quota as the layer knows it now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QuotaLeft {
+    /// Its policy ([`Quota::policy`](super::Quota::policy)).
+    pub policy: Box<str>,
+    /// Its partition key, if any.
+    pub partition: Option<Box<[u8]>>,
+    /// What may still be sent before its reset: the last answer's count
+    /// less the calls out since.
+    pub remaining: u64,
+    /// Time until it is whole again.
+    pub reset: Duration,
+}
