@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_resend::classify::Class;
 use tower_resend::fleet::{FleetLayer, Outliers};
-use tower_resend::retry::Attempts;
+use tower_resend::retry::{Attempts, RetryBudget};
 use tower_resend::IdempotencyKey;
 use tower_resend_testkit::{Reply, Script, TestServer};
 
@@ -102,7 +102,11 @@ fn p99(sorted: &[Duration]) -> Duration {
 }
 
 /// The fleet of three, A answering 503 to everything and B and C 200,
-/// and the stack over it.
+/// and the stack over it. Its retry budget allows half the calls a retry:
+/// with ejection off, a third of the calls meet A, more than the default
+/// budget's fifth, and the budget's pacing is not what these tests are
+/// about (ejection, on by default, is what keeps a bad instance's share of
+/// retries small; see `tests/retry.rs` for the budget).
 async fn one_bad(
     outliers: Outliers,
 ) -> (
@@ -117,8 +121,10 @@ async fn one_bad(
     let servers = three(Script::new().otherwise(Reply::status(503)), Reply::ok()).await;
     let fleet = fleet_of(&servers, outliers);
     let [a, b, c] = servers;
+    let budget = RetryBudget::new(0.5, 1.0, Duration::from_secs(10)).expect("a budget");
     let stack = tower_resend::stack()
         .name("inventory")
+        .budget(budget)
         .fleet(fleet)
         .service(tower_resend::hyper_client(Duration::from_secs(1)));
     ([a, b, c], stack)
