@@ -431,49 +431,6 @@ async fn a_wait_and_a_refusal_are_tracing_events() {
     assert_eq!(field(&refusal.2, "resend.quota.reset_ms"), Some("50000"));
 }
 
-/// In the stack: the retry layer stops at once on the refusal (it is not
-/// sent again), and a wait for a reset is inside the call's deadline.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn in_the_stack_a_refusal_ends_the_call_at_once() {
-    let up = Scripted::answering(200, &[("ratelimit", "\"default\";r=0;t=30")]);
-    let layer = PaceLayer::new();
-    let stack = crate::stack()
-        .name("quota")
-        .total(10 * S)
-        .pace(layer.clone())
-        .service(up.service());
-    stack
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let err = stack
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap_err();
-    assert_eq!(start.elapsed(), Duration::ZERO);
-    assert_eq!(err.kind(), ErrorKind::QuotaSpent, "{err}");
-    assert_eq!(err.retry_advice(), RetryAdvice::After(30 * S));
-    assert!(err.is_not_sent());
-    assert_eq!(err.attempts(), 1);
-    assert_eq!(up.calls(), 1);
-    // A reset within the deadline: waited for, and the call succeeds.
-    up.set(200, &[("ratelimit", "\"default\";r=0;t=4")]);
-    tokio::time::advance(30 * S).await;
-    stack
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let resp = stack.oneshot(Request::new(String::new())).await.unwrap();
-    assert_eq!(start.elapsed(), 4 * S);
-    assert_eq!(resp.status(), 200);
-    assert_eq!(layer.stats().waits, 1);
-}
-
 /// The headers of a published example, pasted as they are: `name: value`
 /// a line.
 fn pasted(block: &str) -> http::HeaderMap {

@@ -97,3 +97,74 @@ where
     let body = http_body_util::BodyExt::collect(resp.into_body()).await;
     String::from_utf8(body.unwrap().to_bytes().to_vec()).unwrap()
 }
+
+/// A paced stack: the retry layer stops at once on the pacing layer's
+/// refusal (it is not sent again), and a wait for a reset is inside the
+/// call's deadline.
+#[cfg(feature = "quota")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn paced_a_refusal_ends_the_call_at_once_and_a_reset_is_waited_for() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use crate::error::{ErrorKind, RetryAdvice};
+    use crate::quota::PaceLayer;
+
+    const S: Duration = Duration::from_secs(1);
+    // The upstream's answer: 200, with the quota field it is set to.
+    let said = Arc::new(Mutex::new("\"default\";r=0;t=30"));
+    let calls = Arc::new(AtomicU32::new(0));
+    let up = {
+        let (said, calls) = (Arc::clone(&said), Arc::clone(&calls));
+        service_fn(move |_: Request<String>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let field = *said.lock().unwrap();
+            async move {
+                let resp = Response::builder()
+                    .header("ratelimit", field)
+                    .body(String::new())
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        })
+    };
+    let layer = PaceLayer::new();
+    let stack = stack()
+        .name("quota")
+        .total(10 * S)
+        .pace(layer.clone())
+        .service(up);
+    stack
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let err = stack
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(err.kind(), ErrorKind::QuotaSpent, "{err}");
+    assert_eq!(err.retry_advice(), RetryAdvice::After(30 * S));
+    assert!(err.is_not_sent());
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // A reset within the deadline: waited for, and the call succeeds.
+    *said.lock().unwrap() = "\"default\";r=0;t=4";
+    tokio::time::advance(30 * S).await;
+    stack
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let resp = stack.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(start.elapsed(), 4 * S);
+    assert_eq!(resp.status(), 200);
+    assert_eq!(layer.stats().waits, 1);
+}
