@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tower::{BoxError, Service};
 use tower_resend::Deadline;
 
-use super::load::Recorder;
+use super::recorder::Recorder;
 use super::script::{Script, State};
 use super::Model;
 use crate::Body;

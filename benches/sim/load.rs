@@ -1,7 +1,7 @@
 //! The callers and what is counted of them: one run from its start to its
 //! report.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Uri};
@@ -9,73 +9,12 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::clients::{self, ClientService};
-use super::figures::{self, Report, Tally};
+use super::figures::{self, Report};
+use super::recorder::Recorder;
 use super::script::Script;
 use super::transport::Transport;
 use super::Plan;
 use crate::Body;
-
-/// What the run counts, per second of simulated time from its start.
-#[derive(Debug)]
-pub(crate) struct Recorder {
-    start: Instant,
-    tally: Mutex<Tally>,
-}
-
-impl Recorder {
-    fn new(start: Instant, seconds: usize) -> Self {
-        Self {
-            start,
-            tally: Mutex::new(Tally::new(seconds)),
-        }
-    }
-
-    fn with<R>(&self, f: impl FnOnce(&mut Tally, usize) -> R) -> R {
-        let second = Instant::now()
-            .saturating_duration_since(self.start)
-            .as_secs() as usize;
-        f(
-            &mut self.tally.lock().unwrap_or_else(PoisonError::into_inner),
-            second,
-        )
-    }
-
-    /// A caller made a call.
-    pub(crate) fn offered(&self) {
-        self.with(|t, s| t.offered.bump(s));
-    }
-
-    /// An attempt reached the transport.
-    pub(crate) fn sent(&self) {
-        self.with(|t, s| t.sent.bump(s));
-    }
-
-    /// An attempt reached an instance able to take it (see
-    /// [`Second::reached`](super::Second::reached)).
-    pub(crate) fn reached(&self) {
-        self.with(|t, s| t.reached.bump(s));
-    }
-
-    /// A call ended after `took`; `good` if 2xx within its deadline.
-    pub(crate) fn ended(&self, took: Duration, good: bool) {
-        self.with(|t, s| t.ended(s, took, good));
-    }
-
-    /// An instance finished `work`; `delivered` if a caller still waited.
-    pub(crate) fn worked(&self, work: Duration, delivered: bool) {
-        self.with(|t, s| t.worked(s, work, delivered));
-    }
-
-    /// An instance dropped a queued request whose deadline had passed.
-    pub(crate) fn dropped(&self) {
-        self.with(|t, _| t.dropped += 1);
-    }
-
-    /// An instance answered 503: its queue was full.
-    pub(crate) fn full(&self) {
-        self.with(|t, _| t.full += 1);
-    }
-}
 
 /// Runs `plan` on the current (paused) runtime.
 pub(crate) async fn run(plan: Plan) -> Report {
@@ -124,12 +63,7 @@ pub(crate) async fn run(plan: Plan) -> Report {
     }
     // Every call made before the stop has ended by its deadline.
     tokio::time::sleep_until(start + stop + model.total + Duration::from_secs(1)).await;
-    let mut tally = std::mem::take(
-        &mut *recorder
-            .tally
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner),
-    );
+    let mut tally = recorder.take();
     tally.shed = transport.shed();
     figures::report(&plan, tally)
 }

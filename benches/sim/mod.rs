@@ -70,6 +70,7 @@ mod clients;
 mod figures;
 mod instance;
 mod load;
+mod recorder;
 mod script;
 mod transport;
 

@@ -13,7 +13,7 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_resend_server::{AdaptiveLimit, InboundDeadlineLayer, ShedLayer};
 
 use super::instance::{Answer, Instance};
-use super::load::Recorder;
+use super::recorder::Recorder;
 use super::script::{self, Script};
 use super::Model;
 use crate::Body;
