@@ -36,6 +36,35 @@ impl<B> Service<Request<B>> for Instant200 {
     }
 }
 
+/// An upstream that answers at once, 200, stating a quota it will not
+/// run out of in the IETF fields, as a paced API does on every answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Quota200;
+
+impl<B> Service<Request<B>> for Quota200 {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: Request<B>) -> Self::Future {
+        let mut resp = Response::new(Body::new());
+        let h = resp.headers_mut();
+        h.insert(
+            "ratelimit-policy",
+            http::HeaderValue::from_static("\"default\";q=1000000000000;w=1"),
+        );
+        h.insert(
+            "ratelimit",
+            http::HeaderValue::from_static("\"default\";r=999999999999;t=1"),
+        );
+        ready(Ok(resp))
+    }
+}
+
 /// tower's retry with the simplest policy a user would write: clone the
 /// request, retry 5xx and errors up to `left` times.
 #[derive(Clone, Copy, Debug)]
@@ -198,6 +227,21 @@ pub mod variants {
             .name("bench")
             .adaptive_throttling()
             .service(Instant200)
+    }
+
+    /// [`stack`] paced by the quota every answer states (never near spent),
+    /// over [`Quota200`](super::Quota200).
+    pub fn stack_paced() -> impl Variant {
+        tower_resend::stack()
+            .name("bench")
+            .pace(tower_resend::quota::PaceLayer::new())
+            .service(super::Quota200)
+    }
+
+    /// [`stack`] over [`Quota200`](super::Quota200), not paced: the same
+    /// answers, read by nobody.
+    pub fn stack_quota_unpaced() -> impl Variant {
+        tower_resend::stack().name("bench").service(super::Quota200)
     }
 
     /// [`stack`] with the circuit breaker on, with its defaults.

@@ -51,7 +51,9 @@ fn main() {
         let breaker = variants::stack_breaker();
         let no_read_ahead = variants::stack_no_read_ahead();
         let throttled = variants::stack_throttled();
-        const NAMES: [&str; 9] = [
+        let paced = variants::stack_paced();
+        let unpaced = variants::stack_quota_unpaced();
+        const NAMES: [&str; 11] = [
             "tower Timeout",
             "tower Timeout + Deadline extension",
             "resend Deadline + AttemptTimeout",
@@ -61,6 +63,8 @@ fn main() {
             "tower_resend::stack().circuit_breaker()",
             "tower_resend::stack().read_ahead(0)",
             "tower_resend::stack().adaptive_throttling()",
+            "tower_resend::stack().pace(..), quota stated",
+            "tower_resend::stack(), the same answers",
         ];
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
         // Warm-up round, not counted.
@@ -77,7 +81,9 @@ fn main() {
                     5 => per_call(&stack).await,
                     6 => per_call(&breaker).await,
                     7 => per_call(&no_read_ahead).await,
-                    _ => per_call(&throttled).await,
+                    8 => per_call(&throttled).await,
+                    9 => per_call(&paced).await,
+                    _ => per_call(&unpaced).await,
                 };
             }
             if k > 0 {
@@ -124,6 +130,16 @@ fn main() {
         println!(
             "stack().adaptive_throttling() - stack()              : {:+.1} ns",
             median(times[8].iter().zip(&times[5]).map(|(x, y)| x - y).collect())
+        );
+        println!(
+            "stack().pace(..) - stack(), quota stated on each answer: {:+.1} ns",
+            median(
+                times[9]
+                    .iter()
+                    .zip(&times[10])
+                    .map(|(x, y)| x - y)
+                    .collect()
+            )
         );
     });
 }
