@@ -133,6 +133,8 @@ mod layer;
 mod metrics;
 mod pace;
 mod read;
+#[cfg(feature = "quota-redis")]
+mod redis_quota;
 mod service;
 mod shared;
 mod slot;
@@ -143,6 +145,9 @@ mod tests_pace;
 
 pub use future::ResponseFuture;
 pub use layer::{PaceLayer, DEFAULT_BURST};
+#[cfg(feature = "quota-redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quota-redis")))]
+pub use redis_quota::{RedisQuota, DEFAULT_QUOTA_PREFIX, DEFAULT_RECHECK, DEFAULT_REDIS_TIMEOUT};
 pub use read::{Doubt, Doubted, Form, Quota, QuotaReader, Reading, DEFAULT_RESET_CAP};
 pub use service::Pace;
 pub use shared::{PaceStats, QuotaLeft};
