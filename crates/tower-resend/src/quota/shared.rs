@@ -310,10 +310,12 @@ pub struct PaceStats {
     pub doubted: u64,
     /// Quotas not followed: an upstream that states more than 16.
     pub ignored: u64,
-    /// Calls paced by this process's own view because the quotas' shared
-    /// store failed them (feature `quota-redis`: Redis down, in error, or
-    /// not answering within its timeout; and the calls of the quiet time
-    /// after). Always 0 for a layer that shares nothing.
+    /// Calls whose place this process's own view decided because the
+    /// quotas' shared store failed (feature `quota-redis`: Redis down, in
+    /// error, or not answering within its timeout; and the calls of the
+    /// quiet time after). A call that waits for a reset is decided again
+    /// after it, and counted again. Always 0 for a layer that shares
+    /// nothing.
     pub fallbacks: u64,
 }
 
