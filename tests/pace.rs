@@ -73,7 +73,13 @@ async fn run(announce: Announce, paced: bool) -> (Figures, Seen) {
     let stack = common::stack();
     let seen = if paced {
         let pace = PaceLayer::new().wall_clock(UNIX_EPOCH + Duration::from_secs(EPOCH_AT_START));
-        load(stack.pace(pace).service(common::transport()), uri, CALLERS, RUN).await
+        load(
+            stack.pace(pace).service(common::transport()),
+            uri,
+            CALLERS,
+            RUN,
+        )
+        .await
     } else {
         load(stack.service(common::transport()), uri, CALLERS, RUN).await
     };

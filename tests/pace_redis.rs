@@ -109,7 +109,8 @@ mod shared {
         let pace = || {
             let layer = PaceLayer::new();
             if in_redis {
-                layer.shared_in(RedisQuota::new(manager.clone(), "upstream").prefix(prefix.as_str()))
+                layer
+                    .shared_in(RedisQuota::new(manager.clone(), "upstream").prefix(prefix.as_str()))
             } else {
                 layer
             }
@@ -121,6 +122,19 @@ mod shared {
             load(stack_a, uri.clone(), CALLERS, RUN),
             load(stack_b, uri, CALLERS, RUN),
         );
+        if in_redis {
+            // The key expires by itself, a window after the reset it holds.
+            let key = format!("{prefix}{{upstream}}");
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut manager.clone())
+                .await
+                .expect("PTTL");
+            assert!(
+                ttl > 0 && ttl <= 2 * WINDOW.as_millis() as i64 + 1000,
+                "{key}: {ttl} ms"
+            );
+        }
         let log = std::mem::take(&mut served.lock().unwrap().log);
         let run = Run {
             log,
@@ -167,8 +181,7 @@ mod down {
 
     /// A connection manager on `127.0.0.1:port`, made without connecting.
     fn lazy_manager(port: u16) -> ConnectionManager {
-        let client =
-            redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a Redis URL");
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a Redis URL");
         let config = ConnectionManagerConfig::new()
             .set_number_of_retries(0)
             .set_connection_timeout(Some(Duration::from_millis(100)));
@@ -226,7 +239,9 @@ mod down {
         let server = upstream(Announce::Ietf, QUOTA, WINDOW, Arc::clone(&served)).await;
         let uri = server.uri("/");
         let pace = pace(port);
-        let stack = common::stack().pace(pace.clone()).service(common::transport());
+        let stack = common::stack()
+            .pace(pace.clone())
+            .service(common::transport());
 
         let first = one_call(&stack, &uri).await;
         assert!(first <= TIMEOUT, "{first:?}");

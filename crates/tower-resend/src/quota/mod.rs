@@ -145,10 +145,10 @@ mod tests_pace;
 
 pub use future::ResponseFuture;
 pub use layer::{PaceLayer, DEFAULT_BURST};
+pub use read::{Doubt, Doubted, Form, Quota, QuotaReader, Reading, DEFAULT_RESET_CAP};
 #[cfg(feature = "quota-redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quota-redis")))]
 pub use redis_quota::{RedisQuota, DEFAULT_QUOTA_PREFIX, DEFAULT_RECHECK, DEFAULT_REDIS_TIMEOUT};
-pub use read::{Doubt, Doubted, Form, Quota, QuotaReader, Reading, DEFAULT_RESET_CAP};
 pub use service::Pace;
 pub use shared::{PaceStats, QuotaLeft};
 pub(crate) use slot::sealed::WrapsPace;

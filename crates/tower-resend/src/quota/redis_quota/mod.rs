@@ -239,7 +239,11 @@ impl RedisQuota {
             args.push(u8::from(counts_calls(q.form, &q.policy)).to_string());
             args.push(q.remaining.to_string());
             args.push(millis_up(q.reset.min(cap)).to_string());
-            args.push(q.limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)).to_string());
+            args.push(
+                q.limit
+                    .map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))
+                    .to_string(),
+            );
             args.push(q.window.map_or(-1, |w| millis_up(w.min(cap))).to_string());
         }
         let this = self.clone();
