@@ -84,6 +84,13 @@
 //!   one wait past its deadline; values not taken, and quotas past 16, are
 //!   counted ([`PaceStats`]).
 //!
+//! - **Shared by many processes** (feature `quota-redis`):
+//!   `PaceLayer::shared_in` keeps the quotas in Redis (`RedisQuota`),
+//!   each call's place taken there by a script, so that every process
+//!   calling one upstream spends one quota; when Redis fails (within a
+//!   50 ms timeout by default), each process paces by its own view, and
+//!   says so ([`PaceStats::fallbacks`], a `tracing` warning per outage).
+//!
 //! In the stack it sits under the hedge and above the deadline header:
 //! every attempt and hedged copy takes its place (retries and hedges spend
 //! the quota as calls do), its wait is inside the call's deadline and
