@@ -9,157 +9,19 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use bytes::Bytes;
-use http::Request;
-use http_body_util::Full;
-use tokio::task::JoinSet;
-use tokio::time::Instant;
-use tower::ServiceExt;
 use tower_resend::quota::PaceLayer;
-use tower_resend::ErrorKind;
-use tower_resend_testkit::{Reply, Script, TestServer};
 
 #[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
+#[allow(dead_code)] // each test binary uses part of the pacing helpers
+mod pace_upstream;
+
+use pace_upstream::{load, upstream, Announce, Seen, Served, EPOCH_AT_START};
 
 const CALLERS: usize = 20;
 const QUOTA: u64 = 100;
 const WINDOW: Duration = Duration::from_secs(10);
 const RUN: Duration = Duration::from_secs(60);
-/// Each caller's pause between its calls.
-const THINK: Duration = Duration::from_millis(50);
-/// The wall-clock time at the test's start, as the upstream and the layer
-/// both take it: epoch resets are read against it, not the machine's.
-const EPOCH_AT_START: u64 = 1_800_000_000;
-
-/// How the upstream states its quota.
-#[derive(Clone, Copy, Debug)]
-enum Announce {
-    /// `RateLimit-Policy: "default";q=100;w=10`, `RateLimit: "default";r=N;t=T`.
-    Ietf,
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` as an epoch time.
-    XEpoch,
-    /// `x-ratelimit-{limit,remaining,reset}-requests`, the reset a duration.
-    ModelDuration,
-}
-
-/// What the upstream served: when (from the start) and with what status.
-#[derive(Default)]
-struct Served {
-    window: u64,
-    used: u64,
-    log: Vec<(Duration, u16)>,
-}
-
-/// A fixed-window quota on tokio's clock: 100 calls in each window of
-/// 10 s from the start, stated on every answer; 429 beyond it, with a
-/// Retry-After to the reset.
-async fn upstream(announce: Announce, served: Arc<Mutex<Served>>) -> TestServer {
-    let origin = Instant::now();
-    TestServer::start(Script::from_fn(move |_| {
-        let at = origin.elapsed();
-        let window = (at.as_nanos() / WINDOW.as_nanos()) as u64;
-        let end = WINDOW * (window as u32 + 1);
-        let mut s = served.lock().unwrap();
-        if s.window != window {
-            (s.window, s.used) = (window, 0);
-        }
-        s.used += 1;
-        let status = if s.used > QUOTA { 429 } else { 200 };
-        s.log.push((at, status));
-        let left = QUOTA.saturating_sub(s.used);
-        let to_reset = end - at;
-        // Whole seconds, rounded up: never earlier than the reset.
-        let secs = to_reset.as_nanos().div_ceil(1_000_000_000);
-        let reply = match announce {
-            Announce::Ietf => Reply::status(status)
-                .header(
-                    "ratelimit-policy",
-                    &format!("\"default\";q={QUOTA};w={}", WINDOW.as_secs()),
-                )
-                .header("ratelimit", &format!("\"default\";r={left};t={secs}")),
-            Announce::XEpoch => Reply::status(status)
-                .header("x-ratelimit-limit", &QUOTA.to_string())
-                .header("x-ratelimit-remaining", &left.to_string())
-                .header(
-                    "x-ratelimit-reset",
-                    &(EPOCH_AT_START + end.as_secs()).to_string(),
-                ),
-            Announce::ModelDuration => {
-                let ms = to_reset.as_nanos().div_ceil(1_000_000);
-                Reply::status(status)
-                    .header("x-ratelimit-limit-requests", &QUOTA.to_string())
-                    .header("x-ratelimit-remaining-requests", &left.to_string())
-                    .header(
-                        "x-ratelimit-reset-requests",
-                        &format!("{}.{:03}s", ms / 1000, ms % 1000),
-                    )
-            }
-        };
-        if status == 429 {
-            reply.header("retry-after", &secs.to_string())
-        } else {
-            reply
-        }
-    }))
-    .await
-    .expect("start the test server")
-}
-
-/// What the callers saw: answers, and calls refused (not sent) because the
-/// quota had no room before their deadline.
-#[derive(Debug, Default)]
-struct Seen {
-    ok: usize,
-    refused: usize,
-    failed: usize,
-}
-
-/// `CALLERS` callers, each calling, then pausing `THINK`, for `RUN`.
-async fn load<S, RB>(stack: S, uri: http::Uri) -> Seen
-where
-    S: tower::Service<
-            Request<Full<Bytes>>,
-            Response = http::Response<RB>,
-            Error = tower_resend::Error,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-    RB: Send + 'static,
-{
-    let start = Instant::now();
-    let mut set = JoinSet::new();
-    for _ in 0..CALLERS {
-        let (stack, uri) = (stack.clone(), uri.clone());
-        set.spawn(async move {
-            let mut seen = Seen::default();
-            while start.elapsed() < RUN {
-                let req = Request::get(uri.clone())
-                    .body(Full::new(Bytes::new()))
-                    .unwrap();
-                match stack.clone().oneshot(req).await {
-                    Ok(_) => seen.ok += 1,
-                    Err(e) if e.kind() == ErrorKind::QuotaSpent => {
-                        assert!(e.is_not_sent(), "{e}");
-                        seen.refused += 1;
-                    }
-                    Err(_) => seen.failed += 1,
-                }
-                tokio::time::sleep(THINK).await;
-            }
-            seen
-        });
-    }
-    let mut all = Seen::default();
-    while let Some(done) = set.join_next().await {
-        let s = done.expect("a caller");
-        all.ok += s.ok;
-        all.refused += s.refused;
-        all.failed += s.failed;
-    }
-    all
-}
 
 /// What the upstream saw over the run.
 #[derive(Debug)]
@@ -206,14 +68,20 @@ fn figures(served: &Served) -> Figures {
 /// One run: the load through the stack, paced or not.
 async fn run(announce: Announce, paced: bool) -> (Figures, Seen) {
     let served = Arc::new(Mutex::new(Served::default()));
-    let server = upstream(announce, Arc::clone(&served)).await;
+    let server = upstream(announce, QUOTA, WINDOW, Arc::clone(&served)).await;
     let uri = server.uri("/");
     let stack = common::stack();
     let seen = if paced {
         let pace = PaceLayer::new().wall_clock(UNIX_EPOCH + Duration::from_secs(EPOCH_AT_START));
-        load(stack.pace(pace).service(common::transport()), uri).await
+        load(
+            stack.pace(pace).service(common::transport()),
+            uri,
+            CALLERS,
+            RUN,
+        )
+        .await
     } else {
-        load(stack.service(common::transport()), uri).await
+        load(stack.service(common::transport()), uri, CALLERS, RUN).await
     };
     let f = figures(&served.lock().unwrap());
     eprintln!("{announce:?}, paced: {paced}: {f:?}, callers saw {seen:?}");

@@ -41,8 +41,12 @@ pin_project! {
     }
 }
 
-/// A call waiting for its place in the pace, or for a reset.
+/// A call waiting for its place in the pace, or for a reset, or for
+/// Redis to say which.
 struct Waiting<S, ReqB> {
+    /// Redis is asked for the call's place (a task, bounded by the
+    /// quota's timeout).
+    asking: Option<tokio::task::JoinHandle<Admit>>,
     sleep: Pin<Box<Sleep>>,
     /// The wait is over: the service is being readied.
     slept: bool,
@@ -52,6 +56,36 @@ struct Waiting<S, ReqB> {
     req: Option<Request<ReqB>>,
     shared: Arc<Shared>,
     deadline: Option<Instant>,
+}
+
+impl<S, ReqB> Waiting<S, ReqB> {
+    /// What the call does on `admit`: goes, with its ticket; waits again
+    /// (its place taken, or for a reset); or is refused, with this error.
+    fn admitted(&mut self, admit: Admit, ticket: &mut Option<Ticket>) -> Option<BoxError> {
+        match admit {
+            Admit::Go => {
+                *ticket = Some(Ticket::new(Arc::clone(&self.shared)));
+                self.slept = true;
+                self.again = false;
+            }
+            Admit::Wait { until, reserved } => {
+                self.sleep.as_mut().reset(until);
+                self.slept = false;
+                self.again = !reserved;
+                if reserved {
+                    *ticket = Some(Ticket::new(Arc::clone(&self.shared)));
+                }
+            }
+            Admit::Refuse(after) => return Some(Error::quota_spent(after).into()),
+        }
+        None
+    }
+
+    /// Asks Redis for the call's place, in a task (feature `quota-redis`).
+    #[cfg(feature = "quota-redis")]
+    fn ask(&self) -> tokio::task::JoinHandle<Admit> {
+        tokio::spawn(Arc::clone(&self.shared).ask(self.deadline))
+    }
 }
 
 impl<S, ReqB> std::fmt::Debug for ResponseFuture<S, ReqB>
@@ -93,6 +127,7 @@ where
         Self {
             state: State::Waiting {
                 wait: Box::new(Waiting {
+                    asking: None,
                     sleep: Box::pin(tokio::time::sleep_until(until)),
                     slept: false,
                     again,
@@ -104,6 +139,21 @@ where
             },
             ticket,
         }
+    }
+
+    /// A call that asks Redis for its place first (feature `quota-redis`).
+    #[cfg(feature = "quota-redis")]
+    pub(super) fn asking(
+        service: S,
+        req: Request<ReqB>,
+        shared: Arc<Shared>,
+        deadline: Option<Instant>,
+    ) -> Self {
+        let mut this = Self::waiting(Instant::now(), service, req, shared, deadline, None);
+        if let State::Waiting { wait } = &mut this.state {
+            wait.asking = Some(wait.ask());
+        }
+        this
     }
 
     pub(super) fn refused(error: BoxError) -> Self {
@@ -140,30 +190,34 @@ where
                     return Poll::Ready(Err(error));
                 }
                 StateProj::Waiting { wait } => {
+                    if let Some(asking) = wait.asking.as_mut() {
+                        let admit = match ready!(Pin::new(asking).poll(cx)) {
+                            Ok(admit) => admit,
+                            // (The task cannot panic; if it is gone, the
+                            // process's own view says.)
+                            Err(_) => wait.shared.admit(Instant::now(), wait.deadline),
+                        };
+                        wait.asking = None;
+                        if let Some(error) = wait.admitted(admit, this.ticket) {
+                            this.state.set(State::Refused { error: Some(error) });
+                        }
+                        continue;
+                    }
                     if !wait.slept {
                         ready!(wait.sleep.as_mut().poll(cx));
                         wait.slept = true;
                         if wait.again {
                             // The reset has come: its place now, or later.
-                            match wait.shared.admit(Instant::now(), wait.deadline) {
-                                Admit::Go => {
-                                    *this.ticket = Some(Ticket::new(Arc::clone(&wait.shared)));
-                                }
-                                Admit::Wait { until, reserved } => {
-                                    wait.sleep.as_mut().reset(until);
-                                    wait.slept = false;
-                                    wait.again = !reserved;
-                                    if reserved {
-                                        *this.ticket = Some(Ticket::new(Arc::clone(&wait.shared)));
-                                    }
-                                    continue;
-                                }
-                                Admit::Refuse(after) => {
-                                    let error = Error::quota_spent(after).into();
-                                    this.state.set(State::Refused { error: Some(error) });
-                                    continue;
-                                }
+                            #[cfg(feature = "quota-redis")]
+                            if wait.shared.asks_redis(Instant::now()) {
+                                wait.asking = Some(wait.ask());
+                                continue;
                             }
+                            let admit = wait.shared.admit(Instant::now(), wait.deadline);
+                            if let Some(error) = wait.admitted(admit, this.ticket) {
+                                this.state.set(State::Refused { error: Some(error) });
+                            }
+                            continue;
                         }
                     }
                     ready!(wait.service.poll_ready(cx)).map_err(Into::into)?;

@@ -54,6 +54,8 @@ impl PaceLayer {
             wall: Wall::System,
             #[cfg(feature = "otel")]
             metrics: None,
+            #[cfg(feature = "quota-redis")]
+            redis: None,
         })
     }
 
@@ -115,6 +117,34 @@ impl PaceLayer {
     pub fn meter(self, meter: &opentelemetry::metrics::Meter) -> Self {
         let metrics = super::metrics::PaceMetrics::new(meter);
         self.set(|c| c.metrics = Some(metrics))
+    }
+
+    /// Shares the quotas with every process that paces its calls to the
+    /// same upstream through `redis` (feature `quota-redis`): each call
+    /// takes its place in Redis, and each answer is written there, so that
+    /// the processes together never spend more than the quota. When Redis
+    /// fails, calls are paced by this process's own view, which every
+    /// answer keeps up to date, and counted ([`PaceStats::fallbacks`]).
+    /// See [`RedisQuota`](super::RedisQuota). Default: nothing shared
+    /// beyond the layer's clones.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_resend::quota::{PaceLayer, RedisQuota};
+    ///
+    /// # async fn demo() -> Result<(), redis::RedisError> {
+    /// let manager = redis::Client::open("redis://127.0.0.1:6379")?.get_connection_manager().await?;
+    /// let quota = RedisQuota::new(manager, "github").timeout(Duration::from_millis(20));
+    /// let pace = PaceLayer::new().shared_in(quota);
+    /// # let _ = pace;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "quota-redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "quota-redis")))]
+    #[must_use]
+    pub fn shared_in(self, redis: super::RedisQuota) -> Self {
+        self.set(|c| c.redis = Some(redis))
     }
 
     /// What the layer knows of each quota now, and the calls it made wait

@@ -84,6 +84,13 @@
 //!   one wait past its deadline; values not taken, and quotas past 16, are
 //!   counted ([`PaceStats`]).
 //!
+//! - **Shared by many processes** (feature `quota-redis`):
+//!   `PaceLayer::shared_in` keeps the quotas in Redis (`RedisQuota`),
+//!   each call's place taken there by a script, so that every process
+//!   calling one upstream spends one quota; when Redis fails (within a
+//!   50 ms timeout by default), each process paces by its own view, and
+//!   says so ([`PaceStats::fallbacks`], a `tracing` warning per outage).
+//!
 //! In the stack it sits under the hedge and above the deadline header:
 //! every attempt and hedged copy takes its place (retries and hedges spend
 //! the quota as calls do), its wait is inside the call's deadline and
@@ -133,6 +140,8 @@ mod layer;
 mod metrics;
 mod pace;
 mod read;
+#[cfg(feature = "quota-redis")]
+mod redis_quota;
 mod service;
 mod shared;
 mod slot;
@@ -144,6 +153,9 @@ mod tests_pace;
 pub use future::ResponseFuture;
 pub use layer::{PaceLayer, DEFAULT_BURST};
 pub use read::{Doubt, Doubted, Form, Quota, QuotaReader, Reading, DEFAULT_RESET_CAP};
+#[cfg(feature = "quota-redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quota-redis")))]
+pub use redis_quota::{RedisQuota, DEFAULT_QUOTA_PREFIX, DEFAULT_RECHECK, DEFAULT_REDIS_TIMEOUT};
 pub use service::Pace;
 pub use shared::{PaceStats, QuotaLeft};
 pub(crate) use slot::sealed::WrapsPace;

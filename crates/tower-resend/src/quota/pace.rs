@@ -235,6 +235,6 @@ impl Quotas {
 
 /// Each call spends one of a quota of requests; the model APIs' quotas of
 /// tokens are spent by an amount the call does not know before its answer.
-fn counts_calls(form: Form, policy: &str) -> bool {
+pub(crate) fn counts_calls(form: Form, policy: &str) -> bool {
     !matches!(form, Form::ModelDuration | Form::ModelTime) || policy == "requests"
 }

@@ -67,6 +67,13 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let deadline = Deadline::of(req.extensions()).map(Deadline::instant);
+        #[cfg(feature = "quota-redis")]
+        if self.shared.asks_redis(Instant::now()) {
+            // Redis says where its place is: the slow path, as a wait.
+            let clone = self.inner.clone();
+            let service = std::mem::replace(&mut self.inner, clone);
+            return ResponseFuture::asking(service, req, Arc::clone(&self.shared), deadline);
+        }
         match self.shared.admit(Instant::now(), deadline) {
             Admit::Go => {
                 let ticket = Ticket::new(Arc::clone(&self.shared));

@@ -39,6 +39,9 @@ pub(crate) struct Config {
     pub(crate) wall: Wall,
     #[cfg(feature = "otel")]
     pub(crate) metrics: Option<super::metrics::PaceMetrics>,
+    /// Where the quotas are shared with other processes, if anywhere.
+    #[cfg(feature = "quota-redis")]
+    pub(crate) redis: Option<super::RedisQuota>,
 }
 
 /// What every clone of one layer shares.
@@ -56,6 +59,7 @@ pub(crate) struct Shared {
     refused: AtomicU64,
     doubted: AtomicU64,
     ignored: AtomicU64,
+    fallbacks: AtomicU64,
 }
 
 impl Shared {
@@ -70,6 +74,7 @@ impl Shared {
             refused: AtomicU64::new(0),
             doubted: AtomicU64::new(0),
             ignored: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
         }
     }
 
@@ -80,12 +85,70 @@ impl Shared {
 
     /// May a call whose deadline is `deadline` go now? Counts the wait or
     /// the refusal, and says it on the current (the attempt's) span.
+    /// With the quotas shared, only while Redis is in an outage's quiet
+    /// time (else a call [asks](Self::ask)): counted as a fallback.
     pub(crate) fn admit(&self, now: Instant, deadline: Option<Instant>) -> Admit {
-        let admit = if self.known.load(Ordering::Acquire) {
+        #[cfg(feature = "quota-redis")]
+        if self.config.redis.is_some() {
+            self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        self.count(now, self.decide(now, deadline))
+    }
+
+    /// What this process's own view of the quotas says of a call.
+    fn decide(&self, now: Instant, deadline: Option<Instant>) -> Admit {
+        if self.known.load(Ordering::Acquire) {
             self.quotas().admit(now, deadline, self.config.burst)
         } else {
             Admit::Go
+        }
+    }
+
+    /// Whether a call at `now` asks Redis for its place (feature
+    /// `quota-redis`): when the quotas are shared, and Redis is not in an
+    /// outage's quiet time.
+    #[cfg(feature = "quota-redis")]
+    pub(crate) fn asks_redis(&self, now: Instant) -> bool {
+        self.config.redis.as_ref().is_some_and(|r| r.asks(now))
+    }
+
+    /// Asks Redis for a call's place; when Redis fails, or knows nothing
+    /// of the quotas yet, this process's own view says (a failure is
+    /// counted). Counts the wait or the refusal as [`admit`](Self::admit).
+    #[cfg(feature = "quota-redis")]
+    pub(crate) async fn ask(self: std::sync::Arc<Self>, deadline: Option<Instant>) -> Admit {
+        use super::redis_quota::Taken;
+        let Some(redis) = &self.config.redis else {
+            return self.admit(Instant::now(), deadline);
         };
+        let time_left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let taken = redis
+            .take(time_left, self.config.burst, super::pace::MIN_LEFT)
+            .await;
+        let now = Instant::now();
+        let admit = match taken {
+            Some(Taken::Place(after)) if after.is_zero() => Admit::Go,
+            Some(Taken::Place(after)) => Admit::Wait {
+                until: now + after,
+                reserved: true,
+            },
+            Some(Taken::Spent(after)) => Admit::Wait {
+                until: now + after,
+                reserved: false,
+            },
+            Some(Taken::Refused(after)) => Admit::Refuse(after),
+            Some(Taken::Unknown) => self.decide(now, deadline),
+            None => {
+                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                self.decide(now, deadline)
+            }
+        };
+        self.count(now, admit)
+    }
+
+    /// Counts a call's wait or refusal, and says it on the current (the
+    /// attempt's) span.
+    fn count(&self, now: Instant, admit: Admit) -> Admit {
         match admit {
             Admit::Go => {}
             Admit::Wait { until, reserved } => {
@@ -150,6 +213,12 @@ impl Shared {
             }
         }
         drop(quotas);
+        #[cfg(feature = "quota-redis")]
+        if let Some(redis) = &self.config.redis {
+            if redis.asks(now) {
+                redis.note(&reading, pending, self.config.reader.reset_cap());
+            }
+        }
         self.ignored.fetch_add(seen.ignored, Ordering::Relaxed);
         self.known.store(true, Ordering::Release);
     }
@@ -175,6 +244,7 @@ impl Shared {
             refused: self.refused.load(Ordering::Relaxed),
             doubted: self.doubted.load(Ordering::Relaxed),
             ignored: self.ignored.load(Ordering::Relaxed),
+            fallbacks: self.fallbacks.load(Ordering::Relaxed),
         }
     }
 }
@@ -240,6 +310,13 @@ pub struct PaceStats {
     pub doubted: u64,
     /// Quotas not followed: an upstream that states more than 16.
     pub ignored: u64,
+    /// Calls whose place this process's own view decided because the
+    /// quotas' shared store failed (feature `quota-redis`: Redis down, in
+    /// error, or not answering within its timeout; and the calls of the
+    /// quiet time after). A call that waits for a reset is decided again
+    /// after it, and counted again. Always 0 for a layer that shares
+    /// nothing.
+    pub fallbacks: u64,
 }
 
 /// One quota as the layer knows it now.

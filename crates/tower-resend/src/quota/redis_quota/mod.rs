@@ -1,0 +1,336 @@
+//! [`RedisQuota`]: the pacing layer's quotas in Redis, shared by every
+//! process that paces its calls to one upstream (feature `quota-redis`).
+
+mod scripts;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Script, ScriptInvocation, Value};
+use tokio::time::Instant;
+
+use super::pace::{counts_calls, MAX_QUOTAS};
+use super::Reading;
+
+/// The default key prefix of a [`RedisQuota`]: `resend:quota:`.
+pub const DEFAULT_QUOTA_PREFIX: &str = "resend:quota:";
+
+/// How long one call to Redis may take, by default: past it, the call is
+/// paced by the process's own view.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// How long, after Redis failed, calls are paced by the process's own view
+/// before Redis is asked again, by default.
+pub const DEFAULT_RECHECK: Duration = Duration::from_secs(1);
+
+/// Where a [`PaceLayer`](super::PaceLayer) keeps its quotas so that every
+/// process calling one upstream shares them (feature `quota-redis`):
+/// twenty pods calling one API then spend one quota, together never more.
+/// Put it on a layer with [`PaceLayer::shared_in`](super::PaceLayer::shared_in).
+///
+/// # What is shared
+///
+/// One Redis hash per quota name, under the key `<prefix>{<name>}`
+/// ([prefix](Self::prefix), default [`DEFAULT_QUOTA_PREFIX`]; the braces a
+/// Redis Cluster hash tag), with a field per quota the answers stated
+/// (policy and partition): what is left, the reset, the window, the pace's
+/// next slot. Before each call, one script takes its place atomically (or
+/// says how long to wait, or that the quota has no room before the call's
+/// deadline); after each answer, another writes what the answer said (in a
+/// window already told of, the lowest count and the earliest reset hold).
+/// Every time is Redis's clock (`TIME`), so pods whose clocks disagree
+/// share one reset. The key expires a window after the last reset it
+/// holds: nothing is left behind.
+///
+/// # When Redis fails
+///
+/// Each call to Redis is bounded by a [timeout](Self::timeout) (50 ms by
+/// default): a call never waits longer for Redis. When Redis fails (an
+/// error, a refused connection, no answer in time), the call is paced by
+/// the process's own view of the quotas (which every answer updates,
+/// Redis or not), and so are the calls of the next
+/// [second](Self::recheck), without asking Redis; then Redis is asked
+/// again. Each call so paced is counted
+/// ([`PaceStats::fallbacks`](super::PaceStats::fallbacks)); the outage is
+/// a `tracing` warning when it begins, and an info event when it ends.
+///
+/// ```no_run
+/// use tower_resend::quota::{PaceLayer, RedisQuota};
+///
+/// # async fn demo() -> Result<(), redis::RedisError> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+/// let manager = client.get_connection_manager().await?;
+/// let pace = PaceLayer::new().shared_in(RedisQuota::new(manager, "github"));
+/// let github = tower_resend::stack().name("github").pace(pace);
+/// # let _ = github;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisQuota {
+    conn: ConnectionManager,
+    name: Arc<str>,
+    prefix: Arc<str>,
+    timeout: Duration,
+    recheck: Duration,
+    state: Arc<State>,
+}
+
+/// The scripts, and the outage every clone shares.
+struct State {
+    take: Script,
+    note: Script,
+    /// Redis has failed, and has not answered since.
+    down: AtomicBool,
+    /// Until then, calls do not ask Redis.
+    quiet_until: Mutex<Option<Instant>>,
+}
+
+impl fmt::Debug for RedisQuota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisQuota")
+            .field("key", &String::from_utf8_lossy(&self.key()))
+            .field("timeout", &self.timeout)
+            .field("recheck", &self.recheck)
+            .field("down", &self.state.down.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What Redis said of a call's place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// Its place is taken, this long from now (zero: now).
+    Place(Duration),
+    /// A quota is spent for this long: ask again then.
+    Spent(Duration),
+    /// No room before the call's deadline, for this long; nothing taken.
+    Refused(Duration),
+    /// Redis knows nothing of the quota yet.
+    Unknown,
+}
+
+impl RedisQuota {
+    /// Shares the quotas named `name` (one upstream's: `"github"`) on the
+    /// application's connection manager: its settings (reconnection, TLS,
+    /// credentials) are the application's. The manager is shared, not
+    /// owned: the quota uses clones of it. Layers that pace calls to one
+    /// upstream give it the same name; two upstreams, two names.
+    pub fn new(manager: ConnectionManager, name: impl Into<Arc<str>>) -> Self {
+        Self {
+            conn: manager,
+            name: name.into(),
+            prefix: DEFAULT_QUOTA_PREFIX.into(),
+            timeout: DEFAULT_REDIS_TIMEOUT,
+            recheck: DEFAULT_RECHECK,
+            state: Arc::new(State {
+                take: Script::new(scripts::TAKE),
+                note: Script::new(scripts::NOTE),
+                down: AtomicBool::new(false),
+                quiet_until: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Prefixes the key with `prefix`. Default [`DEFAULT_QUOTA_PREFIX`].
+    /// Keep `{` and `}` out of it and out of the name: the braces around
+    /// the name are a Redis Cluster hash tag.
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long one call to Redis may take: past it, the call is paced by
+    /// the process's own view. Default [`DEFAULT_REDIS_TIMEOUT`] (50 ms).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long, after Redis failed, calls are paced by the process's own
+    /// view without asking Redis. Default [`DEFAULT_RECHECK`] (1 s).
+    #[must_use]
+    pub fn recheck(mut self, after: Duration) -> Self {
+        self.recheck = after;
+        self
+    }
+
+    /// The quota's Redis key: `<prefix>{<name>}`.
+    fn key(&self) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.prefix.len() + self.name.len() + 2);
+        k.extend_from_slice(self.prefix.as_bytes());
+        k.push(b'{');
+        k.extend_from_slice(self.name.as_bytes());
+        k.push(b'}');
+        k
+    }
+
+    /// Whether a call at `now` asks Redis: not while an outage is quiet.
+    pub(crate) fn asks(&self, now: Instant) -> bool {
+        let quiet = self
+            .state
+            .quiet_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        quiet.is_none_or(|until| now >= until)
+    }
+
+    /// Takes a call's place, with `time_left` of its deadline, `burst`
+    /// calls beyond the pace, a wait leaving at least `min_left`. `None`
+    /// when Redis failed (the outage then begins, or goes on).
+    pub(crate) async fn take(
+        &self,
+        time_left: Option<Duration>,
+        burst: u32,
+        min_left: Duration,
+    ) -> Option<Taken> {
+        let mut call = self.state.take.key(self.key());
+        call.arg(burst)
+            .arg(time_left.map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+            .arg(millis_up(min_left));
+        let answer = self.invoke(&call).await?;
+        let taken = match answer {
+            Value::Array(v) => match v.as_slice() {
+                [Value::Int(kind), Value::Int(ms)] => {
+                    let d = Duration::from_millis(u64::try_from(*ms).unwrap_or(0));
+                    match kind {
+                        0 => Some(Taken::Place(d)),
+                        1 => Some(Taken::Spent(d)),
+                        2 => Some(Taken::Refused(d)),
+                        3 => Some(Taken::Unknown),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        if taken.is_none() {
+            self.failed(&"an answer the take script never gives");
+        }
+        taken
+    }
+
+    /// Writes what an answer said, while `pending` calls of this process
+    /// are out; values past `cap` held to it. In a task of its own, so
+    /// that the answer is not held back.
+    pub(crate) fn note(&self, reading: &Reading, pending: u64, cap: Duration) {
+        if reading.quotas.is_empty() && reading.retry_after.is_none() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut args = vec![
+            pending.to_string(),
+            reading
+                .retry_after
+                .map_or(-1, |d| millis_up(d.min(cap)))
+                .to_string(),
+            MAX_QUOTAS.to_string(),
+        ];
+        for q in reading.quotas.iter().take(MAX_QUOTAS) {
+            args.push(field(&q.policy, q.partition.as_deref()));
+            args.push(u8::from(counts_calls(q.form, &q.policy)).to_string());
+            args.push(q.remaining.to_string());
+            args.push(millis_up(q.reset.min(cap)).to_string());
+            args.push(
+                q.limit
+                    .map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))
+                    .to_string(),
+            );
+            args.push(q.window.map_or(-1, |w| millis_up(w.min(cap))).to_string());
+        }
+        let this = self.clone();
+        runtime.spawn(async move {
+            let mut call = this.state.note.key(this.key());
+            call.arg(args);
+            let _ = this.invoke(&call).await;
+        });
+    }
+
+    /// Runs one script call within the timeout; `None` (and the outage
+    /// told) when it failed.
+    async fn invoke(&self, call: &ScriptInvocation<'_>) -> Option<Value> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, call.invoke_async::<Value>(&mut conn)).await {
+            Ok(Ok(value)) => {
+                if self.state.down.swap(false, Ordering::AcqRel) {
+                    tracing::info!(
+                        resend.quota.name = &*self.name,
+                        "Redis answers again: the quota is shared again",
+                    );
+                }
+                Some(value)
+            }
+            Ok(Err(e)) => {
+                self.failed(&e);
+                None
+            }
+            Err(_) => {
+                self.failed(&format_args!("no answer within {:?}", self.timeout));
+                None
+            }
+        }
+    }
+
+    /// Redis failed: calls are paced by the process's own view for a
+    /// while; said once per outage.
+    fn failed(&self, error: &dyn fmt::Display) {
+        let until = Instant::now() + self.recheck;
+        *self
+            .state
+            .quiet_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(until);
+        if !self.state.down.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                resend.quota.name = &*self.name,
+                error = %error,
+                "Redis failed: calls paced by this process's own view of the quota until it answers",
+            );
+        }
+    }
+}
+
+/// A quota's field in the hash: its policy's length, the policy, and its
+/// partition key in hex (so that no two quotas read alike).
+fn field(policy: &str, partition: Option<&[u8]>) -> String {
+    use std::fmt::Write as _;
+    let mut f = format!("{}:{policy}:", policy.len());
+    if let Some(p) = partition {
+        for b in p {
+            let _ = write!(f, "{b:02x}");
+        }
+    }
+    f
+}
+
+/// Milliseconds, rounded up (a reset never early), at most `i64::MAX`.
+fn millis_up(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_keep_policies_and_partitions_apart() {
+        assert_eq!(field("default", None), "7:default:");
+        assert_eq!(field("a", Some(b"\x01\xff")), "1:a:01ff");
+        assert_ne!(field("a:1", None), field("a", Some(b"1")));
+    }
+
+    #[test]
+    fn milliseconds_round_up() {
+        assert_eq!(millis_up(Duration::from_micros(1)), 1);
+        assert_eq!(millis_up(Duration::from_millis(5)), 5);
+        assert_eq!(millis_up(Duration::MAX), i64::MAX);
+    }
+}

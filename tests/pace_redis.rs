@@ -1,0 +1,291 @@
+//! Pacing with its quotas shared through Redis (`RedisQuota`), on loopback.
+//!
+//! Two stacks, each with a `PaceLayer` of its own (no memory shared: two
+//! processes, as far as pacing goes), call one upstream whose quota is 20
+//! calls per 2 s window, stated in the IETF fields, 429 beyond it; 10
+//! callers each, for 6 s. Sharing one Redis key, they never meet a 429;
+//! beside them, the same two stacks without Redis do. These run on the
+//! real clock: the scripts read Redis's clock (every process shares it, as
+//! pods whose clocks disagree must), and on tokio's paused clock a reply
+//! from another process (Redis) is raced by the clock's jumps to the next
+//! timer (the 50 ms timeout), so the shared state would be measured
+//! against a clock Redis does not follow. They need the Redis of this
+//! machine (`RESEND_REDIS_URL`, default `redis://127.0.0.1:6379`) and fail
+//! without it; each run uses a key prefix of its own.
+//!
+//! With Redis down (a port nothing listens on; a listener that accepts and
+//! never answers), on the paused clock: calls still go, paced by each
+//! process's own view, each held at most the quota's timeout, and counted
+//! as fallbacks.
+#![allow(clippy::print_stderr)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_resend::quota::{PaceLayer, RedisQuota};
+
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+#[allow(dead_code)] // each test binary uses part of the pacing helpers
+mod pace_upstream;
+
+use pace_upstream::{load, upstream, Announce, Seen, Served};
+
+/// The Redis of this machine.
+fn url() -> String {
+    std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A key prefix no other run shares.
+fn prefix() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!("resend-test:pace:{}:{nanos}:", std::process::id())
+}
+
+/// A connection manager on the Redis of this machine: the test fails if
+/// it does not answer within 3 s.
+async fn manager() -> ConnectionManager {
+    let url = url();
+    let connect = async {
+        let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+        client.get_connection_manager().await
+    };
+    match tokio::time::timeout(Duration::from_secs(3), connect).await {
+        Ok(Ok(manager)) => manager,
+        Ok(Err(e)) => panic!("Redis at {url} is needed by this test: {e}"),
+        Err(_) => panic!("Redis at {url} is needed by this test: no answer within 3 s"),
+    }
+}
+
+mod shared {
+    use super::*;
+
+    const QUOTA: u64 = 20;
+    const WINDOW: Duration = Duration::from_secs(2);
+    const RUN: Duration = Duration::from_secs(6);
+    /// Callers per stack.
+    const CALLERS: usize = 10;
+
+    /// What the upstream served, and what each stack's callers saw.
+    struct Run {
+        log: Vec<(Duration, u16)>,
+        seen: [Seen; 2],
+        fallbacks: [u64; 2],
+    }
+
+    impl Run {
+        fn too_many(&self) -> usize {
+            self.log.iter().filter(|(_, s)| *s == 429).count()
+        }
+
+        /// The 200s of each window.
+        fn per_window(&self) -> Vec<u64> {
+            let mut per = vec![0; (RUN.as_secs() / WINDOW.as_secs() + 2) as usize];
+            for (at, status) in &self.log {
+                let k = (at.as_nanos() / WINDOW.as_nanos()) as usize;
+                if *status == 200 {
+                    if let Some(n) = per.get_mut(k) {
+                        *n += 1;
+                    }
+                }
+            }
+            per
+        }
+    }
+
+    /// Two stacks, each with a pacing layer of its own, sharing one Redis
+    /// key or not, 10 callers each for the run.
+    async fn two_stacks(in_redis: bool) -> Run {
+        let served = Arc::new(Mutex::new(Served::default()));
+        let server = upstream(Announce::Ietf, QUOTA, WINDOW, Arc::clone(&served)).await;
+        let uri = server.uri("/");
+        let (manager, prefix) = (manager().await, prefix());
+        let pace = || {
+            let layer = PaceLayer::new();
+            if in_redis {
+                layer
+                    .shared_in(RedisQuota::new(manager.clone(), "upstream").prefix(prefix.as_str()))
+            } else {
+                layer
+            }
+        };
+        let (a, b) = (pace(), pace());
+        let stack_a = common::stack().pace(a.clone()).service(common::transport());
+        let stack_b = common::stack().pace(b.clone()).service(common::transport());
+        let (seen_a, seen_b) = tokio::join!(
+            load(stack_a, uri.clone(), CALLERS, RUN),
+            load(stack_b, uri, CALLERS, RUN),
+        );
+        if in_redis {
+            // The key expires by itself, a window after the reset it holds.
+            let key = format!("{prefix}{{upstream}}");
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut manager.clone())
+                .await
+                .expect("PTTL");
+            assert!(
+                ttl > 0 && ttl <= 2 * WINDOW.as_millis() as i64 + 1000,
+                "{key}: {ttl} ms"
+            );
+        }
+        let log = std::mem::take(&mut served.lock().unwrap().log);
+        let run = Run {
+            log,
+            seen: [seen_a, seen_b],
+            fallbacks: [a.stats().fallbacks, b.stats().fallbacks],
+        };
+        eprintln!(
+            "in Redis: {in_redis}: 200s per window {:?}, 429s {}, callers saw {:?}, fallbacks {:?}",
+            run.per_window(),
+            run.too_many(),
+            run.seen,
+            run.fallbacks,
+        );
+        run
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn two_stacks_sharing_one_quota_in_redis_never_meet_a_429() {
+        let shared = two_stacks(true).await;
+        assert_eq!(shared.too_many(), 0);
+        assert!(shared.per_window().iter().all(|n| *n <= QUOTA));
+        assert_eq!(shared.fallbacks, [0, 0], "Redis answered every call");
+        assert!(shared.seen.iter().all(|s| s.failed == 0));
+        // Most of the quota is used: the three windows of the run, less the
+        // first answers' rounding (whole seconds, rounded up).
+        let ok: usize = shared.seen.iter().map(|s| s.ok).sum();
+        let quota_in_run = (RUN.as_secs() / WINDOW.as_secs() * QUOTA) as usize;
+        assert!(ok * 100 >= quota_in_run * 60, "{ok} of {quota_in_run}");
+
+        // The same two stacks, each with its own view alone: together
+        // they spend more than the quota.
+        let alone = two_stacks(false).await;
+        assert!(alone.too_many() > 0, "{:?}", alone.per_window());
+    }
+}
+
+mod down {
+    use super::*;
+
+    const QUOTA: u64 = 100;
+    const WINDOW: Duration = Duration::from_secs(10);
+    const TIMEOUT: Duration = Duration::from_millis(50);
+    const RECHECK: Duration = Duration::from_secs(1);
+
+    /// A connection manager on `127.0.0.1:port`, made without connecting.
+    fn lazy_manager(port: u16) -> ConnectionManager {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a Redis URL");
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(0)
+            .set_connection_timeout(Some(Duration::from_millis(100)));
+        ConnectionManager::new_lazy_with_config(client, config).expect("a lazy manager")
+    }
+
+    /// A port where a listener accepts connections and never answers.
+    async fn hanging_port() -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local address").port();
+        // (Dropped with the test's runtime.)
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        port
+    }
+
+    fn pace(port: u16) -> PaceLayer {
+        let quota = RedisQuota::new(lazy_manager(port), "upstream")
+            .prefix(prefix())
+            .timeout(TIMEOUT)
+            .recheck(RECHECK);
+        PaceLayer::new().shared_in(quota)
+    }
+
+    /// One call: how long it took.
+    async fn one_call<S, RB>(stack: &S, uri: &http::Uri) -> Duration
+    where
+        S: tower::Service<
+                http::Request<http_body_util::Full<bytes::Bytes>>,
+                Response = http::Response<RB>,
+                Error = tower_resend::Error,
+            > + Clone,
+    {
+        let start = Instant::now();
+        stack
+            .clone()
+            .oneshot(common::get(uri.clone()))
+            .await
+            .expect("the call goes, Redis or not");
+        start.elapsed()
+    }
+
+    /// Each call waits at most the timeout for Redis, then goes; the calls
+    /// of the quiet time after do not ask; then Redis is asked again.
+    /// Then 20 callers for 30 s: no 429, paced by the process's own view,
+    /// every call a fallback.
+    async fn calls_go_paced_by_their_own_view(port: u16) {
+        let served = Arc::new(Mutex::new(Served::default()));
+        let server = upstream(Announce::Ietf, QUOTA, WINDOW, Arc::clone(&served)).await;
+        let uri = server.uri("/");
+        let pace = pace(port);
+        let stack = common::stack()
+            .pace(pace.clone())
+            .service(common::transport());
+
+        let first = one_call(&stack, &uri).await;
+        assert!(first <= TIMEOUT, "{first:?}");
+        assert_eq!(pace.stats().fallbacks, 1);
+        let quiet = one_call(&stack, &uri).await;
+        assert_eq!(quiet, Duration::ZERO, "not asked in the quiet time");
+        assert_eq!(pace.stats().fallbacks, 2);
+        tokio::time::sleep(RECHECK).await;
+        let again = one_call(&stack, &uri).await;
+        assert!(again <= TIMEOUT, "{again:?}");
+        assert_eq!(pace.stats().fallbacks, 3);
+
+        let run = Duration::from_secs(30);
+        let seen = load(stack, uri, 20, run).await;
+        let log = std::mem::take(&mut served.lock().unwrap().log);
+        let too_many = log.iter().filter(|(_, s)| *s == 429).count();
+        let stats = pace.stats();
+        eprintln!(
+            "Redis down (port {port}): served {}, 429s {too_many}, callers saw {seen:?}, fallbacks {}, waits {}",
+            log.len(),
+            stats.fallbacks,
+            stats.waits,
+        );
+        assert_eq!(too_many, 0);
+        assert_eq!(seen.failed, 0);
+        // Every call, the three first with them, paced by the local view
+        // (a call that waited for a reset is decided again after it).
+        let calls = (seen.ok + seen.refused + 3) as u64;
+        assert!(stats.fallbacks >= calls, "{} of {calls}", stats.fallbacks);
+        assert!(stats.fallbacks <= calls + stats.waits, "{stats:?}");
+        // Paced, not sent at once: the quota's three windows used, no more.
+        let quota_in_run = (run.as_secs() / WINDOW.as_secs() * QUOTA) as usize;
+        assert!(seen.ok * 100 >= quota_in_run * 90, "{seen:?}");
+        assert!(stats.waits > 0);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn redis_refusing_connections_calls_go_paced_by_their_own_view() {
+        common::within(calls_go_paced_by_their_own_view(common::closed_port())).await;
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn redis_never_answering_calls_go_paced_by_their_own_view() {
+        let port = hanging_port().await;
+        common::within(calls_go_paced_by_their_own_view(port)).await;
+    }
+}
