@@ -134,6 +134,8 @@ fn main() {
             "tower_retry_ext" => run(variants::tower_retry_ext(), n).await,
             "stack" => run(variants::stack(), n).await,
             "stack_throttled" => run(variants::stack_throttled(), n).await,
+            "stack_paced" => run(variants::stack_paced(), n).await,
+            "stack_quota_unpaced" => run(variants::stack_quota_unpaced(), n).await,
             "sizes" => {
                 use tower_resend::hedge::HedgeLayer;
                 use tower_resend::read_ahead::ReadAheadLayer;

@@ -97,9 +97,8 @@ pub struct Reading {
 #[derive(Clone, Debug)]
 struct Custom {
     policy: Box<str>,
-    limit: HeaderName,
-    remaining: HeaderName,
-    reset: HeaderName,
+    /// Limit, remaining, reset.
+    names: [HeaderName; 3],
 }
 
 /// Reads the quota an upstream states on its answers.
@@ -186,9 +185,7 @@ impl QuotaReader {
     ) -> Self {
         self.custom.push(Custom {
             policy: policy.into(),
-            limit,
-            remaining,
-            reset,
+            names: [limit, remaining, reset],
         });
         self
     }
@@ -203,22 +200,17 @@ impl QuotaReader {
             out: Reading::default(),
         };
         r.ietf();
-        r.triple(Form::Draft, "default", TRIPLES[0]);
-        r.triple(Form::XRateLimit, "default", TRIPLES[1]);
-        r.triple(Form::XRateDashLimit, "default", TRIPLES[2]);
-        for resource in ["requests", "tokens"] {
-            r.model_duration(resource);
+        r.triple(Form::Draft, "default", &TRIPLES[0]);
+        r.triple(Form::XRateLimit, "default", &TRIPLES[1]);
+        r.triple(Form::XRateDashLimit, "default", &TRIPLES[2]);
+        for (resource, names) in &MODEL_DURATIONS {
+            r.fields(Form::ModelDuration, resource, names, Reset::Duration);
         }
-        for resource in ["requests", "tokens", "input-tokens", "output-tokens"] {
-            r.model_time(resource);
+        for (resource, names) in &MODEL_TIMES {
+            r.fields(Form::ModelTime, resource, names, Reset::Time);
         }
         for c in &self.custom {
-            r.fields(
-                Form::Custom,
-                &c.policy,
-                [&c.limit, &c.remaining, &c.reset],
-                Reset::Seconds,
-            );
+            r.fields(Form::Custom, &c.policy, &c.names, Reset::Seconds);
         }
         if matches!(
             status,
@@ -230,19 +222,88 @@ impl QuotaReader {
     }
 }
 
-/// The three-field forms: limit, remaining, reset.
-const TRIPLES: [[&str; 3]; 3] = [
-    ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"],
+/// Three field names, made once: limit, remaining, reset.
+const fn names(
+    limit: &'static str,
+    remaining: &'static str,
+    reset: &'static str,
+) -> [HeaderName; 3] {
     [
+        HeaderName::from_static(limit),
+        HeaderName::from_static(remaining),
+        HeaderName::from_static(reset),
+    ]
+}
+
+/// The three-field forms: limit, remaining, reset.
+const TRIPLES: [[HeaderName; 3]; 3] = [
+    names("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"),
+    names(
         "x-ratelimit-limit",
         "x-ratelimit-remaining",
         "x-ratelimit-reset",
-    ],
-    [
+    ),
+    names(
         "x-rate-limit-limit",
         "x-rate-limit-remaining",
         "x-rate-limit-reset",
-    ],
+    ),
+];
+
+/// The model APIs' fields with a reset as a duration, by resource.
+const MODEL_DURATIONS: [(&str, [HeaderName; 3]); 2] = [
+    (
+        "requests",
+        names(
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ),
+    ),
+    (
+        "tokens",
+        names(
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ),
+    ),
+];
+
+/// The model APIs' fields with a reset as an RFC 3339 time, by resource.
+const MODEL_TIMES: [(&str, [HeaderName; 3]); 4] = [
+    (
+        "requests",
+        names(
+            "anthropic-ratelimit-requests-limit",
+            "anthropic-ratelimit-requests-remaining",
+            "anthropic-ratelimit-requests-reset",
+        ),
+    ),
+    (
+        "tokens",
+        names(
+            "anthropic-ratelimit-tokens-limit",
+            "anthropic-ratelimit-tokens-remaining",
+            "anthropic-ratelimit-tokens-reset",
+        ),
+    ),
+    (
+        "input-tokens",
+        names(
+            "anthropic-ratelimit-input-tokens-limit",
+            "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset",
+        ),
+    ),
+    (
+        "output-tokens",
+        names(
+            "anthropic-ratelimit-output-tokens-limit",
+            "anthropic-ratelimit-output-tokens-remaining",
+            "anthropic-ratelimit-output-tokens-reset",
+        ),
+    ),
 ];
 
 /// How a reset is written.
@@ -409,34 +470,13 @@ impl Read<'_> {
         });
     }
 
-    fn triple(&mut self, form: Form, policy: &str, [limit, remaining, reset]: [&'static str; 3]) {
+    fn triple(&mut self, form: Form, policy: &str, names: &[HeaderName; 3]) {
         let how = if form == Form::Draft {
             Reset::Delta
         } else {
             Reset::Seconds
         };
-        let names = [
-            HeaderName::from_static(limit),
-            HeaderName::from_static(remaining),
-            HeaderName::from_static(reset),
-        ];
-        self.fields(form, policy, [&names[0], &names[1], &names[2]], how);
-    }
-
-    fn model_duration(&mut self, resource: &str) {
-        let name = |what: &str| HeaderName::try_from(format!("x-ratelimit-{what}-{resource}")).ok();
-        if let (Some(l), Some(r), Some(t)) = (name("limit"), name("remaining"), name("reset")) {
-            self.fields(Form::ModelDuration, resource, [&l, &r, &t], Reset::Duration);
-        }
-    }
-
-    fn model_time(&mut self, resource: &str) {
-        let name = |what: &str| {
-            HeaderName::try_from(format!("anthropic-ratelimit-{resource}-{what}")).ok()
-        };
-        if let (Some(l), Some(r), Some(t)) = (name("limit"), name("remaining"), name("reset")) {
-            self.fields(Form::ModelTime, resource, [&l, &r, &t], Reset::Time);
-        }
+        self.fields(form, policy, names, how);
     }
 
     /// A form of three fields: read when what remains is there.
@@ -444,7 +484,7 @@ impl Read<'_> {
         &mut self,
         form: Form,
         policy: &str,
-        [limit, remaining, reset]: [&HeaderName; 3],
+        [limit, remaining, reset]: &[HeaderName; 3],
         how: Reset,
     ) {
         let Some(left) = self.headers.get(remaining) else {
