@@ -513,8 +513,8 @@ fn build(which: Which, addrs: &[SocketAddr]) -> Caller {
             BoxCloneService::new(svc)
         }
         Which::StackFleet => {
-            let fleet = FleetLayer::fixed(addrs.iter().map(|a| format!("http://{a}")))
-                .expect("a fleet");
+            let fleet =
+                FleetLayer::fixed(addrs.iter().map(|a| format!("http://{a}"))).expect("a fleet");
             let stack = tower_resend::stack()
                 .name("upstream")
                 .total(TOTAL)
@@ -544,7 +544,7 @@ async fn run(which: Which, seed: u64) -> Tally {
     let tally = Arc::new(Mutex::new(Tally::new(start)));
     let mut instances = Vec::new();
     for i in 0..INSTANCES {
-        instances.push(Instance::start(i, &tally, seed ^ (i as u64 + 1) * 0x9E37).await);
+        instances.push(Instance::start(i, &tally, seed ^ ((i as u64 + 1) * 0x9E37)).await);
     }
     let addrs: Vec<SocketAddr> = instances.iter().map(|i| i.addr).collect();
     let client = build(which, &addrs);
@@ -680,7 +680,9 @@ fn figures(t: &Tally) -> Figures {
 
 fn print_buckets(t: &Tally) {
     println!();
-    println!("| t (s) | made | good | good share | reached A, B, C | work (s) | for gone callers (s) |");
+    println!(
+        "| t (s) | made | good | good share | reached A, B, C | work (s) | for gone callers (s) |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for b in 0..buckets() {
         let share = if t.offered[b] == 0 {
@@ -824,7 +826,8 @@ fn main() {
     );
     println!("|---|---|---|---|---|");
     for which in columns {
-        let began = std::time::Instant::now();
+        // (Outside a paused runtime, tokio's clock is the real one.)
+        let began = Instant::now();
         let (report, min, mean) = simulated(which, seed);
         let wall = began.elapsed();
         println!(
@@ -839,10 +842,7 @@ fn main() {
         if per_bucket {
             println!("second made good work wasted");
             for (i, s) in report.seconds.iter().enumerate() {
-                println!(
-                    "{i} {} {} {:.1} {:.1}",
-                    s.offered, s.good, s.work, s.wasted
-                );
+                println!("{i} {} {} {:.1} {:.1}", s.offered, s.good, s.work, s.wasted);
             }
         }
     }
