@@ -56,7 +56,7 @@
 //! # Pacing
 //!
 //! A [`PaceLayer`] (on a stack: [`StackBuilder::pace`](crate::stack::StackBuilder::pace))
-//! reads every answer with its reader and keeps what it said of each quota
+//! reads the answers with its reader and keeps what it said of each quota
 //! (per policy and partition, at most 16): what is left, and when it is
 //! whole again. Then, for each call:
 //!
@@ -74,6 +74,12 @@
 //!   [`RetryAdvice::After`](crate::RetryAdvice::After) the reset; a retry
 //!   layer above stops on it at once, and a job runner can requeue it. A
 //!   call with no deadline waits at most the reader's cap.
+//! - **Read now and then, while far from spent**: while every quota has a
+//!   tenth of it and ten calls left (half, for a quota of tokens), an
+//!   answer is read at most every 100 ms (and ten times before a reset),
+//!   the calls counting themselves against the last reading in between;
+//!   so another client's use is seen that late at most. Near the end every
+//!   answer is read, and a 429 or a 403 always is.
 //! - **At a reset**, the quota is taken as whole again (its stated size,
 //!   for its stated window, or the longest reset seen) until an answer
 //!   says otherwise. In a window already told of, the lowest count said

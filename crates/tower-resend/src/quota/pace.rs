@@ -68,6 +68,19 @@ impl Bucket {
             .unwrap_or(now + window);
     }
 
+    /// Below this, the quota is near its end: a tenth of it and ten calls,
+    /// or half of a quota of tokens (which calls spend by amounts they do
+    /// not know).
+    fn low(&self) -> u64 {
+        let size = self.limit.unwrap_or(self.peak);
+        let low = if self.calls {
+            (size / 10).max(10)
+        } else {
+            size / 2
+        };
+        low.max(1)
+    }
+
     /// The pace's interval for a call at `at`: the time left after the
     /// pace's next slot (or `at`, if later) spread over the calls left.
     fn interval(&self, at: Instant) -> Duration {
@@ -94,6 +107,9 @@ pub(crate) struct Quotas {
     pub(crate) buckets: Vec<Bucket>,
     /// A 429's (or a 403's) Retry-After: nothing goes before it.
     pub(crate) blocked_until: Option<Instant>,
+    /// A call took one of the last places of a quota (see
+    /// [`quiet_for`](Self::quiet_for)): from now on, every answer is read.
+    pub(crate) near_end: bool,
 }
 
 /// What one answer changed, to be counted.
@@ -148,6 +164,7 @@ impl Quotas {
         for b in self.buckets.iter_mut().filter(|b| b.calls) {
             b.tat = b.tat.max(slot) + b.interval(slot);
             b.left -= 1;
+            self.near_end |= b.left < b.low();
         }
         if slot > now {
             Admit::Wait {
@@ -230,6 +247,32 @@ impl Quotas {
             self.blocked_until = self.blocked_until.max(Some(until));
         }
         seen
+    }
+}
+
+/// The longest the layer goes without reading an answer while every quota
+/// is far from spent.
+pub(crate) const REREAD: Duration = Duration::from_millis(100);
+
+impl Quotas {
+    /// How long the layer may go without reading the answers' fields at
+    /// `now`, counting its own calls against the last reading: while every
+    /// quota is far from spent (a tenth of it and ten calls left, or half
+    /// of a quota of tokens, which calls spend by amounts they do not
+    /// know), a tenth of the time to the nearest reset and [`REREAD`] at
+    /// most; else none, and every answer is read.
+    pub(crate) fn quiet_for(&self, now: Instant) -> Duration {
+        if self.blocked_until.is_some_and(|until| until > now) {
+            return Duration::ZERO;
+        }
+        let mut quiet = REREAD;
+        for b in &self.buckets {
+            if b.assumed || now >= b.reset_at || b.left < b.low() {
+                return Duration::ZERO;
+            }
+            quiet = quiet.min(b.reset_at.saturating_duration_since(now) / 10);
+        }
+        quiet
     }
 }
 

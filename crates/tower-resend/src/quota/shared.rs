@@ -53,6 +53,12 @@ pub(crate) struct Shared {
     known: AtomicBool,
     /// Calls that took their place and have no answer yet.
     pending: AtomicU64,
+    /// Until then (nanoseconds after `origin`), answers that are not a 429
+    /// or a 403 go unread: every quota is far from spent, and the calls
+    /// count themselves against the last reading (see
+    /// `Quotas::quiet_for`). 0: every answer is read.
+    quiet_until: AtomicU64,
+    origin: Instant,
     quotas: Mutex<Quotas>,
     waits: AtomicU64,
     waited_us: AtomicU64,
@@ -68,6 +74,8 @@ impl Shared {
             config,
             known: AtomicBool::new(false),
             pending: AtomicU64::new(0),
+            quiet_until: AtomicU64::new(0),
+            origin: Instant::now(),
             quotas: Mutex::default(),
             waits: AtomicU64::new(0),
             waited_us: AtomicU64::new(0),
@@ -98,10 +106,28 @@ impl Shared {
     /// What this process's own view of the quotas says of a call.
     fn decide(&self, now: Instant, deadline: Option<Instant>) -> Admit {
         if self.known.load(Ordering::Acquire) {
-            self.quotas().admit(now, deadline, self.config.burst)
+            let mut quotas = self.quotas();
+            let admit = quotas.admit(now, deadline, self.config.burst);
+            if std::mem::take(&mut quotas.near_end) {
+                // This call brought a quota near its end: read every answer.
+                self.quiet_until.store(0, Ordering::Relaxed);
+            }
+            admit
         } else {
             Admit::Go
         }
+    }
+
+    /// Whether an answer of `status` at `now` may go unread (see
+    /// `quiet_until`).
+    fn quiet(&self, status: StatusCode, now: Instant) -> bool {
+        let until = self.quiet_until.load(Ordering::Relaxed);
+        until != 0
+            && !matches!(
+                status,
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::FORBIDDEN
+            )
+            && nanos_since(self.origin, now) < until
     }
 
     /// Whether a call at `now` asks Redis for its place (feature
@@ -206,6 +232,15 @@ impl Shared {
         let pending = self.pending.load(Ordering::Acquire);
         let mut quotas = self.quotas();
         let seen = quotas.observe(&reading, now, pending, self.config.reader.reset_cap());
+        let quiet = quotas.quiet_for(now);
+        self.quiet_until.store(
+            if quiet.is_zero() {
+                0
+            } else {
+                nanos_since(self.origin, now + quiet)
+            },
+            Ordering::Relaxed,
+        );
         #[cfg(feature = "otel")]
         if let Some(m) = &self.config.metrics {
             for b in &quotas.buckets {
@@ -249,6 +284,14 @@ impl Shared {
     }
 }
 
+/// Nanoseconds from `origin` to `at` (at least 1, so that 0 can mean
+/// none).
+fn nanos_since(origin: Instant, at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(origin).as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -276,7 +319,10 @@ impl Ticket {
     pub(crate) fn answered(mut self, status: StatusCode, headers: &HeaderMap) {
         if let Some(shared) = self.0.take() {
             shared.pending.fetch_sub(1, Ordering::AcqRel);
-            shared.observe(status, headers, Instant::now());
+            let now = Instant::now();
+            if !shared.quiet(status, now) {
+                shared.observe(status, headers, now);
+            }
         }
     }
 }

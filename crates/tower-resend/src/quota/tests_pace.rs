@@ -552,3 +552,63 @@ RateLimit: "default";r=50;t=30
     call(svc.clone(), 10 * S).await.unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(600));
 }
+
+/// While every quota is far from spent, answers go unread for a while (the
+/// layer counts its own calls against the last reading): an answer saying
+/// the quota is suddenly spent is seen on the next reading, 100 ms on at
+/// most. Near its end, every answer is read. A 429 is always read.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn far_from_spent_answers_are_read_now_and_then_near_the_end_every_one() {
+    const MS: Duration = Duration::from_millis(1);
+    let far = [
+        ("ratelimit-policy", "\"default\";q=1000;w=100"),
+        ("ratelimit", "\"default\";r=900;t=100"),
+    ];
+    let spent = [
+        ("ratelimit-policy", "\"default\";q=1000;w=100"),
+        ("ratelimit", "\"default\";r=0;t=100"),
+    ];
+    let up = Scripted::answering(200, &far);
+    let layer = PaceLayer::new().burst(1000);
+    let svc = layer.layer(up.service());
+    call(svc.clone(), 200 * S).await.unwrap();
+    // The upstream now says the quota is spent: not read yet, so the next
+    // call goes at once, and its answer is not read either.
+    up.set(200, &spent);
+    let start = Instant::now();
+    call(svc.clone(), 200 * S).await.unwrap();
+    call(svc.clone(), 200 * S).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // 100 ms on, the next answer is read: the call after it waits for the
+    // reset.
+    tokio::time::advance(100 * MS).await;
+    call(svc.clone(), 200 * S).await.unwrap();
+    let start = Instant::now();
+    call(svc.clone(), 200 * S).await.unwrap();
+    assert!(start.elapsed() >= 99 * S, "{:?}", start.elapsed());
+
+    // Near its end (9 of 1000 left), every answer is read.
+    let near = [
+        ("ratelimit-policy", "\"default\";q=1000;w=100"),
+        ("ratelimit", "\"default\";r=9;t=100"),
+    ];
+    let up = Scripted::answering(200, &near);
+    let svc = PaceLayer::new().burst(1000).layer(up.service());
+    call(svc.clone(), 200 * S).await.unwrap();
+    up.set(200, &spent);
+    call(svc.clone(), 200 * S).await.unwrap();
+    let start = Instant::now();
+    call(svc.clone(), 200 * S).await.unwrap();
+    assert!(start.elapsed() >= 99 * S, "{:?}", start.elapsed());
+
+    // Far from spent, a 429 is read at once.
+    let up = Scripted::answering(200, &far);
+    let svc = PaceLayer::new().burst(1000).layer(up.service());
+    call(svc.clone(), 200 * S).await.unwrap();
+    up.set(429, &[("retry-after", "30")]);
+    call(svc.clone(), 200 * S).await.unwrap();
+    up.set(200, &far);
+    let start = Instant::now();
+    call(svc, 200 * S).await.unwrap();
+    assert_eq!(start.elapsed(), 30 * S);
+}
