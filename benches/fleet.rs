@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::{Authority, Parts};
+use http::uri::Authority;
 use http::{Request, Uri};
 use http_body_util::Empty;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -29,51 +29,18 @@ use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PendingRequestsDiscover};
 use tower::{Service, ServiceExt};
 use tower_resend::fleet::FleetLayer;
-use tower_resend_benches::{carried, median, send_batch, CloneAndRetry};
+use tower_resend_benches::{carried, median, send_batch, Bare, CloneAndRetry, To};
 use tower_resend_testkit::{Reply, Script, TestServer};
 
 const CONCURRENCY: usize = 16;
 const PER_TASK: usize = 1024;
 
 type Body = Empty<Bytes>;
-type Bare = Client<HttpConnector, Body>;
 
 fn bare() -> Bare {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     Client::builder(TokioExecutor::new()).build(http)
-}
-
-/// `client`, sending every request to `authority` (one instance, for
-/// tower's balancer).
-#[derive(Clone)]
-struct To {
-    authority: Authority,
-    client: Bare,
-}
-
-impl Service<Request<Body>> for To {
-    type Response = <Bare as Service<Request<Body>>>::Response;
-    type Error = <Bare as Service<Request<Body>>>::Error;
-    type Future = <Bare as Service<Request<Body>>>::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.client.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
-        let mut parts = Parts::default();
-        parts.scheme = Some(http::uri::Scheme::HTTP);
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = req.uri().path_and_query().cloned();
-        if let Ok(uri) = Uri::from_parts(parts) {
-            *req.uri_mut() = uri;
-        }
-        self.client.call(req)
-    }
 }
 
 fn authority(s: &TestServer) -> Authority {

@@ -382,3 +382,38 @@ pub mod keyed {
         }
     }
 }
+
+/// A hyper-util client over plain HTTP, as the loopback benches build it.
+pub type Bare =
+    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Body>;
+
+/// `client`, sending every request to `authority` (one instance, for
+/// tower's balancer, which needs a service per instance).
+#[derive(Clone, Debug)]
+pub struct To {
+    /// The instance.
+    pub authority: http::uri::Authority,
+    /// The client that takes the requests there.
+    pub client: Bare,
+}
+
+impl Service<Request<Body>> for To {
+    type Response = <Bare as Service<Request<Body>>>::Response;
+    type Error = <Bare as Service<Request<Body>>>::Error;
+    type Future = <Bare as Service<Request<Body>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.client.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(http::uri::Scheme::HTTP);
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = req.uri().path_and_query().cloned();
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+        self.client.call(req)
+    }
+}

@@ -66,8 +66,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use http::uri::{Authority, Parts, Scheme};
-use http::{Request, Response, StatusCode, Uri};
+use http::{Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpSocket};
@@ -83,7 +82,7 @@ use tower::util::BoxCloneService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_resend::fleet::FleetLayer;
 use tower_resend_benches::sim::{self, Client, Column, Model, Plan, Scale, Scenario, Server};
-use tower_resend_benches::Body;
+use tower_resend_benches::{Bare, Body, To};
 
 /// Workers per instance.
 const WORKERS: usize = 4;
@@ -406,40 +405,6 @@ impl Which {
             Which::TowerRetry => Client::TowerRetry,
             Which::StackFleet => Client::StackFleet,
         }
-    }
-}
-
-type Bare = hyper_util::client::legacy::Client<HttpConnector, Body>;
-
-/// `client`, sending every request to `authority` (one instance, for
-/// tower's balancer).
-#[derive(Clone)]
-struct To {
-    authority: Authority,
-    client: Bare,
-}
-
-impl Service<Request<Body>> for To {
-    type Response = <Bare as Service<Request<Body>>>::Response;
-    type Error = <Bare as Service<Request<Body>>>::Error;
-    type Future = <Bare as Service<Request<Body>>>::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.client.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
-        let mut parts = Parts::default();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(self.authority.clone());
-        parts.path_and_query = req.uri().path_and_query().cloned();
-        if let Ok(uri) = Uri::from_parts(parts) {
-            *req.uri_mut() = uri;
-        }
-        self.client.call(req)
     }
 }
 
