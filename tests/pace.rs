@@ -3,11 +3,15 @@
 //! every answer (in the IETF fields, in `X-RateLimit-*` with epoch resets,
 //! in the model APIs' fields with duration resets), 429 beyond it; 20
 //! callers for 60 s through the stack with pacing, and beside them the
-//! same load through the stack without it.
+//! same load through the stack without it, and through tower's retry (429
+//! and 5xx retried twice, 100 ms apart) as a tower user would write it.
 #![allow(clippy::print_stderr)]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::Full;
 
 use tower_resend::quota::PaceLayer;
 
@@ -65,6 +69,58 @@ fn figures(served: &Served) -> Figures {
     }
 }
 
+/// tower's retry as a user writes it for an API that answers 429: the
+/// 429 (and 5xx, and errors) retried twice, 100 ms apart.
+#[derive(Clone)]
+struct Retry429 {
+    left: usize,
+}
+
+impl<R, E> tower::retry::Policy<http::Request<Full<Bytes>>, http::Response<R>, E> for Retry429 {
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        _: &mut http::Request<Full<Bytes>>,
+        result: &mut Result<http::Response<R>, E>,
+    ) -> Option<Self::Future> {
+        match result {
+            Ok(r) if r.status() != 429 && !r.status().is_server_error() => None,
+            _ if self.left > 0 => {
+                self.left -= 1;
+                Some(tokio::time::sleep(Duration::from_millis(100)))
+            }
+            _ => None,
+        }
+    }
+
+    fn clone_request(
+        &mut self,
+        req: &http::Request<Full<Bytes>>,
+    ) -> Option<http::Request<Full<Bytes>>> {
+        let mut copy = http::Request::new(req.body().clone());
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.headers_mut() = req.headers().clone();
+        Some(copy)
+    }
+}
+
+/// The load through tower's retry over the same client, beside the stack.
+async fn run_tower(announce: Announce) -> Figures {
+    let served = Arc::new(Mutex::new(Served::default()));
+    let server = upstream(announce, QUOTA, WINDOW, Arc::clone(&served)).await;
+    let client = tower::ServiceBuilder::new()
+        .map_err(tower_resend::Error::from_box)
+        .retry(Retry429 { left: 2 })
+        .timeout(Duration::from_secs(5))
+        .service(common::transport());
+    let seen = load(client, server.uri("/"), CALLERS, RUN).await;
+    let f = figures(&served.lock().unwrap());
+    eprintln!("{announce:?}, tower's retry: {f:?}, callers saw {seen:?}");
+    f
+}
+
 /// One run: the load through the stack, paced or not.
 async fn run(announce: Announce, paced: bool) -> (Figures, Seen) {
     let served = Arc::new(Mutex::new(Served::default()));
@@ -117,6 +173,8 @@ async fn paced_against_unpaced(announce: Announce) {
 
     let (unpaced, _) = run(announce, false).await;
     assert!(unpaced.too_many > 0, "{announce:?}: {unpaced:?}");
+    let tower = run_tower(announce).await;
+    assert!(tower.too_many > 0, "{announce:?}: {tower:?}");
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
