@@ -20,6 +20,7 @@ use crate::problems::{Problem, ProblemType};
 /// | `OutcomeUnknown` | 502 | [`outcome_unknown`](crate::problems#outcome_unknown): the upstream may have acted; verify before sending again |
 /// | `BudgetExhausted`, `Throttled`, `AtCapacity` | 503 with `Retry-After: 1` | [`upstream_overloaded`](crate::problems#upstream_overloaded) |
 /// | `CircuitOpen` | 503 with `Retry-After`: the time the circuit stays open, rounded up to whole seconds | [`circuit_open`](crate::problems#circuit_open) |
+/// | `QuotaSpent` | 503 with `Retry-After`: the time until the upstream's stated quota is whole again, rounded up to whole seconds | [`upstream_overloaded`](crate::problems#upstream_overloaded) |
 /// | `AttemptTimeout`, `ConnectTimeout` | 504 | [`upstream_timeout`](crate::problems#upstream_timeout) |
 /// | anything else | 502 | [`upstream_failed`](crate::problems#upstream_failed) |
 ///
@@ -167,6 +168,11 @@ impl ClientErrorResponse {
                 format!("{the} has as many calls in flight as it serves; this one was not sent; try again later"),
             )
             .retry_after(Duration::from_secs(1)),
+            ErrorKind::QuotaSpent => Problem::new(
+                ProblemType::UpstreamOverloaded,
+                format!("{the}'s stated quota has no room for this call before its deadline; nothing was sent; try again after its reset"),
+            )
+            .retry_after(e.limit().unwrap_or(Duration::from_secs(1))),
             ErrorKind::AttemptTimeout => Problem::new(
                 ProblemType::UpstreamTimeout,
                 format!("{the} did not answer in time"),

@@ -541,6 +541,35 @@ async fn client_errors_are_problems_one_shape_per_kind() {
     assert!(body["detail"].as_str().unwrap().contains("was not sent"));
     held.abort();
 
+    // QuotaSpent: 503 upstream_overloaded, Retry-After the quota's reset,
+    // rounded up, nothing sent. The upstream's first answer says its
+    // quota is spent for 29.5 s; the next call has 10 s.
+    let search = tower_resend::stack()
+        .name("search")
+        .total(Duration::from_secs(10))
+        .pace(tower_resend::quota::PaceLayer::new())
+        .service(service_fn(|_: Request<String>| async {
+            let r = Response::builder()
+                .header("x-ratelimit-remaining-requests", "0")
+                .header("x-ratelimit-reset-requests", "29.5s")
+                .body(String::new())
+                .unwrap();
+            Ok::<_, Error>(r)
+        }));
+    search.clone().oneshot(get("/")).await.unwrap();
+    let e = search.oneshot(get("/")).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::QuotaSpent, "{e}");
+    let (status, headers, body) = answered(e).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["retry-after"], "30");
+    assert_eq!(body["error"], "upstream_overloaded");
+    assert_eq!(body["upstream"], "search");
+    assert!(body["detail"].as_str().unwrap().contains("quota"));
+    assert!(body["detail"]
+        .as_str()
+        .unwrap()
+        .contains("nothing was sent"));
+
     // A transport error: 502 upstream_failed.
     let io = std::io::Error::new(
         std::io::ErrorKind::ConnectionReset,
