@@ -13,6 +13,8 @@
 //! machine (`RESEND_REDIS_URL`, default `redis://127.0.0.1:6379`) and fail
 //! without it; each run uses a key prefix of its own.
 //!
+//! And the same with two processes: the test binary runs itself twice.
+//!
 //! With Redis down (a port nothing listens on; a listener that accepts and
 //! never answers), on the paused clock: calls still go, paced by each
 //! process's own view, each held at most the quota's timeout, and counted
@@ -168,6 +170,121 @@ mod shared {
         // they spend more than the quota.
         let alone = two_stacks(false).await;
         assert!(alone.too_many() > 0, "{:?}", alone.per_window());
+    }
+}
+
+/// Two processes, not two stacks in one: this test binary starts itself
+/// twice (its `child` test, with the upstream's address and a key prefix
+/// in its environment), each child running 10 callers for the run through
+/// its own stack, sharing the quota through Redis; the parent serves the
+/// upstream and counts what it answered.
+mod processes {
+    use std::process::{Child, Command, Stdio};
+
+    use super::*;
+
+    const QUOTA: u64 = 20;
+    const WINDOW: Duration = Duration::from_secs(2);
+    const RUN: Duration = Duration::from_secs(6);
+    const CALLERS: usize = 10;
+    const URI: &str = "RESEND_PACE_CHILD_URI";
+    const PREFIX: &str = "RESEND_PACE_CHILD_PREFIX";
+
+    fn start(uri: &http::Uri, prefix: &str) -> Child {
+        Command::new(std::env::current_exe().expect("this test binary"))
+            .args(["--exact", "processes::child", "--ignored", "--nocapture"])
+            .env(URI, uri.to_string())
+            .env(PREFIX, prefix)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("a child process")
+    }
+
+    /// Waits for `child` (polling, so the upstream keeps serving), killing
+    /// it (by its own handle: only a process this test started) if it
+    /// outlives `limit`; its standard output.
+    async fn finish(mut child: Child, limit: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            match child.try_wait().expect("the child's status") {
+                Some(status) => {
+                    let mut out = String::new();
+                    if let Some(mut stdout) = child.stdout.take() {
+                        std::io::Read::read_to_string(&mut stdout, &mut out).expect("its output");
+                    }
+                    assert!(status.success(), "the child failed: {out}");
+                    return out;
+                }
+                None if start.elapsed() > limit => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("a child outlived {limit:?}");
+                }
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn two_processes_sharing_one_quota_in_redis_never_meet_a_429() {
+        let served = Arc::new(Mutex::new(Served::default()));
+        let server = upstream(Announce::Ietf, QUOTA, WINDOW, Arc::clone(&served)).await;
+        let (uri, prefix) = (server.uri("/"), prefix());
+        let children = [start(&uri, &prefix), start(&uri, &prefix)];
+        let limit = RUN + Duration::from_secs(30);
+        let [a, b] = children;
+        let (out_a, out_b) = tokio::join!(finish(a, limit), finish(b, limit));
+        let log = std::mem::take(&mut served.lock().unwrap().log);
+        let too_many = log.iter().filter(|(_, s)| *s == 429).count();
+        let mut per_window = vec![0u64; (RUN.as_secs() / WINDOW.as_secs() + 2) as usize];
+        for (at, status) in &log {
+            if *status == 200 {
+                if let Some(n) = per_window.get_mut((at.as_nanos() / WINDOW.as_nanos()) as usize) {
+                    *n += 1;
+                }
+            }
+        }
+        eprintln!(
+            "two processes: 200s per window {per_window:?}, 429s {too_many}; {out_a} {out_b}"
+        );
+        assert_eq!(too_many, 0, "{per_window:?}");
+        assert!(per_window.iter().all(|n| *n <= QUOTA), "{per_window:?}");
+        for out in [&out_a, &out_b] {
+            assert!(out.contains("child: ok="), "{out}");
+            assert!(
+                out.contains("fallbacks=0"),
+                "Redis answered every call: {out}"
+            );
+        }
+        let ok = log.iter().filter(|(_, s)| *s == 200).count();
+        let quota_in_run = (RUN.as_secs() / WINDOW.as_secs() * QUOTA) as usize;
+        assert!(ok * 100 >= quota_in_run * 60, "{ok} of {quota_in_run}");
+    }
+
+    /// One of the two processes: run by the test above, with its
+    /// environment; fails on its own.
+    #[tokio::test(flavor = "current_thread")]
+    #[ignore = "a child process of two_processes_sharing_one_quota_in_redis_never_meet_a_429"]
+    async fn child() {
+        let uri: http::Uri = std::env::var(URI)
+            .expect("run by its parent test, which gives the upstream's address")
+            .parse()
+            .expect("a URI");
+        let prefix = std::env::var(PREFIX).expect("and a key prefix");
+        let pace = PaceLayer::new()
+            .shared_in(RedisQuota::new(manager().await, "upstream").prefix(prefix.as_str()));
+        let stack = common::stack()
+            .pace(pace.clone())
+            .service(common::transport());
+        let seen = load(stack, uri, CALLERS, RUN).await;
+        assert_eq!(seen.failed, 0, "{seen:?}");
+        println!(
+            "child: ok={} refused={} fallbacks={}",
+            seen.ok,
+            seen.refused,
+            pace.stats().fallbacks
+        );
     }
 }
 
