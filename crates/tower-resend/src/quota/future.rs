@@ -64,7 +64,7 @@ impl<S, ReqB> Waiting<S, ReqB> {
     fn admitted(&mut self, admit: Admit, ticket: &mut Option<Ticket>) -> Option<BoxError> {
         match admit {
             Admit::Go => {
-                *ticket = Some(Ticket::new(Arc::clone(&self.shared)));
+                *ticket = Some(Ticket::new(Arc::clone(&self.shared), Instant::now()));
                 self.slept = true;
                 self.again = false;
             }
@@ -73,7 +73,7 @@ impl<S, ReqB> Waiting<S, ReqB> {
                 self.slept = false;
                 self.again = !reserved;
                 if reserved {
-                    *ticket = Some(Ticket::new(Arc::clone(&self.shared)));
+                    *ticket = Some(Ticket::new(Arc::clone(&self.shared), until));
                 }
             }
             Admit::Refuse(after) => return Some(Error::quota_spent(after).into()),

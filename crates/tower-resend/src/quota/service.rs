@@ -67,16 +67,17 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let deadline = Deadline::of(req.extensions()).map(Deadline::instant);
+        let now = Instant::now();
         #[cfg(feature = "quota-redis")]
-        if self.shared.asks_redis(Instant::now()) {
+        if self.shared.asks_redis(now) {
             // Redis says where its place is: the slow path, as a wait.
             let clone = self.inner.clone();
             let service = std::mem::replace(&mut self.inner, clone);
             return ResponseFuture::asking(service, req, Arc::clone(&self.shared), deadline);
         }
-        match self.shared.admit(Instant::now(), deadline) {
+        match self.shared.admit(now, deadline) {
             Admit::Go => {
-                let ticket = Ticket::new(Arc::clone(&self.shared));
+                let ticket = Ticket::new(Arc::clone(&self.shared), now);
                 ResponseFuture::sent(self.inner.call(req), ticket)
             }
             Admit::Wait { until, reserved } => {
@@ -84,7 +85,7 @@ where
                 // its clone's place (tower's `limit/concurrency`).
                 let clone = self.inner.clone();
                 let service = std::mem::replace(&mut self.inner, clone);
-                let ticket = reserved.then(|| Ticket::new(Arc::clone(&self.shared)));
+                let ticket = reserved.then(|| Ticket::new(Arc::clone(&self.shared), until));
                 ResponseFuture::waiting(
                     until,
                     service,

@@ -307,21 +307,28 @@ fn doubt_str(d: Doubt) -> &'static str {
 /// A call's place in the quota, from the moment it took one until its
 /// answer (or its end without one): while it is out, it spends the quota.
 #[derive(Debug)]
-pub(crate) struct Ticket(Option<std::sync::Arc<Shared>>);
+pub(crate) struct Ticket {
+    shared: Option<std::sync::Arc<Shared>>,
+    /// When the call went (or will go, its place taken): an answer is
+    /// judged quiet or not by it, without reading the clock again.
+    at: Instant,
+}
 
 impl Ticket {
-    pub(crate) fn new(shared: std::sync::Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: std::sync::Arc<Shared>, at: Instant) -> Self {
         shared.pending.fetch_add(1, Ordering::AcqRel);
-        Self(Some(shared))
+        Self {
+            shared: Some(shared),
+            at,
+        }
     }
 
     /// The call's answer came: what it says of the quotas.
     pub(crate) fn answered(mut self, status: StatusCode, headers: &HeaderMap) {
-        if let Some(shared) = self.0.take() {
+        if let Some(shared) = self.shared.take() {
             shared.pending.fetch_sub(1, Ordering::AcqRel);
-            let now = Instant::now();
-            if !shared.quiet(status, now) {
-                shared.observe(status, headers, now);
+            if !shared.quiet(status, self.at) {
+                shared.observe(status, headers, Instant::now());
             }
         }
     }
@@ -329,7 +336,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if let Some(shared) = self.0.take() {
+        if let Some(shared) = self.shared.take() {
             shared.pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
