@@ -140,6 +140,7 @@
 //! ```
 
 mod clock;
+mod fields;
 mod future;
 mod layer;
 #[cfg(feature = "otel")]
