@@ -156,6 +156,8 @@ mod slot;
 mod tests;
 #[cfg(test)]
 mod tests_pace;
+#[cfg(test)]
+mod tests_published;
 
 pub use future::ResponseFuture;
 pub use layer::{PaceLayer, DEFAULT_BURST};

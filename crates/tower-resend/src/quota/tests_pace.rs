@@ -16,46 +16,46 @@ use crate::deadline::Deadline;
 use crate::error::{BoxError, Error, ErrorKind, RetryAdvice};
 use crate::test_events::{field, Events};
 
-const S: Duration = Duration::from_secs(1);
+pub(super) const S: Duration = Duration::from_secs(1);
 
 /// A status, and the fields an answer carries.
-type Answer = (u16, Vec<(String, String)>);
+pub(super) type Answer = (u16, Vec<(String, String)>);
 
 /// The window a [`Windowed`] upstream is in, the calls it had in it, and
 /// the instant (from its start) and status of every call.
-type Log = (u64, u64, Vec<(Duration, u16)>);
+pub(super) type Log = (u64, u64, Vec<(Duration, u16)>);
 
 /// An upstream that answers every call with the status and fields it is
 /// set to, and counts the calls it had.
 #[derive(Clone, Default)]
-struct Scripted {
+pub(super) struct Scripted {
     answer: Arc<Mutex<Answer>>,
     calls: Arc<AtomicU32>,
 }
 
 impl Scripted {
-    fn answering(status: u16, fields: &[(&'static str, &str)]) -> Self {
+    pub(super) fn answering(status: u16, fields: &[(&'static str, &str)]) -> Self {
         let s = Self::default();
         s.set(status, fields);
         s
     }
 
-    fn set(&self, status: u16, fields: &[(&'static str, &str)]) {
+    pub(super) fn set(&self, status: u16, fields: &[(&'static str, &str)]) {
         let fields = fields
             .iter()
             .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()));
         self.set_fields(status, fields.collect());
     }
 
-    fn set_fields(&self, status: u16, fields: Vec<(String, String)>) {
+    pub(super) fn set_fields(&self, status: u16, fields: Vec<(String, String)>) {
         *self.answer.lock().unwrap() = (status, fields);
     }
 
-    fn calls(&self) -> u32 {
+    pub(super) fn calls(&self) -> u32 {
         self.calls.load(Ordering::SeqCst)
     }
 
-    fn service<B>(
+    pub(super) fn service<B>(
         &self,
     ) -> impl Service<Request<B>, Response = Response<String>, Error = Infallible> + Clone {
         let s = self.clone();
@@ -67,7 +67,7 @@ impl Scripted {
     }
 }
 
-fn respond<N: AsRef<str>>(status: u16, fields: &[(N, String)]) -> Response<String> {
+pub(super) fn respond<N: AsRef<str>>(status: u16, fields: &[(N, String)]) -> Response<String> {
     let mut resp = Response::new(String::new());
     *resp.status_mut() = StatusCode::from_u16(status).unwrap();
     for (name, value) in fields {
@@ -83,7 +83,7 @@ fn respond<N: AsRef<str>>(status: u16, fields: &[(N, String)]) -> Response<Strin
 /// clock, from its making), stated in the IETF fields, 429 past it; it
 /// keeps the instant and status of every call.
 #[derive(Clone)]
-struct Windowed {
+pub(super) struct Windowed {
     q: u64,
     w: Duration,
     start: Instant,
@@ -91,7 +91,7 @@ struct Windowed {
 }
 
 impl Windowed {
-    fn new(q: u64, w: Duration) -> Self {
+    pub(super) fn new(q: u64, w: Duration) -> Self {
         Self {
             q,
             w,
@@ -100,11 +100,11 @@ impl Windowed {
         }
     }
 
-    fn served(&self) -> Vec<(Duration, u16)> {
+    pub(super) fn served(&self) -> Vec<(Duration, u16)> {
         self.log.lock().unwrap().2.clone()
     }
 
-    fn service(
+    pub(super) fn service(
         &self,
     ) -> impl Service<Request<()>, Response = Response<String>, Error = Infallible> + Clone {
         let u = self.clone();
@@ -135,7 +135,7 @@ impl Windowed {
 }
 
 /// A call with `budget` left before its deadline.
-async fn call<S>(svc: S, budget: Duration) -> Result<Response<String>, BoxError>
+pub(super) async fn call<S>(svc: S, budget: Duration) -> Result<Response<String>, BoxError>
 where
     S: Service<Request<()>, Response = Response<String>, Error = BoxError>,
 {
@@ -144,7 +144,7 @@ where
     svc.oneshot(req).await
 }
 
-fn quota_spent(e: &BoxError) -> &Error {
+pub(super) fn quota_spent(e: &BoxError) -> &Error {
     let e = e.downcast_ref::<Error>().expect("a tower-resend error");
     assert_eq!(e.kind(), ErrorKind::QuotaSpent, "{e}");
     e
@@ -429,128 +429,6 @@ async fn a_wait_and_a_refusal_are_tracing_events() {
         .expect("a refusal event");
     assert_eq!(field(&refusal.2, "error.type"), Some("quota_spent"));
     assert_eq!(field(&refusal.2, "resend.quota.reset_ms"), Some("50000"));
-}
-
-/// The headers of a published example, pasted as they are: `name: value`
-/// a line.
-fn pasted(block: &str) -> http::HeaderMap {
-    let mut headers = http::HeaderMap::new();
-    for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let (name, value) = line.split_once(':').unwrap();
-        headers.append(
-            HeaderName::from_bytes(name.trim().as_bytes()).unwrap(),
-            HeaderValue::from_str(value.trim()).unwrap(),
-        );
-    }
-    headers
-}
-
-/// GitHub's REST docs' example of its rate-limit headers, as published
-/// ("Checking the status of your rate limit"). Its reset is an epoch time
-/// (2023-08-09T14:29:23Z): read an hour before it, with the cap raised to
-/// GitHub's hour, the layer spreads the 4 999 calls left over the hour,
-/// one every 720 ms; under the default cap of 10 minutes the reset is
-/// read as the cap, and counted.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn githubs_published_example_paces_its_hour() {
-    const GITHUB: &str = "
-x-ratelimit-limit: 5000
-x-ratelimit-remaining: 4999
-x-ratelimit-used: 1
-x-ratelimit-reset: 1691591363
-x-ratelimit-resource: core
-";
-    let headers = pasted(GITHUB);
-    let reset = std::time::UNIX_EPOCH + Duration::from_secs(1_691_591_363);
-    let an_hour_before = reset - 3600 * S;
-
-    // The reader: GitHub's form, its count, its reset an hour away.
-    let hour = QuotaReader::new().cap(3600 * S);
-    let reading = hour.read(StatusCode::OK, &headers, an_hour_before);
-    assert_eq!(reading.quotas.len(), 1, "{reading:?}");
-    let q = &reading.quotas[0];
-    assert_eq!(q.form, super::Form::XRateLimit);
-    assert_eq!(
-        (&*q.policy, q.limit, q.remaining),
-        ("default", Some(5000), 4999)
-    );
-    assert_eq!(q.reset, 3600 * S);
-    assert!(reading.doubted.is_empty());
-    // Under the default cap: ten minutes, doubted as past the cap.
-    let reading = QuotaReader::new().read(StatusCode::OK, &headers, an_hour_before);
-    assert_eq!(reading.quotas[0].reset, DEFAULT_RESET_CAP);
-    assert_eq!(reading.doubted[0].doubt, super::Doubt::PastCap);
-    // Read after its reset (the docs' example is from 2023): whole again.
-    let later = reset + 60 * S;
-    let reading = QuotaReader::new().read(StatusCode::OK, &headers, later);
-    assert_eq!(reading.quotas[0].reset, Duration::ZERO);
-
-    // The layer, its wall clock an hour before the reset.
-    let up = Scripted::default();
-    let fields = headers
-        .iter()
-        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap().to_owned()));
-    up.set_fields(200, fields.collect());
-    let layer = PaceLayer::new().reader(hour).wall_clock(an_hour_before);
-    let svc = layer.layer(up.service());
-    call(svc.clone(), 10 * S).await.unwrap();
-    let stats = layer.stats();
-    assert_eq!(stats.quotas[0].remaining, 4999);
-    assert_eq!(stats.quotas[0].reset, 3600 * S);
-    // Three calls at once (the pace's and a burst of two), then one every
-    // 3600 s / 4999 ≈ 720 ms.
-    let start = Instant::now();
-    for _ in 0..3 {
-        call(svc.clone(), 10 * S).await.unwrap();
-    }
-    assert_eq!(start.elapsed(), Duration::ZERO);
-    call(svc.clone(), 10 * S).await.unwrap();
-    let first = start.elapsed();
-    assert!(
-        first > Duration::ZERO && first <= 3 * 720 * Duration::from_millis(1),
-        "{first:?}"
-    );
-    call(svc.clone(), 10 * S).await.unwrap();
-    let gap = start.elapsed() - first;
-    assert!(
-        gap >= Duration::from_millis(715) && gap <= Duration::from_millis(725),
-        "{gap:?}"
-    );
-}
-
-/// The IETF draft's own examples (draft-ietf-httpapi-ratelimit-headers):
-/// a policy of 100 calls per 10 s, and an answer that says 50 are left
-/// for 30 s.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn the_ietf_drafts_examples() {
-    let headers = pasted(
-        r#"
-RateLimit-Policy: "default";q=100;w=10
-RateLimit: "default";r=50;t=30
-"#,
-    );
-    let reading = QuotaReader::new().read(StatusCode::OK, &headers, std::time::SystemTime::now());
-    let q = &reading.quotas[0];
-    assert_eq!(q.form, super::Form::Ietf);
-    assert_eq!(
-        (&*q.policy, q.limit, q.remaining, q.reset, q.window),
-        ("default", Some(100), 50, 30 * S, Some(10 * S))
-    );
-    // The layer: 50 calls over 30 s, one every 600 ms once the burst is out.
-    let up = Scripted::answering(
-        200,
-        &[
-            ("ratelimit-policy", "\"default\";q=100;w=10"),
-            ("ratelimit", "\"default\";r=50;t=30"),
-        ],
-    );
-    let layer = PaceLayer::new().burst(0);
-    let svc = layer.layer(up.service());
-    call(svc.clone(), 10 * S).await.unwrap();
-    let start = Instant::now();
-    call(svc.clone(), 10 * S).await.unwrap();
-    call(svc.clone(), 10 * S).await.unwrap();
-    assert_eq!(start.elapsed(), Duration::from_millis(600));
 }
 
 /// While every quota is far from spent, answers go unread for a while (the
