@@ -273,3 +273,5 @@ impl Policy {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_end;

@@ -1,9 +1,9 @@
 use super::*;
-use crate::vocab::{Attempt, Attempts};
+use crate::vocab::Attempts;
 
-const S: Duration = Duration::from_secs(1);
+pub(super) const S: Duration = Duration::from_secs(1);
 
-fn policy() -> Policy {
+pub(super) fn policy() -> Policy {
     Policy {
         backoff: Backoff::new(Duration::from_millis(100), 2.0, Duration::from_secs(5)).unwrap(),
         ..Policy::default()
@@ -12,7 +12,12 @@ fn policy() -> Policy {
 
 /// An attempt of a call that may be retried: allowed, no breaker, a
 /// body to send again, the policy's cap.
-fn attempted(c: &Classification, safe: bool, made: u32, left: Option<Duration>) -> Attempted<'_> {
+pub(super) fn attempted(
+    c: &Classification,
+    safe: bool,
+    made: u32,
+    left: Option<Duration>,
+) -> Attempted<'_> {
     Attempted {
         class: c,
         status: None,
@@ -29,7 +34,7 @@ fn attempted(c: &Classification, safe: bool, made: u32, left: Option<Duration>) 
 }
 
 /// A call with no history, ended by a response, not keyed.
-fn unkeyed_answer() -> Ended<'static> {
+pub(super) fn unkeyed_answer() -> Ended<'static> {
     Ended {
         history: Box::leak(Box::new(Attempts::new())),
         answered: true,
@@ -39,7 +44,7 @@ fn unkeyed_answer() -> Ended<'static> {
 }
 
 /// A POST's facts, with an Idempotency-Key when `keyed`.
-fn request(keyed: bool) -> crate::classify::RequestFacts<'static> {
+pub(super) fn request(keyed: bool) -> crate::classify::RequestFacts<'static> {
     let mut req = http::Request::post("http://up/charges");
     if keyed {
         req = req.header("idempotency-key", "k");
@@ -47,23 +52,23 @@ fn request(keyed: bool) -> crate::classify::RequestFacts<'static> {
     crate::classify::RequestFacts::of(Box::leak(Box::new(req.body(()).unwrap())))
 }
 
-fn decide(c: Classification, safe: bool, made: u32, left: Option<Duration>) -> Decision {
+pub(super) fn decide(c: Classification, safe: bool, made: u32, left: Option<Duration>) -> Decision {
     policy().decide(
         attempted(&c, safe, made, left),
         &mut fastrand::Rng::with_seed(1),
     )
 }
 
-fn cls(class: Class) -> Classification {
+pub(super) fn cls(class: Class) -> Classification {
     Classification::new(class)
 }
 
-fn retries(d: Decision) -> bool {
+pub(super) fn retries(d: Decision) -> bool {
     matches!(d, Decision::Retry(_))
 }
 
 /// Why the decision stops, if it does.
-fn why(d: Decision) -> Option<Stop> {
+pub(super) fn why(d: Decision) -> Option<Stop> {
     match d {
         Decision::Stop(end) => Some(end.stop),
         Decision::Retry(_) => None,
@@ -71,7 +76,7 @@ fn why(d: Decision) -> Option<Stop> {
 }
 
 /// The wait of a retry.
-fn wait_of(d: Decision) -> Duration {
+pub(super) fn wait_of(d: Decision) -> Duration {
     match d {
         Decision::Retry(r) => r.wait,
         other => panic!("{other:?}"),
@@ -470,210 +475,6 @@ fn tokens_and_wait_reasons() {
     assert_eq!(
         reason(cls(Class::Unknown).with_pushback(Some(Pushback::After(S)))),
         WaitReason::RetryAfter
-    );
-}
-
-/// An attempt's record, as the call keeps it.
-fn attempt(class: Class, status: Option<u16>, maybe_processed: bool) -> Attempt {
-    let status = status.map(|s| StatusCode::from_u16(s).unwrap());
-    Attempt::new(class, status, Duration::ZERO, Duration::ZERO, None)
-        .with_maybe_processed(maybe_processed)
-}
-
-fn history(attempts: &[Attempt]) -> Attempts {
-    let mut h = Attempts::new();
-    for a in attempts {
-        h.push(a.clone());
-    }
-    h
-}
-
-/// [`ends`], row by row: how a call that stops ends.
-#[test]
-fn how_a_call_ends_row_by_row() {
-    use crate::error::ErrorKind::*;
-    let ok = attempt(Class::Success, Some(200), false);
-    let timed_out = attempt(Class::Unknown, None, true);
-    let plain_503 = attempt(Class::Overloaded, Some(503), true);
-    let shed_503 = attempt(Class::Overloaded, Some(503), false);
-    let too_many = attempt(Class::Overloaded, Some(429), false);
-    let busy_409 = attempt(Class::InProgress, Some(409), false);
-    let refused = attempt(Class::NotSent, None, false);
-    let ended = |h: &Attempts, answered, deadline, keyed, stop| {
-        let call = Ended {
-            history: h,
-            answered,
-            deadline,
-            request: request(keyed),
-        };
-        ends(stop, &call).ending
-    };
-    let answer = |h: &[Attempt], keyed, stop| ended(&history(h), true, false, keyed, stop);
-    let error =
-        |h: &[Attempt], deadline, keyed, stop| ended(&history(h), false, deadline, keyed, stop);
-    let unknown = Ending::Error(OutcomeUnknown);
-
-    // Answers.
-    assert_eq!(
-        answer(std::slice::from_ref(&ok), true, Stop::Final),
-        Ending::Answer
-    );
-    assert_eq!(
-        answer(
-            std::slice::from_ref(&timed_out),
-            false,
-            Stop::OutcomeUnknown
-        ),
-        unknown
-    );
-    assert_eq!(
-        answer(std::slice::from_ref(&plain_503), true, Stop::Replayed),
-        unknown
-    );
-    // Keyed, and the last answer does not settle it: still running, or
-    // turned away after an earlier attempt that may have run.
-    assert_eq!(
-        answer(std::slice::from_ref(&busy_409), true, Stop::MaxAttempts),
-        unknown
-    );
-    for last in [&plain_503, &shed_503, &too_many] {
-        assert_eq!(
-            answer(&[timed_out.clone(), last.clone()], true, Stop::MaxAttempts),
-            unknown,
-            "{last:?}"
-        );
-        // Not keyed: the answer as it is.
-        assert_eq!(
-            answer(&[timed_out.clone(), last.clone()], false, Stop::MaxAttempts),
-            Ending::Answer
-        );
-    }
-    // Keyed, every attempt turned away and none may have run: overload,
-    // the answer as it is.
-    assert_eq!(
-        answer(
-            &[shed_503.clone(), too_many.clone(), shed_503.clone()],
-            true,
-            Stop::MaxAttempts
-        ),
-        Ending::Answer
-    );
-    assert_eq!(
-        answer(&[shed_503.clone(), shed_503.clone()], true, Stop::Budget),
-        Ending::Answer
-    );
-    // NoRetry, or an outer retry layer in charge: the answer as it is.
-    assert_eq!(
-        answer(std::slice::from_ref(&busy_409), true, Stop::Disabled),
-        Ending::Answer
-    );
-
-    // Errors.
-    assert_eq!(
-        error(
-            std::slice::from_ref(&timed_out),
-            false,
-            false,
-            Stop::OutcomeUnknown
-        ),
-        unknown
-    );
-    assert_eq!(
-        error(
-            &[timed_out.clone(), timed_out.clone()],
-            false,
-            false,
-            Stop::MaxAttempts
-        ),
-        Ending::Error(RetriesExhausted)
-    );
-    assert_eq!(
-        error(
-            std::slice::from_ref(&timed_out),
-            false,
-            false,
-            Stop::MaxAttempts
-        ),
-        Ending::Answer
-    );
-    assert_eq!(
-        error(std::slice::from_ref(&timed_out), false, false, Stop::Budget),
-        Ending::Error(BudgetExhausted)
-    );
-    assert_eq!(
-        error(
-            std::slice::from_ref(&timed_out),
-            false,
-            false,
-            Stop::NotReplayable
-        ),
-        Ending::Error(BodyNotReplayable)
-    );
-    assert_eq!(
-        error(&[], true, false, Stop::Deadline),
-        Ending::Error(DeadlineExceeded)
-    );
-    // The deadline stays the reason, whatever else stopped the call.
-    assert_eq!(
-        error(
-            &[timed_out.clone(), timed_out.clone()],
-            true,
-            false,
-            Stop::MaxAttempts
-        ),
-        Ending::Error(DeadlineExceeded)
-    );
-    assert_eq!(
-        error(std::slice::from_ref(&refused), false, false, Stop::Final),
-        Ending::Answer
-    );
-    // Keyed, and an attempt may have run: outcome unknown over the rest.
-    assert_eq!(
-        error(std::slice::from_ref(&timed_out), true, true, Stop::Deadline),
-        Ending::Unknown {
-            under: Some(DeadlineExceeded)
-        }
-    );
-    assert_eq!(
-        error(
-            &[timed_out.clone(), refused.clone()],
-            false,
-            true,
-            Stop::Final
-        ),
-        Ending::Unknown { under: None }
-    );
-    // Keyed, and nothing may have run (refused, shed, 429): not unknown.
-    assert_eq!(
-        error(
-            &[refused.clone(), shed_503.clone(), too_many.clone()],
-            true,
-            true,
-            Stop::Deadline
-        ),
-        Ending::Error(DeadlineExceeded)
-    );
-    assert_eq!(error(&[], false, true, Stop::Throttled), Ending::Answer);
-    // A fleet at capacity: its refusal as it is (not sent, with its
-    // advice); keyed after an attempt that may have run, outcome unknown
-    // over it.
-    assert_eq!(
-        error(
-            std::slice::from_ref(&refused),
-            false,
-            false,
-            Stop::AtCapacity
-        ),
-        Ending::Answer
-    );
-    assert_eq!(
-        error(
-            &[timed_out.clone(), refused.clone()],
-            false,
-            true,
-            Stop::AtCapacity
-        ),
-        Ending::Unknown { under: None }
     );
 }
 
