@@ -18,8 +18,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 mod grpc;
+mod state;
 
 use grpc::TokenBucket;
+use state::{first_probe, Rate, State};
 
 /// Within this of a whole token is a whole token: the decay of the
 /// microseconds between the last deposit and a look would otherwise take k
@@ -146,42 +148,6 @@ struct Inner {
     bucket: Option<TokenBucket>,
 }
 
-struct State {
-    balance: f64,
-    /// Calls per second, averaged over the window (see `seen`).
-    rate: f64,
-    /// How much of a window the budget has seen, `1 - e^(-age/window)`:
-    /// a new budget's average is over its age, not over a window of which
-    /// most has not happened (the bias correction of an average that
-    /// starts at zero).
-    seen: f64,
-    /// Calls per second now: averaged over the last second or so, for the
-    /// floor and recovery, which are for a client whose calls do not
-    /// come fast enough to pay for its retries themselves.
-    now_rate: f64,
-    floor: f64,
-    calls_seen: u64,
-    last: Instant,
-    /// The floor is not drawn on until then: a retry it paid for failed
-    /// (the upstream is still down), so it probes, no faster.
-    floor_paused_until: Instant,
-    /// The pause after the next failed probe: doubled by each, reset by a
-    /// success.
-    probe_interval: Duration,
-    /// A retry the floor paid for failed, and none has succeeded since: the
-    /// floor holds one token at most (one probe at a time, never a burst).
-    probing: bool,
-    /// Recovery: tokens per second earned by retries that succeed (0: not
-    /// recovering), and the bucket they fill (at most one token, so that
-    /// they come evenly spaced, never in a burst).
-    recovery_rate: f64,
-    recovery: f64,
-    /// Retries of keyed calls waiting for a token to learn their outcome
-    /// (see [`RetryBudget::withdraw_for`]): while any waits, other retries
-    /// leave the tokens to them.
-    outcome_waiting: u32,
-}
-
 /// Where a retry's token came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Token {
@@ -270,9 +236,9 @@ impl RetryBudget {
                 burst: burst.as_secs_f64(),
                 state: Mutex::new(State {
                     balance: 0.0,
-                    rate: 0.0,
+                    rate: Rate::default(),
                     seen: 0.0,
-                    now_rate: 0.0,
+                    now_rate: Rate::default(),
                     // A new client may retry at once.
                     floor: floor_cap,
                     calls_seen: 0,
@@ -318,43 +284,8 @@ impl RetryBudget {
         }
         let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        let dt = now.saturating_duration_since(st.last).as_secs_f64();
-        st.last = now;
         let calls: u64 = i.calls.iter().map(|s| s.0.load(Ordering::Relaxed)).sum();
-        let new_calls = calls.saturating_sub(st.calls_seen);
-        st.calls_seen = calls;
-        let window = i.window.as_secs_f64();
-        let decay = (-dt / window).exp();
-        // The calls since the last look were made over `dt`, not now: in
-        // the rate, what is left of them after the decay, on average (a
-        // whole call for calls a moment ago; for calls spread over a quiet
-        // hour, the last window's worth).
-        let x = dt / window;
-        let fresh = if x > 0.01 { (1.0 - decay) / x } else { 1.0 };
-        let new_calls = new_calls as f64;
-        st.rate = st.rate * decay + new_calls * fresh / window;
-        st.seen = st.seen * decay + (1.0 - decay);
-        let now_decay = (-dt / NOW_SECONDS).exp();
-        let now_fresh = if dt > 0.01 * NOW_SECONDS {
-            (1.0 - now_decay) * NOW_SECONDS / dt
-        } else {
-            1.0
-        };
-        st.now_rate = st.now_rate * now_decay + new_calls * now_fresh / NOW_SECONDS;
-        let cap = (i.ratio * calls_per_sec(&st, window, i.burst) * i.burst).max(1.0);
-        // No decay of the balance itself: the cap bounds what is kept, and
-        // falls with the rate when calls stop.
-        st.balance = (st.balance + new_calls * i.ratio).min(cap);
-        // The floor: `min_per_sec`, and five seconds of it kept for a quiet
-        // client; one token at most for a client whose deposits come as
-        // fast (no burst on top of theirs), or while probing.
-        let floor_cap = if st.probing || i.ratio * st.now_rate >= i.min_per_sec {
-            i.floor_cap.min(1.0)
-        } else {
-            i.floor_cap
-        };
-        st.floor = (st.floor + dt * i.min_per_sec).min(floor_cap);
-        st.recovery = (st.recovery + dt * recovery_rate(&st, i.ratio)).min(1.0);
+        st.refill(i, now, calls);
         if wants == Want::Retry && st.outcome_waiting > 0 {
             if st.balance >= WHOLE || st.recovery >= WHOLE {
                 i.left_for_outcome.notify_one();
@@ -460,9 +391,9 @@ impl RetryBudget {
         }
         let st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         // The deposits, at the rate calls have been coming.
-        let deposits = (i.ratio * st.rate > 1e-9).then(|| {
+        let deposits = (i.ratio * st.rate.per_sec > 1e-9).then(|| {
             let missing = (1.0 - st.balance).max(0.0);
-            Duration::from_secs_f64((missing / (i.ratio * st.rate)).min(3600.0))
+            Duration::from_secs_f64((missing / (i.ratio * st.rate.per_sec)).min(3600.0))
         });
         let floor = (i.min_per_sec > 0.0).then(|| {
             let missing = (1.0 - st.floor).max(0.0);
@@ -472,7 +403,7 @@ impl RetryBudget {
                 .saturating_duration_since(Instant::now());
             refill.max(paused)
         });
-        let rate = recovery_rate(&st, i.ratio);
+        let rate = st.recovery_per_sec(i.ratio);
         let recovery = (rate > 1e-9).then(|| {
             let missing = (1.0 - st.recovery).max(0.0);
             Duration::from_secs_f64((missing / rate).min(3600.0))
@@ -525,34 +456,6 @@ impl Drop for OutcomeWaiting {
     fn drop(&mut self) {
         let mut st = self.0.state();
         st.outcome_waiting = st.outcome_waiting.saturating_sub(1);
-    }
-}
-
-/// The recent rate of calls, over the budget's age while it is younger
-/// than a window; at its start, as if its calls so far came within one
-/// burst (so a new client may spend all it has deposited).
-fn calls_per_sec(st: &State, window: f64, burst: f64) -> f64 {
-    st.rate / st.seen.max(burst / window).max(1e-9)
-}
-
-/// Recovery's tokens per second now: its rate, faded out as the deposits'
-/// own rate nears recovery's first (10 a second: 50 calls a second at the
-/// default ratio). Recovery is for a client whose calls are too few to
-/// release the retries an outage held back (a hundred calls at once, then
-/// none); a busier client's deposits release them, at a fifth of its
-/// calls, and recovery on top would send more than that in the seconds
-/// after a storm (measured: 1.46 attempts per call made in the second the
-/// storm ended, 1.19 without).
-fn recovery_rate(st: &State, ratio: f64) -> f64 {
-    st.recovery_rate * (1.0 - ratio * st.now_rate / RECOVERY_START).max(0.0)
-}
-
-/// The first pause of the floor after a failed probe: one floor period.
-fn first_probe(min_per_sec: f64) -> Duration {
-    if min_per_sec > 0.0 {
-        Duration::from_secs_f64((1.0 / min_per_sec).min(30.0))
-    } else {
-        Duration::from_secs(1)
     }
 }
 
