@@ -299,6 +299,12 @@ mod tests {
                 "at capacity: every instance has as many attempts in flight as its limit \
                  allows, this one was not sent",
             ),
+            (
+                Error::quota_spent(Duration::from_secs(30)),
+                Code::Unavailable,
+                "quota spent: the upstream's stated quota has no room for this call for \
+                 another 30 s, past its deadline; it was not sent",
+            ),
             // Retried for a replay-safe call, every attempt UNAVAILABLE
             // but the last, which timed out.
             (
