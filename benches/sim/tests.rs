@@ -108,8 +108,8 @@ fn with_the_server_half_the_stack_is_back_within_two_seconds() {
 /// the server half's `InboundDeadlineLayer`): tower's retry never comes
 /// back from the storm, and in the same scenario, with the same seed, the
 /// stack is back within 2 s of its end, sending at most 1.2 attempts a call
-/// in any second (20 % of the calls as retries, plus each client's floor
-/// of one retry a second: 1.21 here).
+/// in any second (20 % of the calls as retries; the budget's floor tops a
+/// quiet client up to a retry a second, and adds nothing to a busy one's).
 #[test]
 fn on_servers_that_drop_expired_work_the_stack_meets_the_line() {
     let watch = Duration::from_secs(20);
@@ -121,8 +121,8 @@ fn on_servers_that_drop_expired_work_the_stack_meets_the_line() {
             matches!(f.recovery, Recovery::After(d) if d <= Duration::from_secs(2)),
             "{client:?}: {f:?}"
         );
-        assert!(f.peak_load <= 1.22, "{client:?}: {f:?}");
-        assert!(f.peak_amplification <= 1.22, "{client:?}: {f:?}");
+        assert!(f.peak_load <= 1.2, "{client:?}: {f:?}");
+        assert!(f.peak_amplification <= 1.2, "{client:?}: {f:?}");
     }
 }
 

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Inner, NOW_SECONDS, RECOVERY_START};
+use super::{Inner, NOW_SECONDS, RECOVERY_START, WHOLE};
+
+/// The most credit the deposits give the floor, in seconds of it.
+const FLOOR_CREDIT_SECONDS: f64 = 1.0;
 
 /// What a budget holds between two looks.
 pub(super) struct State {
@@ -25,6 +28,9 @@ pub(super) struct State {
     /// come fast enough to pay for its retries themselves.
     pub(super) now_rate: Rate,
     pub(super) floor: f64,
+    /// What the deposits gave beyond the floor's rate, a second's worth
+    /// at most: the floor refills only once it is spent (see `refill`).
+    pub(super) floor_credit: f64,
     pub(super) calls_seen: u64,
     pub(super) last: Instant,
     /// The floor is not drawn on until then: a retry it paid for failed
@@ -73,8 +79,36 @@ impl State {
         } else {
             i.floor_cap
         };
-        self.floor = (self.floor + dt * i.min_per_sec).min(floor_cap);
+        // The floor tops the deposits up to `min_per_sec`, never adds to
+        // them: what they give beyond it is credit (a second's worth at
+        // most) that the floor's refill spends first. A client whose calls
+        // deposit a retry a second or more has no floor on top (measured
+        // at 10 000 callers, the floor on top made the storm's worst
+        // second 1.21 attempts per call made, not 1.20); a second after
+        // its calls stop (an outage holding them), the floor probes again.
+        self.floor_credit += new_calls * i.ratio - dt * i.min_per_sec;
+        self.floor_credit = self.floor_credit.min(i.min_per_sec * FLOOR_CREDIT_SECONDS);
+        if self.floor_credit < 0.0 {
+            self.floor -= self.floor_credit;
+            self.floor_credit = 0.0;
+        }
+        self.floor = self.floor.min(floor_cap);
         self.recovery = (self.recovery + dt * recovery_rate(self, i.ratio)).min(1.0);
+    }
+
+    /// When the floor holds a token again, with no deposit: once its
+    /// credit is spent, at `min_per_sec` (`None` without a floor).
+    pub(super) fn floor_refill(&self, i: &Inner) -> Option<Duration> {
+        (i.min_per_sec > 0.0).then(|| {
+            // (The floor tops the deposits up.)
+            let have = self.floor + self.balance;
+            let missing = if have >= WHOLE {
+                0.0
+            } else {
+                1.0 - have + self.floor_credit
+            };
+            Duration::from_secs_f64((missing / i.min_per_sec).min(3600.0))
+        })
     }
 
     /// Recovery's tokens per second now (see `recovery_rate`).
