@@ -17,6 +17,9 @@ pub(crate) const MAX_QUOTAS: usize = 16;
 /// attempt); else the call is refused at once.
 pub(crate) const MIN_LEFT: Duration = crate::retry::DEFAULT_MIN_ATTEMPT;
 
+/// The most a stated reset may be late by: whole seconds, rounded up.
+const ROUNDING: Duration = Duration::from_secs(1);
+
 /// What one quota is known to hold now.
 #[derive(Debug)]
 pub(crate) struct Bucket {
@@ -81,6 +84,24 @@ impl Bucket {
         low.max(1)
     }
 
+    /// Whether the answer to a call sent at `sent`, stating a reset
+    /// `reset` from now, may tell of a window before this one. Its window
+    /// ends no earlier than `sent + reset` less a second (the answer was
+    /// made after the call went; a reset in whole seconds is rounded up),
+    /// and the window before this one ended by this one's reset less its
+    /// window (this one's reset is never early): unless the first is past
+    /// the second, the answer may be of the window before. Only a window
+    /// stated (`w`) says where the one before ended, and one of a second
+    /// or less cannot be told apart so: other answers are taken.
+    fn may_be_before(&self, sent: Instant, reset: Duration) -> bool {
+        let Some(window) = self.window.filter(|w| *w > ROUNDING) else {
+            return false;
+        };
+        let ends_after = (sent + reset).checked_sub(ROUNDING);
+        let before_ended = self.reset_at.checked_sub(window);
+        matches!((ends_after, before_ended), (Some(a), Some(b)) if a < b)
+    }
+
     /// The pace's interval for a call at `at`: the time left after the
     /// pace's next slot (or `at`, if later) spread over the calls left.
     fn interval(&self, at: Instant) -> Duration {
@@ -117,6 +138,9 @@ pub(crate) struct Quotas {
 pub(crate) struct Observed {
     /// Quotas not followed: more than [`MAX_QUOTAS`].
     pub(crate) ignored: u64,
+    /// Quotas whose reading was left out: the call was sent before the
+    /// window the layer knows began (see [`Quotas::observe`]).
+    pub(crate) stale: u64,
 }
 
 impl Quotas {
@@ -176,13 +200,15 @@ impl Quotas {
         }
     }
 
-    /// What an answer read at `now` says, while `pending` other calls are
-    /// out (sent, or waiting for their place) and not yet answered: they
-    /// spend the quota too. Values past `cap` are held to it.
+    /// What an answer read at `now`, to a call sent at `sent`, says, while
+    /// `pending` other calls are out (sent, or waiting for their place)
+    /// and not yet answered: they spend the quota too. Values past `cap`
+    /// are held to it.
     pub(crate) fn observe(
         &mut self,
         reading: &Reading,
         now: Instant,
+        sent: Instant,
         pending: u64,
         cap: Duration,
     ) -> Observed {
@@ -227,6 +253,14 @@ impl Quotas {
             // nearest to the truth. Else (a new window, or one only
             // assumed) the answer says it.
             let near = |a: Instant, b: Instant| a.max(b) - a.min(b) <= Duration::from_secs(1);
+            if b.may_be_before(sent, q.reset.min(cap)) {
+                // An answer that may tell of the window before this one
+                // (its reset less than a second from this one's in a
+                // short window) would make the quota whole again too
+                // early. Later answers tell of this window.
+                seen.stale += 1;
+                continue;
+            }
             if !b.assumed && now < b.reset_at && near(reset_at, b.reset_at) {
                 b.left = b.left.min(left);
                 b.reset_at = b.reset_at.min(reset_at);
@@ -280,4 +314,59 @@ impl Quotas {
 /// tokens are spent by an amount the call does not know before its answer.
 pub(crate) fn counts_calls(form: Form, policy: &str) -> bool {
     !matches!(form, Form::ModelDuration | Form::ModelTime) || policy == "requests"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::{Form, Quota};
+
+    const CAP: Duration = Duration::from_secs(300);
+
+    /// An answer in the IETF fields: 20 calls a 2 s window, `remaining`
+    /// left, the reset in `t` whole seconds.
+    fn ietf(remaining: u64, t: u64) -> Reading {
+        Reading {
+            quotas: vec![Quota {
+                form: Form::Ietf,
+                policy: "default".into(),
+                partition: None,
+                limit: Some(20),
+                remaining,
+                reset: Duration::from_secs(t),
+                window: Some(Duration::from_secs(2)),
+            }],
+            retry_after: None,
+            doubted: Vec::new(),
+        }
+    }
+
+    /// A call sent just before a reset, its answer read after the layer
+    /// went past the reset: `t=1` tells of the window before (its last
+    /// second), and would bring the next reset forward by a second (a
+    /// second in which the layer took the quota as whole: 429s when two
+    /// processes shared it); `t=2` tells of the new one, and is taken.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_answer_of_the_window_before_is_left_out() {
+        let start = Instant::now();
+        let mut q = Quotas::default();
+        let seen = q.observe(&ietf(19, 2), start, start, 0, CAP);
+        assert_eq!(seen, Observed::default());
+        tokio::time::advance(Duration::from_millis(1_950)).await;
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        // Past the reset: the quota is taken as whole, until one window on.
+        let now = Instant::now();
+        let _ = q.admit(now, None, 0);
+        assert_eq!(q.buckets[0].reset_at, start + Duration::from_secs(4));
+
+        let seen = q.observe(&ietf(0, 1), now, sent, 0, CAP);
+        assert_eq!(seen.stale, 1);
+        assert_eq!(q.buckets[0].reset_at, start + Duration::from_secs(4));
+        assert!(q.buckets[0].left > 0, "{:?}", q.buckets[0]);
+
+        let seen = q.observe(&ietf(17, 2), now, sent, 0, CAP);
+        assert_eq!(seen.stale, 0);
+        assert_eq!(q.buckets[0].left, 17);
+    }
 }

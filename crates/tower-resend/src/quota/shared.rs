@@ -65,6 +65,7 @@ pub(crate) struct Shared {
     refused: AtomicU64,
     doubted: AtomicU64,
     ignored: AtomicU64,
+    stale: AtomicU64,
     fallbacks: AtomicU64,
 }
 
@@ -82,6 +83,7 @@ impl Shared {
             refused: AtomicU64::new(0),
             doubted: AtomicU64::new(0),
             ignored: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
         }
     }
@@ -210,7 +212,7 @@ impl Shared {
 
     /// What an answer of `status` with `headers`, at `now`, says of the
     /// quotas; the call that had it is no longer out.
-    fn observe(&self, status: StatusCode, headers: &HeaderMap, now: Instant) {
+    fn observe(&self, status: StatusCode, headers: &HeaderMap, now: Instant, sent: Instant) {
         let reading = self
             .config
             .reader
@@ -231,7 +233,7 @@ impl Shared {
         }
         let pending = self.pending.load(Ordering::Acquire);
         let mut quotas = self.quotas();
-        let seen = quotas.observe(&reading, now, pending, self.config.reader.reset_cap());
+        let seen = quotas.observe(&reading, now, sent, pending, self.config.reader.reset_cap());
         let quiet = quotas.quiet_for(now);
         self.quiet_until.store(
             if quiet.is_zero() {
@@ -251,10 +253,11 @@ impl Shared {
         #[cfg(feature = "quota-redis")]
         if let Some(redis) = &self.config.redis {
             if redis.asks(now) {
-                redis.note(&reading, pending, self.config.reader.reset_cap());
+                redis.note(&reading, sent, pending, self.config.reader.reset_cap());
             }
         }
         self.ignored.fetch_add(seen.ignored, Ordering::Relaxed);
+        self.stale.fetch_add(seen.stale, Ordering::Relaxed);
         self.known.store(true, Ordering::Release);
     }
 
@@ -279,6 +282,7 @@ impl Shared {
             refused: self.refused.load(Ordering::Relaxed),
             doubted: self.doubted.load(Ordering::Relaxed),
             ignored: self.ignored.load(Ordering::Relaxed),
+            stale: self.stale.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
         }
     }
@@ -328,7 +332,7 @@ impl Ticket {
         if let Some(shared) = self.shared.take() {
             shared.pending.fetch_sub(1, Ordering::AcqRel);
             if !shared.quiet(status, self.at) {
-                shared.observe(status, headers, Instant::now());
+                shared.observe(status, headers, Instant::now(), self.at);
             }
         }
     }
@@ -363,6 +367,10 @@ pub struct PaceStats {
     pub doubted: u64,
     /// Quotas not followed: an upstream that states more than 16.
     pub ignored: u64,
+    /// Readings left out because their call was sent before the window
+    /// the layer knows began: such an answer may tell of the window
+    /// before, and would make the quota whole again too early.
+    pub stale: u64,
     /// Calls whose place this process's own view decided because the
     /// quotas' shared store failed (feature `quota-redis`: Redis down, in
     /// error, or not answering within its timeout; and the calls of the

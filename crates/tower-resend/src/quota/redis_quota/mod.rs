@@ -216,17 +216,17 @@ impl RedisQuota {
         taken
     }
 
-    /// Writes what an answer said, while `pending` calls of this process
-    /// are out; values past `cap` held to it. In a task of its own, so
-    /// that the answer is not held back.
-    pub(crate) fn note(&self, reading: &Reading, pending: u64, cap: Duration) {
+    /// Writes what an answer to a call sent at `sent` said, while
+    /// `pending` calls of this process are out; values past `cap` held to
+    /// it. In a task of its own, so that the answer is not held back.
+    pub(crate) fn note(&self, reading: &Reading, sent: Instant, pending: u64, cap: Duration) {
         if reading.quotas.is_empty() && reading.retry_after.is_none() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut args = vec![
+        let head = [
             pending.to_string(),
             reading
                 .retry_after
@@ -234,6 +234,7 @@ impl RedisQuota {
                 .to_string(),
             MAX_QUOTAS.to_string(),
         ];
+        let mut args = Vec::with_capacity(6 * reading.quotas.len().min(MAX_QUOTAS));
         for q in reading.quotas.iter().take(MAX_QUOTAS) {
             args.push(field(&q.policy, q.partition.as_deref()));
             args.push(u8::from(counts_calls(q.form, &q.policy)).to_string());
@@ -249,7 +250,10 @@ impl RedisQuota {
         let this = self.clone();
         runtime.spawn(async move {
             let mut call = this.state.note.key(this.key());
-            call.arg(args);
+            // How long ago the call went, as the script runs (rounded up:
+            // never later than it went).
+            let age = millis_up(Instant::now().saturating_duration_since(sent));
+            call.arg(&head).arg(age).arg(args);
             let _ = this.invoke(&call).await;
         });
     }
@@ -325,6 +329,130 @@ mod tests {
         assert_eq!(field("default", None), "7:default:");
         assert_eq!(field("a", Some(b"\x01\xff")), "1:a:01ff");
         assert_ne!(field("a:1", None), field("a", Some(b"1")));
+    }
+
+    /// The note script leaves out an answer that may tell of the window
+    /// before the one Redis holds (the rule of `pace.rs`, in Lua): a
+    /// window of 2 s, rolled past its reset 50 ms ago; an answer to a call
+    /// sent 100 ms before that reset, stating `t=1`, changes nothing; one
+    /// stating `t=2` (the new window's) is taken.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_answer_of_the_window_before_is_left_out() {
+        let mut conn = connect().await;
+        let key = format!("resend-test:quota-stale:{}:{{q}}", std::process::id());
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        let now = secs * 1000 + micros / 1000;
+        // Rolled past its reset (`now - 50`): whole, assumed, until one
+        // window on.
+        let (reset, field) = (now - 50, field("default", None));
+        let state = format!("20 {} 2000 20 20 2000 {} 1 1", reset + 2000, reset);
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(&field)
+            .arg(&state)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(&key)
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let note = Script::new(scripts::NOTE);
+        // pending, Retry-After, most quotas, age; field, calls, left,
+        // reset, size, window.
+        let answer = |left: i64, reset_ms: i64| {
+            let mut call = note.key(&key);
+            call.arg(0).arg(-1).arg(MAX_QUOTAS).arg(150);
+            call.arg(&field)
+                .arg(1)
+                .arg(left)
+                .arg(reset_ms)
+                .arg(20)
+                .arg(2000);
+            call
+        };
+        let _: Value = answer(0, 1000).invoke_async(&mut conn).await.unwrap();
+        let after: String = redis::cmd("HGET")
+            .arg(&key)
+            .arg(&field)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            after, state,
+            "an answer of the window before changed nothing"
+        );
+        let _: Value = answer(17, 2000).invoke_async(&mut conn).await.unwrap();
+        let after: String = redis::cmd("HGET")
+            .arg(&key)
+            .arg(&field)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            after.starts_with("17 "),
+            "the new window's answer is taken: {after}"
+        );
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    /// Calls that go before any answer is noted (Redis knows nothing yet)
+    /// are counted, whichever process sent them, and the first answer's
+    /// count does not know of those still out: ten went, the first answer
+    /// (from a process with four of them still out) says 19 are left, and
+    /// the quota holds 10 (19 less the nine others), not 15.
+    #[tokio::test(flavor = "current_thread")]
+    async fn calls_that_went_before_any_answer_count_against_the_first() {
+        let mut conn = connect().await;
+        let key = format!("resend-test:quota-blind:{}:{{q}}", std::process::id());
+        let take = Script::new(scripts::TAKE);
+        for _ in 0..10 {
+            let mut call = take.key(&key);
+            call.arg(0).arg(-1).arg(50);
+            let answer: Vec<i64> = call.invoke_async(&mut conn).await.unwrap();
+            assert_eq!(answer, [3, 0], "Redis knows nothing of the quota yet");
+        }
+        let note = Script::new(scripts::NOTE);
+        let mut call = note.key(&key);
+        call.arg(4).arg(-1).arg(MAX_QUOTAS).arg(5);
+        call.arg(field("default", None))
+            .arg(1)
+            .arg(19)
+            .arg(2000)
+            .arg(20)
+            .arg(2000);
+        let _: Value = call.invoke_async(&mut conn).await.unwrap();
+        let all: Vec<String> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2, "the count of blind calls is spent: {all:?}");
+        assert!(all[1].starts_with("10 "), "{all:?}");
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    /// A connection to this machine's Redis (`RESEND_REDIS_URL`, default
+    /// `redis://127.0.0.1:6379`): the test fails without it.
+    async fn connect() -> redis::aio::MultiplexedConnection {
+        let url =
+            std::env::var("RESEND_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let client = redis::Client::open(url.as_str()).expect("a Redis URL");
+        let connect = client.get_multiplexed_async_connection();
+        tokio::time::timeout(Duration::from_secs(3), connect)
+            .await
+            .unwrap_or_else(|_| panic!("Redis at {url} is needed by this test: no answer"))
+            .unwrap_or_else(|e| panic!("Redis at {url} is needed by this test: {e}"))
     }
 
     #[test]
