@@ -56,19 +56,25 @@ async fn per_call_over(fleet: FleetLayer) -> f64 {
 }
 
 /// Nanoseconds per call, each of `threads` tasks on its own worker making
-/// `CALLS` calls on clones of one stack over 100 instances.
-fn per_call_threads(threads: usize) -> f64 {
+/// `CALLS` calls on clones of one stack over 100 instances (`shared`), or
+/// each on a stack of its own: the same work with nothing shared, to tell
+/// what sharing costs from what the machine does with more threads.
+fn per_call_threads(threads: usize, shared: bool) -> f64 {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_time()
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let stack = Arc::new(tower_resend::stack().fleet(fleet(100)).service(Instant200));
+        let one = Arc::new(tower_resend::stack().fleet(fleet(100)).service(Instant200));
         let start = Instant::now();
         let tasks: Vec<_> = (0..threads)
             .map(|_| {
-                let stack = Arc::clone(&stack);
+                let stack = if shared {
+                    Arc::clone(&one)
+                } else {
+                    Arc::new(tower_resend::stack().fleet(fleet(100)).service(Instant200))
+                };
                 tokio::spawn(async move {
                     for _ in 0..CALLS {
                         let req = Request::get("http://inventory/items/7")
@@ -147,24 +153,26 @@ fn main() {
     );
 
     let threads = [1usize, 2, 4, 8];
-    let mut by_threads: Vec<Vec<f64>> = vec![Vec::new(); threads.len()];
+    let mut by_threads: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; threads.len()];
     for r in 0..rounds {
         for k in 0..threads.len() {
             let i = (k + r) % threads.len();
-            by_threads[i].push(per_call_threads(threads[i]));
+            by_threads[i][0].push(per_call_threads(threads[i], true));
+            by_threads[i][1].push(per_call_threads(threads[i], false));
         }
     }
-    let one = median(by_threads[0].clone());
-    for (t, samples) in threads.iter().zip(by_threads) {
-        let m = median(samples);
+    let one = median(by_threads[0][0].clone());
+    for (t, [shared, own]) in threads.iter().zip(by_threads) {
+        let (m, own) = (median(shared), median(own));
         let note = if *t > cores {
             " (more threads than cores)"
         } else {
             ""
         };
         println!(
-            "{t} thread(s) sharing one stack over 100 instances: median {m:7.1} ns per call each ({:.3}x one thread's){note}",
-            m / one
+            "{t} thread(s) sharing one stack over 100 instances: median {m:7.1} ns per call each ({:.3}x one thread's; each with a stack of its own: {:.3}x){note}",
+            m / one,
+            own / one
         );
     }
 }

@@ -7,9 +7,10 @@
 //! ([`InstanceLimit`](super::InstanceLimit)), instances at it passed over.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::base::Base;
@@ -89,15 +90,26 @@ impl Instance {
 /// The fleet: its instances (replaced whole when discovery changes them)
 /// and the rules that set them aside.
 pub(crate) struct Roster {
-    instances: RwLock<Arc<[Arc<Instance>]>>,
-    settings: RwLock<Settings>,
+    /// What a pick reads: one load, no lock, no count written that every
+    /// thread's picks share (a read lock's count, an `Arc`'s), so the cost
+    /// of a pick does not grow with the threads picking.
+    view: ArcSwap<View>,
     next_id: AtomicU64,
-    /// The instances' circuits, under a stack with a circuit breaker.
-    circuits: RwLock<Option<Arc<dyn Circuits>>>,
     /// Where the instances' clocks start.
     origin: Instant,
     /// The whole fleet's recent attempts and failures.
     recent: Recent,
+}
+
+/// What a pick reads of the fleet, replaced whole when any of it changes
+/// (discovery, the settings, the circuits: rare, and never on a call's
+/// path).
+#[derive(Clone)]
+struct View {
+    instances: Arc<[Arc<Instance>]>,
+    settings: Settings,
+    /// The instances' circuits, under a stack with a circuit breaker.
+    circuits: Option<Arc<dyn Circuits>>,
 }
 
 /// How the fleet treats its instances: when it sets them aside, and the
@@ -181,48 +193,49 @@ impl Moment {
 impl Roster {
     pub(crate) fn new(outliers: Outliers) -> Self {
         Self {
-            instances: RwLock::new(Arc::from(Vec::new())),
-            settings: RwLock::new(Settings {
-                outliers,
-                limit: None,
+            view: ArcSwap::from_pointee(View {
+                instances: Arc::from(Vec::new()),
+                settings: Settings {
+                    outliers,
+                    limit: None,
+                },
+                circuits: None,
             }),
             next_id: AtomicU64::new(1),
-            circuits: RwLock::new(None),
             origin: Instant::now(),
             recent: Recent::default(),
         }
     }
 
     fn settings(&self) -> Settings {
-        *self.settings.read().unwrap_or_else(PoisonError::into_inner)
+        self.view.load().settings
     }
 
     fn outliers(&self) -> Outliers {
         self.settings().outliers
     }
 
+    /// The view made again by `change`, from the latest (a change made at
+    /// once elsewhere is not lost: it is made again on it).
+    fn change(&self, change: impl Fn(&mut View)) {
+        self.view.rcu(|view| {
+            let mut next = View::clone(view);
+            change(&mut next);
+            next
+        });
+    }
+
     pub(crate) fn set_outliers(&self, outliers: Outliers) {
-        self.settings
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .outliers = outliers;
+        self.change(|v| v.settings.outliers = outliers);
     }
 
     /// Each instance's attempts in flight limited by `limit` from now.
     pub(crate) fn set_limit(&self, limit: InstanceLimit) {
-        self.settings
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .limit = Some(limit);
+        self.change(|v| v.settings.limit = Some(limit));
     }
 
     pub(crate) fn instances(&self) -> Arc<[Arc<Instance>]> {
-        Arc::clone(
-            &self
-                .instances
-                .read()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
+        Arc::clone(&self.view.load().instances)
     }
 
     /// The fleet is now `bases`: instances already known keep their
@@ -230,7 +243,7 @@ impl Roster {
     /// state with them (their circuits too).
     pub(crate) fn set(&self, bases: &[Base]) {
         let old = self.instances();
-        let next: Vec<Arc<Instance>> = bases
+        let next: Arc<[Arc<Instance>]> = bases
             .iter()
             .map(|base| {
                 old.iter()
@@ -246,10 +259,7 @@ impl Roster {
             let live: Vec<u64> = next.iter().map(|i| i.id).collect();
             circuits.retain(&live);
         }
-        *self
-            .instances
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::from(next);
+        self.change(|v| v.instances = Arc::clone(&next));
     }
 
     /// Nanoseconds since the origin, plus one (0 means "none" in the
@@ -263,8 +273,12 @@ impl Roster {
     }
 
     fn moment(&self) -> Moment {
+        self.moment_of(self.settings())
+    }
+
+    /// The moment under settings `s`.
+    fn moment_of(&self, s: Settings) -> Moment {
         let now = self.now();
-        let s = self.settings();
         let o = s.outliers;
         Moment {
             now,
@@ -276,17 +290,11 @@ impl Roster {
 
     /// Over a stack with a circuit breaker: the circuits of the instances.
     pub(crate) fn set_circuits(&self, circuits: Arc<dyn Circuits>) {
-        *self
-            .circuits
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(circuits);
+        self.change(|v| v.circuits = Some(Arc::clone(&circuits)));
     }
 
     fn circuits(&self) -> Option<Arc<dyn Circuits>> {
-        self.circuits
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.view.load().circuits.clone()
     }
 
     /// The attempt `sent` ended, classified as `class`, `answered` (a

@@ -27,14 +27,14 @@ impl Roster {
     /// attempts in flight as its limit is passed over; when every one the
     /// call could use is, the call is refused: at capacity.
     pub(crate) fn pick(&self, used: &[u64], rng: &mut fastrand::Rng) -> Result<Sent, Unpicked> {
-        let all = self.instances();
-        let circuits = self.circuits();
-        let moment = self.moment();
+        let view = self.view.load();
+        let (all, circuits) = (&view.instances, &view.circuits);
+        let moment = self.moment_of(view.settings);
         let mut refused: Vec<u64> = Vec::new();
         let mut refusal = None;
         let mut full = false;
         loop {
-            let chosen = match choose(&all, used, &refused, moment, rng) {
+            let chosen = match choose(all, used, &refused, moment, rng) {
                 Ok(chosen) => chosen,
                 Err(Miss::Full) => return Err(Unpicked::AtCapacity),
                 Err(Miss::Nothing) => break,
