@@ -5,7 +5,10 @@
 //!
 //! `cargo bench -p tower-resend-benches --bench overhead_ratio`
 //! (`RESEND_BENCH_ROUNDS=n` sets the rounds, default 41: on a shared VM, 21
-//! moved the stack's ratio by ±0.05 from run to run)
+//! moved the stack's ratio by ±0.05 from run to run). With
+//! `RESEND_BENCH_ONLY=pace`, only the paced stack and the same stack over
+//! the same answers, in turn, for 201 rounds by default: the pacing
+//! layer's cost, whose 100 ns line is within the noise of a full run.
 #![allow(missing_docs, clippy::print_stdout)]
 
 use tokio::time::Instant;
@@ -41,6 +44,14 @@ fn main() {
         .enable_time()
         .build()
         .expect("runtime");
+    if std::env::var("RESEND_BENCH_ONLY").is_ok_and(|v| v == "pace") {
+        let rounds: usize = std::env::var("RESEND_BENCH_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(201);
+        rt.block_on(pace_only(rounds));
+        return;
+    }
     rt.block_on(async {
         let tower = variants::tower_timeout();
         let tower_ext = variants::tower_timeout_ext();
@@ -142,4 +153,33 @@ fn main() {
             )
         );
     });
+}
+
+/// The paced stack against the same stack over the same answers, in turn
+/// (which goes first alternating), `rounds` rounds after one of warm-up:
+/// the median of the rounds' differences.
+async fn pace_only(rounds: usize) {
+    let paced = variants::stack_paced();
+    let unpaced = variants::stack_quota_unpaced();
+    let mut diffs = Vec::with_capacity(rounds);
+    for k in 0..=rounds {
+        let (p, u) = if k % 2 == 0 {
+            (per_call(&paced).await, per_call(&unpaced).await)
+        } else {
+            let u = per_call(&unpaced).await;
+            (per_call(&paced).await, u)
+        };
+        if k > 0 {
+            diffs.push(p - u);
+        }
+    }
+    let mut sorted = diffs.clone();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q) as usize];
+    println!(
+        "stack().pace(..) - stack(), quota stated on each answer, {rounds} rounds: median {:+.1} ns (quartiles {:+.1}, {:+.1})",
+        median(diffs),
+        at(0.25),
+        at(0.75)
+    );
 }

@@ -1,6 +1,9 @@
 //! The pacing rules: what the answers said of each quota, and when the
 //! next call may go. Pure functions of the state and of `now` (tokio's
 //! clock); the layer's service keeps the state under a lock around them.
+//! Times are kept as nanoseconds from the quotas' origin: a call's
+//! arithmetic is then on integers (one division), where on `Instant`s and
+//! `Duration`s it took a third of the layer's instructions.
 
 use std::time::Duration;
 
@@ -31,8 +34,8 @@ pub(crate) struct Bucket {
     /// What may still be sent before `reset_at`: the last answer's count,
     /// less the calls sent or reserved since.
     pub(crate) left: u64,
-    /// When the quota is whole again.
-    pub(crate) reset_at: Instant,
+    /// When the quota is whole again (nanoseconds from the origin).
+    reset_at: u64,
     /// `left` and `reset_at` are what [`roll`](Self::roll) assumed, not
     /// what an answer said.
     assumed: bool,
@@ -44,14 +47,17 @@ pub(crate) struct Bucket {
     window: Option<Duration>,
     span: Duration,
     /// The pace's next slot (a GCRA's theoretical arrival time).
-    tat: Instant,
+    tat: u64,
+    /// Below this, the quota is near its end (see [`low`](Self::low)),
+    /// kept as each answer changes it.
+    low: u64,
 }
 
 impl Bucket {
     /// Past its reset, the quota is whole again: its size (stated, or the
     /// most seen), until the next reset, one window on; an answer then
     /// says what it really holds.
-    fn roll(&mut self, now: Instant) {
+    fn roll(&mut self, now: u64) {
         if now < self.reset_at {
             return;
         }
@@ -59,16 +65,15 @@ impl Bucket {
         self.assumed = true;
         // The pace starts again with the window.
         self.tat = self.tat.min(now);
-        let window = self.window.unwrap_or(self.span).max(Duration::from_secs(1));
-        let behind = now.saturating_duration_since(self.reset_at);
+        let window = nanos(self.window.unwrap_or(self.span).max(Duration::from_secs(1)));
         // Whole windows after the last reset, so that the next one falls
         // where the upstream's does.
-        let windows = u32::try_from(behind.as_nanos() / window.as_nanos() + 1).unwrap_or(u32::MAX);
-        self.reset_at = window
-            .checked_mul(windows)
+        let windows = (now - self.reset_at) / window + 1;
+        self.reset_at = windows
+            .checked_mul(window)
             .and_then(|d| self.reset_at.checked_add(d))
             .filter(|at| *at > now)
-            .unwrap_or(now + window);
+            .unwrap_or(now.saturating_add(window));
     }
 
     /// Below this, the quota is near its end: a tenth of it and ten calls,
@@ -93,20 +98,21 @@ impl Bucket {
     /// the second, the answer may be of the window before. Only a window
     /// stated (`w`) says where the one before ended, and one of a second
     /// or less cannot be told apart so: other answers are taken.
-    fn may_be_before(&self, sent: Instant, reset: Duration) -> bool {
+    fn may_be_before(&self, sent: u64, reset: Duration) -> bool {
         let Some(window) = self.window.filter(|w| *w > ROUNDING) else {
             return false;
         };
-        let ends_after = (sent + reset).checked_sub(ROUNDING);
-        let before_ended = self.reset_at.checked_sub(window);
+        let ends_after = sent
+            .saturating_add(nanos(reset))
+            .checked_sub(nanos(ROUNDING));
+        let before_ended = self.reset_at.checked_sub(nanos(window));
         matches!((ends_after, before_ended), (Some(a), Some(b)) if a < b)
     }
 
     /// The pace's interval for a call at `at`: the time left after the
     /// pace's next slot (or `at`, if later) spread over the calls left.
-    fn interval(&self, at: Instant) -> Duration {
-        let left = u32::try_from(self.left).unwrap_or(u32::MAX).max(1);
-        self.reset_at.saturating_duration_since(self.tat.max(at)) / left
+    fn interval(&self, at: u64) -> u64 {
+        self.reset_at.saturating_sub(self.tat.max(at)) / self.left.max(1)
     }
 }
 
@@ -123,8 +129,10 @@ pub(crate) enum Admit {
 }
 
 /// Every quota the answers stated, and the Retry-After of a 429 or a 403.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Quotas {
+    /// Where the buckets' times start.
+    origin: Instant,
     pub(crate) buckets: Vec<Bucket>,
     /// A 429's (or a 403's) Retry-After: nothing goes before it.
     pub(crate) blocked_until: Option<Instant>,
@@ -144,12 +152,40 @@ pub(crate) struct Observed {
 }
 
 impl Quotas {
-    /// May a call whose deadline is `deadline` go at `now`? With `burst`,
-    /// that many calls more than the pace may go at once.
-    pub(crate) fn admit(&mut self, now: Instant, deadline: Option<Instant>, burst: u32) -> Admit {
+    /// No quota known yet; times kept from `origin`.
+    pub(crate) fn new(origin: Instant) -> Self {
+        Self {
+            origin,
+            buckets: Vec::new(),
+            blocked_until: None,
+            near_end: false,
+        }
+    }
+
+    /// `at` in nanoseconds from the origin (0 before it).
+    pub(crate) fn ns(&self, at: Instant) -> u64 {
+        nanos(at.saturating_duration_since(self.origin))
+    }
+
+    /// When `b` is whole again.
+    pub(crate) fn reset_at(&self, b: &Bucket) -> Instant {
+        self.origin + Duration::from_nanos(b.reset_at)
+    }
+
+    /// May a call whose deadline is `deadline` go at `now` (`t`: the same
+    /// in nanoseconds from the origin)? With `burst`, that many calls more
+    /// than the pace may go at once.
+    pub(crate) fn admit(
+        &mut self,
+        now: Instant,
+        t: u64,
+        deadline: Option<Instant>,
+        burst: u32,
+    ) -> Admit {
         // A wait must leave the attempt some time; no wait needs none (the
         // deadline, if it is that near, is the deadline layer's to keep).
         let fits = |until: Instant| until <= now || deadline.is_none_or(|d| until + MIN_LEFT <= d);
+        let at = |ns: u64| now + Duration::from_nanos(ns.saturating_sub(t));
         let wait_for = |until: Instant| {
             if fits(until) {
                 Admit::Wait {
@@ -167,32 +203,32 @@ impl Quotas {
         }
         // A spent quota holds the call until its reset (the latest of
         // them); else its place is the latest any quota's pace gives.
-        let mut spent: Option<Instant> = None;
-        let mut slot = now;
+        let mut spent: Option<u64> = None;
+        let mut slot = t;
         for b in &mut self.buckets {
-            b.roll(now);
+            b.roll(t);
             if b.left == 0 {
                 spent = spent.max(Some(b.reset_at));
-            } else if b.calls {
-                let tolerance = b.interval(now).saturating_mul(burst);
-                let earliest = b.tat.checked_sub(tolerance).unwrap_or(now);
-                slot = slot.max(earliest);
+            } else if b.calls && b.tat > t {
+                // (A pace behind `now` leaves the slot at `now`.)
+                let tolerance = b.interval(t).saturating_mul(u64::from(burst));
+                slot = slot.max(b.tat.saturating_sub(tolerance));
             }
         }
         if let Some(reset) = spent {
-            return wait_for(reset);
+            return wait_for(at(reset));
         }
-        if !fits(slot) {
-            return Admit::Refuse(slot.saturating_duration_since(now));
+        if slot > t && !fits(at(slot)) {
+            return Admit::Refuse(Duration::from_nanos(slot - t));
         }
         for b in self.buckets.iter_mut().filter(|b| b.calls) {
-            b.tat = b.tat.max(slot) + b.interval(slot);
+            b.tat = b.tat.max(slot).saturating_add(b.interval(slot));
             b.left -= 1;
-            self.near_end |= b.left < b.low();
+            self.near_end |= b.left < b.low;
         }
-        if slot > now {
+        if slot > t {
             Admit::Wait {
-                until: slot,
+                until: at(slot),
                 reserved: true,
             }
         } else {
@@ -200,7 +236,8 @@ impl Quotas {
         }
     }
 
-    /// What an answer read at `now`, to a call sent at `sent`, says, while
+    /// What an answer read at `now`, to a call sent at `sent` (in
+    /// nanoseconds from the origin), says, while
     /// `pending` other calls are out (sent, or waiting for their place)
     /// and not yet answered: they spend the quota too. Values past `cap`
     /// are held to it.
@@ -208,13 +245,14 @@ impl Quotas {
         &mut self,
         reading: &Reading,
         now: Instant,
-        sent: Instant,
+        sent: u64,
         pending: u64,
         cap: Duration,
     ) -> Observed {
         let mut seen = Observed::default();
+        let t = self.ns(now);
         for q in &reading.quotas {
-            let reset_at = now + q.reset.min(cap);
+            let reset_at = t.saturating_add(nanos(q.reset.min(cap)));
             let left = q.remaining.saturating_sub(pending);
             let window = q.window.map(|w| w.min(cap));
             let found = self
@@ -239,7 +277,8 @@ impl Quotas {
                         peak: 0,
                         window: None,
                         span: Duration::ZERO,
-                        tat: now,
+                        tat: t,
+                        low: 1,
                     });
                     let last = self.buckets.len() - 1;
                     &mut self.buckets[last]
@@ -252,7 +291,7 @@ impl Quotas {
             // rounded up (never early), so the earliest said is the
             // nearest to the truth. Else (a new window, or one only
             // assumed) the answer says it.
-            let near = |a: Instant, b: Instant| a.max(b) - a.min(b) <= Duration::from_secs(1);
+            let near = |a: u64, b: u64| a.abs_diff(b) <= nanos(ROUNDING);
             if b.may_be_before(sent, q.reset.min(cap)) {
                 // An answer that may tell of the window before this one
                 // (its reset less than a second from this one's in a
@@ -261,7 +300,7 @@ impl Quotas {
                 seen.stale += 1;
                 continue;
             }
-            if !b.assumed && now < b.reset_at && near(reset_at, b.reset_at) {
+            if !b.assumed && t < b.reset_at && near(reset_at, b.reset_at) {
                 b.left = b.left.min(left);
                 b.reset_at = b.reset_at.min(reset_at);
             } else {
@@ -275,6 +314,7 @@ impl Quotas {
             b.peak = b.peak.max(q.remaining);
             b.window = window.or(b.window);
             b.span = b.span.max(q.reset.min(cap));
+            b.low = b.low();
         }
         if let Some(wait) = reading.retry_after {
             let until = now + wait.min(cap);
@@ -299,15 +339,20 @@ impl Quotas {
         if self.blocked_until.is_some_and(|until| until > now) {
             return Duration::ZERO;
         }
-        let mut quiet = REREAD;
+        let (t, mut quiet) = (self.ns(now), nanos(REREAD));
         for b in &self.buckets {
-            if b.assumed || now >= b.reset_at || b.left < b.low() {
+            if b.assumed || t >= b.reset_at || b.left < b.low {
                 return Duration::ZERO;
             }
-            quiet = quiet.min(b.reset_at.saturating_duration_since(now) / 10);
+            quiet = quiet.min((b.reset_at - t) / 10);
         }
-        quiet
+        Duration::from_nanos(quiet)
     }
+}
+
+/// `d` in nanoseconds, at most `u64::MAX` (584 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Each call spends one of a quota of requests; the model APIs' quotas of
@@ -349,20 +394,20 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn an_answer_of_the_window_before_is_left_out() {
         let start = Instant::now();
-        let mut q = Quotas::default();
-        let seen = q.observe(&ietf(19, 2), start, start, 0, CAP);
+        let mut q = Quotas::new(start);
+        let seen = q.observe(&ietf(19, 2), start, 0, 0, CAP);
         assert_eq!(seen, Observed::default());
         tokio::time::advance(Duration::from_millis(1_950)).await;
-        let sent = Instant::now();
+        let sent = q.ns(Instant::now());
         tokio::time::advance(Duration::from_millis(100)).await;
         // Past the reset: the quota is taken as whole, until one window on.
         let now = Instant::now();
-        let _ = q.admit(now, None, 0);
-        assert_eq!(q.buckets[0].reset_at, start + Duration::from_secs(4));
+        let _ = q.admit(now, q.ns(now), None, 0);
+        assert_eq!(q.reset_at(&q.buckets[0]), start + Duration::from_secs(4));
 
         let seen = q.observe(&ietf(0, 1), now, sent, 0, CAP);
         assert_eq!(seen.stale, 1);
-        assert_eq!(q.buckets[0].reset_at, start + Duration::from_secs(4));
+        assert_eq!(q.reset_at(&q.buckets[0]), start + Duration::from_secs(4));
         assert!(q.buckets[0].left > 0, "{:?}", q.buckets[0]);
 
         let seen = q.observe(&ietf(17, 2), now, sent, 0, CAP);

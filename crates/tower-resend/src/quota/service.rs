@@ -75,9 +75,10 @@ where
             let service = std::mem::replace(&mut self.inner, clone);
             return ResponseFuture::asking(service, req, Arc::clone(&self.shared), deadline);
         }
-        match self.shared.admit(now, deadline) {
+        let t = self.shared.ns(now);
+        match self.shared.admit_at(now, t, deadline) {
             Admit::Go => {
-                let ticket = Ticket::new(Arc::clone(&self.shared), now);
+                let ticket = Ticket::at(Arc::clone(&self.shared), t);
                 ResponseFuture::sent(self.inner.call(req), ticket)
             }
             Admit::Wait { until, reserved } => {

@@ -71,13 +71,14 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(config: Config) -> Self {
+        let origin = Instant::now();
         Self {
             config,
             known: AtomicBool::new(false),
             pending: AtomicU64::new(0),
             quiet_until: AtomicU64::new(0),
-            origin: Instant::now(),
-            quotas: Mutex::default(),
+            origin,
+            quotas: Mutex::new(Quotas::new(origin)),
             waits: AtomicU64::new(0),
             waited_us: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -98,18 +99,30 @@ impl Shared {
     /// With the quotas shared, only while Redis is in an outage's quiet
     /// time (else a call [asks](Self::ask)): counted as a fallback.
     pub(crate) fn admit(&self, now: Instant, deadline: Option<Instant>) -> Admit {
+        self.admit_at(now, self.ns(now), deadline)
+    }
+
+    /// [`admit`](Self::admit) at `now`, `t` in nanoseconds from the origin
+    /// (see [`ns`](Self::ns)).
+    pub(crate) fn admit_at(&self, now: Instant, t: u64, deadline: Option<Instant>) -> Admit {
         #[cfg(feature = "quota-redis")]
         if self.config.redis.is_some() {
             self.fallbacks.fetch_add(1, Ordering::Relaxed);
         }
-        self.count(now, self.decide(now, deadline))
+        self.count(now, self.decide(now, t, deadline))
+    }
+
+    /// `at` in nanoseconds from the layer's origin, as the quotas and the
+    /// tickets keep times.
+    pub(crate) fn ns(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// What this process's own view of the quotas says of a call.
-    fn decide(&self, now: Instant, deadline: Option<Instant>) -> Admit {
+    fn decide(&self, now: Instant, t: u64, deadline: Option<Instant>) -> Admit {
         if self.known.load(Ordering::Acquire) {
             let mut quotas = self.quotas();
-            let admit = quotas.admit(now, deadline, self.config.burst);
+            let admit = quotas.admit(now, t, deadline, self.config.burst);
             if std::mem::take(&mut quotas.near_end) {
                 // This call brought a quota near its end: read every answer.
                 self.quiet_until.store(0, Ordering::Relaxed);
@@ -122,14 +135,14 @@ impl Shared {
 
     /// Whether an answer of `status` at `now` may go unread (see
     /// `quiet_until`).
-    fn quiet(&self, status: StatusCode, now: Instant) -> bool {
+    fn quiet(&self, status: StatusCode, at: u64) -> bool {
         let until = self.quiet_until.load(Ordering::Relaxed);
         until != 0
             && !matches!(
                 status,
                 StatusCode::TOO_MANY_REQUESTS | StatusCode::FORBIDDEN
             )
-            && nanos_since(self.origin, now) < until
+            && at < until
     }
 
     /// Whether a call at `now` asks Redis for its place (feature
@@ -165,10 +178,10 @@ impl Shared {
                 reserved: false,
             },
             Some(Taken::Refused(after)) => Admit::Refuse(after),
-            Some(Taken::Unknown) => self.decide(now, deadline),
+            Some(Taken::Unknown) => self.decide(now, self.ns(now), deadline),
             None => {
                 self.fallbacks.fetch_add(1, Ordering::Relaxed);
-                self.decide(now, deadline)
+                self.decide(now, self.ns(now), deadline)
             }
         };
         self.count(now, admit)
@@ -212,7 +225,7 @@ impl Shared {
 
     /// What an answer of `status` with `headers`, at `now`, says of the
     /// quotas; the call that had it is no longer out.
-    fn observe(&self, status: StatusCode, headers: &HeaderMap, now: Instant, sent: Instant) {
+    fn observe(&self, status: StatusCode, headers: &HeaderMap, now: Instant, sent: u64) {
         let reading = self
             .config
             .reader
@@ -253,6 +266,7 @@ impl Shared {
         #[cfg(feature = "quota-redis")]
         if let Some(redis) = &self.config.redis {
             if redis.asks(now) {
+                let sent = self.origin + Duration::from_nanos(sent);
                 redis.note(&reading, sent, pending, self.config.reader.reset_cap());
             }
         }
@@ -263,17 +277,21 @@ impl Shared {
 
     /// What the layer knows and has done so far.
     pub(crate) fn stats(&self, now: Instant) -> PaceStats {
-        let quotas = self
-            .quotas()
+        let held = self.quotas();
+        let quotas = held
             .buckets
             .iter()
-            .map(|b| QuotaLeft {
-                policy: b.policy.clone(),
-                partition: b.partition.clone(),
-                remaining: if now < b.reset_at { b.left } else { 0 },
-                reset: b.reset_at.saturating_duration_since(now),
+            .map(|b| {
+                let reset_at = held.reset_at(b);
+                QuotaLeft {
+                    policy: b.policy.clone(),
+                    partition: b.partition.clone(),
+                    remaining: if now < reset_at { b.left } else { 0 },
+                    reset: reset_at.saturating_duration_since(now),
+                }
             })
             .collect();
+        drop(held);
         PaceStats {
             quotas,
             pending: self.pending.load(Ordering::Relaxed),
@@ -313,13 +331,21 @@ fn doubt_str(d: Doubt) -> &'static str {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     shared: Option<std::sync::Arc<Shared>>,
-    /// When the call went (or will go, its place taken): an answer is
-    /// judged quiet or not by it, without reading the clock again.
-    at: Instant,
+    /// When the call went (or will go, its place taken), in nanoseconds
+    /// from the layer's origin: an answer is judged quiet or not by it,
+    /// without reading the clock again.
+    at: u64,
 }
 
 impl Ticket {
     pub(crate) fn new(shared: std::sync::Arc<Shared>, at: Instant) -> Self {
+        let at = shared.ns(at);
+        Self::at(shared, at)
+    }
+
+    /// A ticket for a call that went at `at`, in nanoseconds from the
+    /// layer's origin ([`Shared::ns`]).
+    pub(crate) fn at(shared: std::sync::Arc<Shared>, at: u64) -> Self {
         shared.pending.fetch_add(1, Ordering::AcqRel);
         Self {
             shared: Some(shared),
