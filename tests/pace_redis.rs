@@ -13,7 +13,10 @@
 //! machine (`RESEND_REDIS_URL`, default `redis://127.0.0.1:6379`) and fail
 //! without it; each run uses a key prefix of its own.
 //!
-//! And the same with two processes: the test binary runs itself twice.
+//! And the same with two processes: the test binary runs itself twice; and
+//! with the two stacks on a Redis Cluster this binary starts.
+//! (`redis-server` and `redis-cli` are needed for the cluster: without
+//! them its test says so and passes, unless `CI` is set.)
 //!
 //! With Redis down (a port nothing listens on; a listener that accepts and
 //! never answers), on the paused clock: calls still go, paced by each
@@ -33,6 +36,10 @@ use tower_resend::quota::{PaceLayer, RedisQuota};
 mod common;
 #[allow(dead_code)] // each test binary uses part of the pacing helpers
 mod pace_upstream;
+/// The server crate's three-node Redis Cluster on loopback, started once
+/// per test binary and stopped with it.
+#[path = "../crates/tower-resend-server/tests/support/redis_cluster.rs"]
+mod redis_cluster;
 
 use pace_upstream::{load, upstream, Announce, Seen, Served};
 
@@ -101,21 +108,16 @@ mod shared {
         }
     }
 
-    /// Two stacks, each with a pacing layer of its own, sharing one Redis
-    /// key or not, 10 callers each for the run.
-    async fn two_stacks(in_redis: bool) -> Run {
+    /// Two stacks, each with a pacing layer of its own, sharing `quota`
+    /// or each with its own view alone, 10 callers each for the run.
+    async fn two_stacks(quota: Option<RedisQuota>) -> Run {
         let served = Arc::new(Mutex::new(Served::default()));
         let server = upstream(Announce::Ietf, QUOTA, WINDOW, Arc::clone(&served)).await;
         let uri = server.uri("/");
-        let (manager, prefix) = (manager().await, prefix());
-        let pace = || {
-            let layer = PaceLayer::new();
-            if in_redis {
-                layer
-                    .shared_in(RedisQuota::new(manager.clone(), "upstream").prefix(prefix.as_str()))
-            } else {
-                layer
-            }
+        let in_redis = quota.is_some();
+        let pace = || match &quota {
+            Some(q) => PaceLayer::new().shared_in(q.clone()),
+            None => PaceLayer::new(),
         };
         let (a, b) = (pace(), pace());
         let stack_a = common::stack().pace(a.clone()).service(common::transport());
@@ -124,19 +126,6 @@ mod shared {
             load(stack_a, uri.clone(), CALLERS, RUN),
             load(stack_b, uri, CALLERS, RUN),
         );
-        if in_redis {
-            // The key expires by itself, a window after the reset it holds.
-            let key = format!("{prefix}{{upstream}}");
-            let ttl: i64 = redis::cmd("PTTL")
-                .arg(&key)
-                .query_async(&mut manager.clone())
-                .await
-                .expect("PTTL");
-            assert!(
-                ttl > 0 && ttl <= 2 * WINDOW.as_millis() as i64 + 1000,
-                "{key}: {ttl} ms"
-            );
-        }
         let log = std::mem::take(&mut served.lock().unwrap().log);
         let run = Run {
             log,
@@ -155,7 +144,20 @@ mod shared {
 
     #[tokio::test(flavor = "current_thread")]
     async fn two_stacks_sharing_one_quota_in_redis_never_meet_a_429() {
-        let shared = two_stacks(true).await;
+        let (manager, prefix) = (manager().await, prefix());
+        let quota = RedisQuota::new(manager.clone(), "upstream").prefix(prefix.as_str());
+        let shared = two_stacks(Some(quota)).await;
+        // The key expires by itself, a window after the reset it holds.
+        let key = format!("{prefix}{{upstream}}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut manager.clone())
+            .await
+            .expect("PTTL");
+        assert!(
+            ttl > 0 && ttl <= 2 * WINDOW.as_millis() as i64 + 1000,
+            "{key}: {ttl} ms"
+        );
         assert_eq!(shared.too_many(), 0);
         assert!(shared.per_window().iter().all(|n| *n <= QUOTA));
         assert_eq!(shared.fallbacks, [0, 0], "Redis answered every call");
@@ -168,8 +170,34 @@ mod shared {
 
         // The same two stacks, each with its own view alone: together
         // they spend more than the quota.
-        let alone = two_stacks(false).await;
+        let alone = two_stacks(None).await;
         assert!(alone.too_many() > 0, "{:?}", alone.per_window());
+    }
+
+    /// The same two stacks sharing the quota on a Redis Cluster (three
+    /// nodes this test binary starts on loopback, the server crate's
+    /// harness): 0 answers 429, and the quota is one key on one node.
+    #[tokio::test(flavor = "current_thread")]
+    async fn two_stacks_sharing_one_quota_on_a_redis_cluster_never_meet_a_429() {
+        let Some(cluster) = redis_cluster::cluster() else {
+            return;
+        };
+        let prefix = prefix();
+        let conn = cluster.connection().await;
+        let quota = RedisQuota::cluster(conn, "upstream").prefix(prefix.as_str());
+        let run = two_stacks(Some(quota)).await;
+        assert_eq!(run.too_many(), 0, "{:?}", run.per_window());
+        assert!(run.per_window().iter().all(|n| *n <= QUOTA));
+        assert_eq!(run.fallbacks, [0, 0], "the cluster answered every call");
+        let ok: usize = run.seen.iter().map(|s| s.ok).sum();
+        let quota_in_run = (RUN.as_secs() / WINDOW.as_secs() * QUOTA) as usize;
+        assert!(ok * 100 >= quota_in_run * 60, "{ok} of {quota_in_run}");
+        let keys: Vec<Vec<String>> = cluster
+            .ports()
+            .iter()
+            .map(|port| cluster.keys_on(*port, &prefix))
+            .collect();
+        assert_eq!(keys.iter().map(Vec::len).sum::<usize>(), 1, "{keys:?}");
     }
 }
 

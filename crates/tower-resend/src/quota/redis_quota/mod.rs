@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
 use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
@@ -43,7 +44,9 @@ pub const DEFAULT_RECHECK: Duration = Duration::from_secs(1);
 /// window already told of, the lowest count and the earliest reset hold).
 /// Every time is Redis's clock (`TIME`), so pods whose clocks disagree
 /// share one reset. The key expires a window after the last reset it
-/// holds: nothing is left behind.
+/// holds: nothing is left behind. On a Redis Cluster
+/// ([`cluster`](Self::cluster)), the key's hash tag puts the whole quota on
+/// one node, and each script runs there.
 ///
 /// # When Redis fails
 ///
@@ -71,12 +74,20 @@ pub const DEFAULT_RECHECK: Duration = Duration::from_secs(1);
 /// ```
 #[derive(Clone)]
 pub struct RedisQuota {
-    conn: ConnectionManager,
+    conn: Conn,
     name: Arc<str>,
     prefix: Arc<str>,
     timeout: Duration,
     recheck: Duration,
     state: Arc<State>,
+}
+
+/// How a [`RedisQuota`] reaches Redis: the application's connection, a
+/// manager or a cluster's.
+#[derive(Clone)]
+enum Conn {
+    Manager(ConnectionManager),
+    Cluster(ClusterConnection),
 }
 
 /// The scripts, and the outage every clone shares.
@@ -120,9 +131,34 @@ impl RedisQuota {
     /// owned: the quota uses clones of it. Layers that pace calls to one
     /// upstream give it the same name; two upstreams, two names.
     pub fn new(manager: ConnectionManager, name: impl Into<Arc<str>>) -> Self {
+        Self::with_conn(Conn::Manager(manager), name.into())
+    }
+
+    /// Shares the quotas named `name` on the application's Redis Cluster
+    /// connection: each script goes to the node that holds the quota's
+    /// key (one hash tag, `{<name>}`), redirections and failovers handled
+    /// by the connection.
+    ///
+    /// ```no_run
+    /// use redis::cluster::ClusterClient;
+    /// use tower_resend::quota::{PaceLayer, RedisQuota};
+    ///
+    /// # async fn demo() -> Result<(), redis::RedisError> {
+    /// let nodes = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
+    /// let conn = ClusterClient::new(nodes)?.get_async_connection().await?;
+    /// let pace = PaceLayer::new().shared_in(RedisQuota::cluster(conn, "github"));
+    /// # let _ = pace;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn cluster(conn: ClusterConnection, name: impl Into<Arc<str>>) -> Self {
+        Self::with_conn(Conn::Cluster(conn), name.into())
+    }
+
+    fn with_conn(conn: Conn, name: Arc<str>) -> Self {
         Self {
-            conn: manager,
-            name: name.into(),
+            conn,
+            name,
             prefix: DEFAULT_QUOTA_PREFIX.into(),
             timeout: DEFAULT_REDIS_TIMEOUT,
             recheck: DEFAULT_RECHECK,
@@ -261,8 +297,13 @@ impl RedisQuota {
     /// Runs one script call within the timeout; `None` (and the outage
     /// told) when it failed.
     async fn invoke(&self, call: &ScriptInvocation<'_>) -> Option<Value> {
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, call.invoke_async::<Value>(&mut conn)).await {
+        let run = async {
+            match self.conn.clone() {
+                Conn::Manager(mut c) => call.invoke_async::<Value>(&mut c).await,
+                Conn::Cluster(mut c) => call.invoke_async::<Value>(&mut c).await,
+            }
+        };
+        match tokio::time::timeout(self.timeout, run).await {
             Ok(Ok(value)) => {
                 if self.state.down.swap(false, Ordering::AcqRel) {
                     tracing::info!(
