@@ -13,14 +13,16 @@ use super::clock::{go_duration, rfc3339};
 use super::read::{Doubt, Doubted, Form, Quota, QuotaReader, Reading, EPOCH_FROM};
 use crate::classify::parse_retry_after;
 
-/// What `headers` (of an answer of `status`, at `now`) say of the
-/// caller's quotas, as `reader` reads them: every form, the table in the [module docs](super).
-pub(super) fn read(
-    reader: &QuotaReader,
-    status: StatusCode,
-    headers: &HeaderMap,
-    now: SystemTime,
-) -> Reading {
+impl QuotaReader {
+    /// What `headers` (of an answer of `status`, at `now`) say of the
+    /// caller's quotas: every form, the table in the [module docs](super).
+    pub fn read(&self, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Reading {
+        read(self, status, headers, now)
+    }
+}
+
+/// [`QuotaReader::read`], as `reader` reads.
+fn read(reader: &QuotaReader, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Reading {
     let mut r = Read {
         reader,
         headers,

@@ -1,9 +1,9 @@
 //! Reading what an answer says of the caller's quota, in every common form
 //! (the table is in the [module docs](super)).
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, StatusCode};
+use http::HeaderName;
 
 /// What one answer said of one quota: a policy (and partition, when the
 /// server partitions it), what is left of it, and when it is whole again.
@@ -96,7 +96,9 @@ pub(super) struct Custom {
     pub(super) names: [HeaderName; 3],
 }
 
-/// Reads the quota an upstream states on its answers.
+/// Reads the quota an upstream states on its answers (its
+/// [`read`](Self::read) is in `fields.rs`, beside the reading of each
+/// form).
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -183,11 +185,5 @@ impl QuotaReader {
             names: [limit, remaining, reset],
         });
         self
-    }
-
-    /// What `headers` (of an answer of `status`, at `now`) say of the
-    /// caller's quotas.
-    pub fn read(&self, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Reading {
-        super::fields::read(self, status, headers, now)
     }
 }

@@ -414,24 +414,27 @@ mod tests {
                 .arg(2000);
             call
         };
-        let _: Value = answer(0, 1000).invoke_async(&mut conn).await.unwrap();
-        let after: String = redis::cmd("HGET")
-            .arg(&key)
-            .arg(&field)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        // What the field holds after an answer.
+        let note_then_read = |left, reset_ms| {
+            let mut conn = conn.clone();
+            let (call, key, field) = (answer(left, reset_ms), key.clone(), field.clone());
+            async move {
+                let _: Value = call.invoke_async(&mut conn).await.unwrap();
+                let held: String = redis::cmd("HGET")
+                    .arg(&key)
+                    .arg(&field)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                held
+            }
+        };
+        let after = note_then_read(0, 1000).await;
         assert_eq!(
             after, state,
             "an answer of the window before changed nothing"
         );
-        let _: Value = answer(17, 2000).invoke_async(&mut conn).await.unwrap();
-        let after: String = redis::cmd("HGET")
-            .arg(&key)
-            .arg(&field)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let after = note_then_read(17, 2000).await;
         assert!(
             after.starts_with("17 "),
             "the new window's answer is taken: {after}"
