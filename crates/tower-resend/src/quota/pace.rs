@@ -172,19 +172,21 @@ impl Quotas {
         self.origin + Duration::from_nanos(b.reset_at)
     }
 
-    /// May a call whose deadline is `deadline` go at `now` (`t`: the same
-    /// in nanoseconds from the origin)? With `burst`, that many calls more
-    /// than the pace may go at once.
+    /// May a call whose deadline `deadline()` gives go at `now` (`t`: the
+    /// same in nanoseconds from the origin)? With `burst`, that many calls
+    /// more than the pace may go at once. The deadline is looked up only
+    /// when the call would wait: most calls go at once, and need none.
     pub(crate) fn admit(
         &mut self,
         now: Instant,
         t: u64,
-        deadline: Option<Instant>,
+        deadline: impl Fn() -> Option<Instant>,
         burst: u32,
     ) -> Admit {
         // A wait must leave the attempt some time; no wait needs none (the
         // deadline, if it is that near, is the deadline layer's to keep).
-        let fits = |until: Instant| until <= now || deadline.is_none_or(|d| until + MIN_LEFT <= d);
+        let fits =
+            |until: Instant| until <= now || deadline().is_none_or(|d| until + MIN_LEFT <= d);
         let at = |ns: u64| now + Duration::from_nanos(ns.saturating_sub(t));
         let wait_for = |until: Instant| {
             if fits(until) {
@@ -402,7 +404,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(100)).await;
         // Past the reset: the quota is taken as whole, until one window on.
         let now = Instant::now();
-        let _ = q.admit(now, q.ns(now), None, 0);
+        let _ = q.admit(now, q.ns(now), || None, 0);
         assert_eq!(q.reset_at(&q.buckets[0]), start + Duration::from_secs(4));
 
         let seen = q.observe(&ietf(0, 1), now, sent, 0, CAP);

@@ -66,17 +66,20 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let deadline = Deadline::of(req.extensions()).map(Deadline::instant);
+        // (Looked up only for a call that waits, or asks Redis.)
+        let deadline_of =
+            |req: &Request<ReqB>| Deadline::of(req.extensions()).map(Deadline::instant);
         let now = Instant::now();
         #[cfg(feature = "quota-redis")]
         if self.shared.asks_redis(now) {
             // Redis says where its place is: the slow path, as a wait.
             let clone = self.inner.clone();
             let service = std::mem::replace(&mut self.inner, clone);
+            let deadline = deadline_of(&req);
             return ResponseFuture::asking(service, req, Arc::clone(&self.shared), deadline);
         }
         let t = self.shared.ns(now);
-        match self.shared.admit_at(now, t, deadline) {
+        match self.shared.admit_at(now, t, || deadline_of(&req)) {
             Admit::Go => {
                 let ticket = Ticket::at(Arc::clone(&self.shared), t);
                 ResponseFuture::sent(self.inner.call(req), ticket)
@@ -87,6 +90,7 @@ where
                 let clone = self.inner.clone();
                 let service = std::mem::replace(&mut self.inner, clone);
                 let ticket = reserved.then(|| Ticket::new(Arc::clone(&self.shared), until));
+                let deadline = deadline_of(&req);
                 ResponseFuture::waiting(
                     until,
                     service,

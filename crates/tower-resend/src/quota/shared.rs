@@ -99,12 +99,17 @@ impl Shared {
     /// With the quotas shared, only while Redis is in an outage's quiet
     /// time (else a call [asks](Self::ask)): counted as a fallback.
     pub(crate) fn admit(&self, now: Instant, deadline: Option<Instant>) -> Admit {
-        self.admit_at(now, self.ns(now), deadline)
+        self.admit_at(now, self.ns(now), || deadline)
     }
 
     /// [`admit`](Self::admit) at `now`, `t` in nanoseconds from the origin
     /// (see [`ns`](Self::ns)).
-    pub(crate) fn admit_at(&self, now: Instant, t: u64, deadline: Option<Instant>) -> Admit {
+    pub(crate) fn admit_at(
+        &self,
+        now: Instant,
+        t: u64,
+        deadline: impl Fn() -> Option<Instant>,
+    ) -> Admit {
         #[cfg(feature = "quota-redis")]
         if self.config.redis.is_some() {
             self.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -119,7 +124,7 @@ impl Shared {
     }
 
     /// What this process's own view of the quotas says of a call.
-    fn decide(&self, now: Instant, t: u64, deadline: Option<Instant>) -> Admit {
+    fn decide(&self, now: Instant, t: u64, deadline: impl Fn() -> Option<Instant>) -> Admit {
         if self.known.load(Ordering::Acquire) {
             let mut quotas = self.quotas();
             let admit = quotas.admit(now, t, deadline, self.config.burst);
@@ -178,10 +183,10 @@ impl Shared {
                 reserved: false,
             },
             Some(Taken::Refused(after)) => Admit::Refuse(after),
-            Some(Taken::Unknown) => self.decide(now, self.ns(now), deadline),
+            Some(Taken::Unknown) => self.decide(now, self.ns(now), || deadline),
             None => {
                 self.fallbacks.fetch_add(1, Ordering::Relaxed);
-                self.decide(now, self.ns(now), deadline)
+                self.decide(now, self.ns(now), || deadline)
             }
         };
         self.count(now, admit)
