@@ -146,8 +146,8 @@ pub(crate) struct Quotas {
 pub(crate) struct Observed {
     /// Quotas not followed: more than [`MAX_QUOTAS`].
     pub(crate) ignored: u64,
-    /// Quotas whose reading was left out: the call was sent before the
-    /// window the layer knows began (see [`Quotas::observe`]).
+    /// Quotas whose reading was left out: the answer may tell of the
+    /// window before the one the layer holds (see `Bucket::may_be_before`).
     pub(crate) stale: u64,
 }
 

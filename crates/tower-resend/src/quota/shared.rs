@@ -398,9 +398,10 @@ pub struct PaceStats {
     pub doubted: u64,
     /// Quotas not followed: an upstream that states more than 16.
     pub ignored: u64,
-    /// Readings left out because their call was sent before the window
-    /// the layer knows began: such an answer may tell of the window
-    /// before, and would make the quota whole again too early.
+    /// Readings left out because they may tell of the window before the
+    /// one the layer holds (their call went before its reset, and their
+    /// answer was read after the layer went past it): such a reading
+    /// would make the quota whole again too early.
     pub stale: u64,
     /// Calls whose place this process's own view decided because the
     /// quotas' shared store failed (feature `quota-redis`: Redis down, in
