@@ -201,6 +201,41 @@ async fn a_429_with_retry_after_is_honoured() -> TestResult {
     Ok(())
 }
 
+/// A paced stack as the middleware (`stack().pace(..).reqwest_middleware()`):
+/// the upstream's first answer says its quota has none left for 30 s, past
+/// the call's 10 s; the next call fails at once, not sent, `QuotaSpent`
+/// with the reset as its advice, and the upstream sees one call.
+#[cfg(feature = "quota")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_paced_stack_as_the_middleware_keeps_to_the_stated_quota() {
+    let spent = Reply::ok().header("ratelimit", "\"default\";r=0;t=30");
+    let server = server(Script::new().otherwise(spent)).await;
+    let pace = tower_resend::quota::PaceLayer::new();
+    let client = ClientBuilder::new(reqwest_client())
+        .with(stack().pace(pace.clone()).reqwest_middleware())
+        .build();
+
+    let first = within(client.get(url(&server, "/search")).send())
+        .await
+        .expect("the first call goes: nothing is known of the quota yet");
+    assert_eq!(first.status(), StatusCode::OK);
+    let start = Instant::now();
+    let err = within(client.get(url(&server, "/search")).send())
+        .await
+        .expect_err("the quota has no room before the deadline");
+
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let e = resend_error(&err).expect("resend's error");
+    assert_eq!(e.kind(), ErrorKind::QuotaSpent, "{e}");
+    assert!(e.is_not_sent(), "{e}");
+    assert!(
+        matches!(e.retry_advice(), RetryAdvice::After(d) if d > 29 * SECOND && d <= 30 * SECOND),
+        "{e}"
+    );
+    assert_eq!(server.arrival_count(), 1);
+    assert_eq!(pace.stats().refused, 1);
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_silent_upstream_is_given_up_on_by_the_deadline() {
     let server = server(Script::new().otherwise(Reply::never())).await;

@@ -17,6 +17,7 @@ use crate::deadline::DeadlineHeader;
 use crate::error::{BoxError, Error};
 use crate::fleet::NoFleet;
 use crate::hedge::HedgeSlot;
+use crate::quota::PaceSlot;
 use crate::read_ahead::ReadAhead;
 use crate::stack::Stack;
 use crate::stack::StackBuilder;
@@ -74,18 +75,19 @@ impl fmt::Debug for ResendMiddleware {
 impl ResendMiddleware {
     /// Builds the stack `stack` describes, once, around the [`Handoff`]
     /// that passes each attempt on to reqwest.
-    pub fn new<C, B, H, RB>(stack: StackBuilder<C, B, NoFleet, H>) -> Self
+    pub fn new<C, B, H, P, RB>(stack: StackBuilder<C, B, NoFleet, H, P>) -> Self
     where
         B: BreakerSlot,
         H: HedgeSlot,
-        H::Service<DeadlineHeader<AttemptTimeout<ReadAhead<Handoff>>>, C>: Clone,
+        P: PaceSlot,
+        H::Service<P::Service<DeadlineHeader<AttemptTimeout<ReadAhead<Handoff>>>>, C>: Clone,
         C: Clone,
-        Stack<Handoff, C, B, NoFleet, H>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
+        Stack<Handoff, C, B, NoFleet, H, P>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
             + Clone
             + Send
             + Sync
             + 'static,
-        <Stack<Handoff, C, B, NoFleet, H> as Service<Request<::reqwest::Body>>>::Future:
+        <Stack<Handoff, C, B, NoFleet, H, P> as Service<Request<::reqwest::Body>>>::Future:
             Send + 'static,
         RB: http_body::Body + Send + Sync + 'static,
         RB::Data: Into<Bytes>,
@@ -226,7 +228,7 @@ fn into_http(resp: ::reqwest::Response) -> Response<::reqwest::Body> {
     resp
 }
 
-impl<C, B, H> StackBuilder<C, B, NoFleet, H> {
+impl<C, B, H, P> StackBuilder<C, B, NoFleet, H, P> {
     /// This stack as a [`ResendMiddleware`]: around reqwest's own calls,
     /// for a `reqwest_middleware::ClientWithMiddleware` or
     /// [`send_with`](RequestBuilderExt::send_with). The same as
@@ -240,14 +242,15 @@ impl<C, B, H> StackBuilder<C, B, NoFleet, H> {
     where
         B: BreakerSlot,
         H: HedgeSlot,
-        H::Service<DeadlineHeader<AttemptTimeout<ReadAhead<Handoff>>>, C>: Clone,
+        P: PaceSlot,
+        H::Service<P::Service<DeadlineHeader<AttemptTimeout<ReadAhead<Handoff>>>>, C>: Clone,
         C: Clone,
-        Stack<Handoff, C, B, NoFleet, H>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
+        Stack<Handoff, C, B, NoFleet, H, P>: Service<Request<::reqwest::Body>, Response = Response<RB>, Error = Error>
             + Clone
             + Send
             + Sync
             + 'static,
-        <Stack<Handoff, C, B, NoFleet, H> as Service<Request<::reqwest::Body>>>::Future:
+        <Stack<Handoff, C, B, NoFleet, H, P> as Service<Request<::reqwest::Body>>>::Future:
             Send + 'static,
         RB: http_body::Body + Send + Sync + 'static,
         RB::Data: Into<Bytes>,
