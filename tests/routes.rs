@@ -100,3 +100,34 @@ async fn a_table_read_from_json_routes_the_same() {
         assert_eq!(attempts(&resp).len(), want, "{path}");
     }
 }
+
+/// A paced base under a route table: every route's stack spends the one
+/// quota the upstream states (the `PaceLayer` is shared, as a budget is).
+/// The first answer, on `/catalog`, says none is left for 30 s, past the
+/// 10 s deadline; a call on `/stock` then fails at once, not sent, and
+/// the upstream sees one call.
+#[cfg(feature = "quota")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn every_routes_stack_spends_the_one_quota_of_a_paced_base() {
+    let spent = Reply::ok().header("ratelimit", "\"default\";r=0;t=30");
+    let server = TestServer::start(Script::new().otherwise(spent))
+        .await
+        .expect("start the test server");
+    let routes = Routes::new()
+        .route(Method::GET, "/catalog", RoutePolicy::new().max_attempts(5))
+        .route(Method::GET, "/stock", RoutePolicy::new().max_attempts(1));
+    let pace = tower_resend::quota::PaceLayer::new();
+    let api = routes.service(stack().pace(pace.clone()), transport());
+
+    let resp = within(api.clone().oneshot(get(server.uri("/catalog/7"))))
+        .await
+        .expect("the first call goes: nothing is known of the quota yet");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let e = within(api.clone().oneshot(get(server.uri("/stock/7"))))
+        .await
+        .expect_err("the quota has no room before the deadline");
+    assert_eq!(e.kind(), ErrorKind::QuotaSpent, "{e}");
+    assert!(e.is_not_sent(), "{e}");
+    assert_eq!(server.arrival_count(), 1);
+    assert_eq!(pace.stats().refused, 1);
+}

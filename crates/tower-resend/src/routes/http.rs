@@ -7,8 +7,10 @@ use http::Method;
 use super::per_route::PerRoute;
 use super::pick::{HttpTable, Picker};
 use crate::breaker::BreakerSlot;
+use crate::deadline::DeadlineHeader;
 use crate::fleet::FleetSlot;
 use crate::hedge::Hedging;
+use crate::quota::PaceSlot;
 use crate::read_ahead::ReadAhead;
 use crate::retry::Backoff;
 use crate::stack::{Stack, StackBuilder};
@@ -87,10 +89,10 @@ impl RoutePolicy {
     }
 
     /// `base` with this policy's settings.
-    pub(crate) fn apply<C, B, F>(
+    pub(crate) fn apply<C, B, F, P>(
         &self,
-        mut base: StackBuilder<C, B, F, Hedging>,
-    ) -> StackBuilder<C, B, F, Hedging> {
+        mut base: StackBuilder<C, B, F, Hedging, P>,
+    ) -> StackBuilder<C, B, F, Hedging, P> {
         if let Some(total) = self.total {
             base = base.total(total);
         }
@@ -206,17 +208,19 @@ impl Routes {
     ///
     /// Its stacks all have a hedge layer (a route may hedge); it hedges
     /// only where the route's policy, or the base, says so.
-    pub fn service<S, C, B, F, H>(
+    pub fn service<S, C, B, F, H, P>(
         &self,
-        base: StackBuilder<C, B, F, H>,
+        base: StackBuilder<C, B, F, H, P>,
         transport: S,
-    ) -> PerRoute<Stack<S, C, B, F, Hedging>>
+    ) -> PerRoute<Stack<S, C, B, F, Hedging, P>>
     where
         S: Clone,
         C: Clone,
         B: BreakerSlot + Clone,
         F: FleetSlot + Clone,
+        P: PaceSlot + Clone,
         F::Service<AttemptTimeout<ReadAhead<S>>, C>: Clone,
+        P::Service<DeadlineHeader<F::Service<AttemptTimeout<ReadAhead<S>>, C>>>: Clone,
     {
         let base = base.hedgeable();
         let stacks = self

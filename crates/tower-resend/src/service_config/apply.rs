@@ -7,8 +7,10 @@ use super::classify::{CodeSet, MethodClassifier};
 use super::count::CountAttempts;
 use super::{MethodConfig, MethodPolicy, ServiceConfig};
 use crate::breaker::BreakerSlot;
+use crate::deadline::DeadlineHeader;
 use crate::fleet::FleetSlot;
 use crate::hedge::Hedging;
+use crate::quota::PaceSlot;
 use crate::read_ahead::ReadAhead;
 use crate::retry::{Backoff, RetryBudget};
 use crate::routes::{GrpcTable, PerRoute, Picker};
@@ -16,8 +18,12 @@ use crate::stack::{Stack, StackBuilder};
 use crate::timeout::AttemptTimeout;
 
 /// The stacks of a service config: see [`ServiceConfig::service`].
-pub type ConfiguredStack<S, B = crate::breaker::NoBreaker, F = crate::fleet::NoFleet> =
-    Stack<CountAttempts<S>, MethodClassifier, B, F, Hedging>;
+pub type ConfiguredStack<
+    S,
+    B = crate::breaker::NoBreaker,
+    F = crate::fleet::NoFleet,
+    P = crate::quota::NoPace,
+> = Stack<CountAttempts<S>, MethodClassifier, B, F, Hedging, P>;
 
 impl ServiceConfig {
     /// The channel's `retryThrottling` tokens, if the config has them.
@@ -60,16 +66,22 @@ impl ServiceConfig {
     /// `retryThrottling`, if any, is the channel's limit, as in gRPC.
     /// Everything else is the base's (its name, the connect and idle
     /// timeouts, the breaker, the fleet, the adaptive throttle).
-    pub fn service<S, C, B, F, H>(
+    pub fn service<S, C, B, F, H, P>(
         &self,
-        base: StackBuilder<C, B, F, H>,
+        base: StackBuilder<C, B, F, H, P>,
         transport: S,
-    ) -> PerRoute<ConfiguredStack<S, B, F>>
+    ) -> PerRoute<ConfiguredStack<S, B, F, P>>
     where
         S: Clone,
         B: BreakerSlot + Clone,
         F: FleetSlot + Clone,
+        P: PaceSlot + Clone,
         F::Service<AttemptTimeout<ReadAhead<CountAttempts<S>>>, MethodClassifier>: Clone,
+        P::Service<
+            DeadlineHeader<
+                F::Service<AttemptTimeout<ReadAhead<CountAttempts<S>>>, MethodClassifier>,
+            >,
+        >: Clone,
         C: Clone,
     {
         // Every method's stack has a hedge layer (one type for the table),
@@ -102,11 +114,11 @@ impl ServiceConfig {
 
 /// `base` with what `method` sets, and the codes whose attempts count as
 /// failures.
-fn configure<C, B, F>(
-    base: StackBuilder<C, B, F, Hedging>,
+fn configure<C, B, F, P>(
+    base: StackBuilder<C, B, F, Hedging, P>,
     method: Option<&MethodConfig>,
     tokens: Option<RetryBudget>,
-) -> (StackBuilder<MethodClassifier, B, F, Hedging>, CodeSet) {
+) -> (StackBuilder<MethodClassifier, B, F, Hedging, P>, CodeSet) {
     let policy = method.and_then(|m| m.policy.as_ref());
     let (codes, retry_timeouts) = match policy {
         Some(MethodPolicy::Retry(r)) => (CodeSet::of(&r.retryable_status_codes), true),
