@@ -253,6 +253,73 @@ pub mod variants {
     }
 }
 
+/// tower's retry policy as a tower user writes it for the same behaviour
+/// as the stack: 5xx and errors retried, `left` more times, after
+/// `backoff`; with `budget`, tower's `TpsBudget` (a deposit per success, a
+/// withdrawal per retry). The simulator's `Client::TowerRetry` and
+/// `three_down`'s tower column.
+#[derive(Clone, Debug)]
+pub struct TowerRetry<K> {
+    /// Retries left.
+    pub left: u32,
+    /// The waits between attempts.
+    pub backoff: K,
+    /// tower's retry budget, if any.
+    pub budget: Option<std::sync::Arc<tower::retry::budget::TpsBudget>>,
+}
+
+impl<K, R, E> tower::retry::Policy<Request<Body>, Response<R>, E> for TowerRetry<K>
+where
+    K: tower::retry::backoff::Backoff,
+{
+    type Future = K::Future;
+
+    fn retry(
+        &mut self,
+        _: &mut Request<Body>,
+        result: &mut Result<Response<R>, E>,
+    ) -> Option<Self::Future> {
+        use tower::retry::budget::Budget;
+        match result {
+            Ok(r) if !r.status().is_server_error() => {
+                if let Some(budget) = &self.budget {
+                    budget.deposit();
+                }
+                None
+            }
+            _ if self.left > 0 && self.budget.as_ref().is_none_or(|b| b.withdraw()) => {
+                self.left -= 1;
+                Some(self.backoff.next_backoff())
+            }
+            _ => None,
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
+        Some(req.clone())
+    }
+}
+
+/// A stack as a caller that only keeps each answer's status, boxed so that
+/// every column of a bench has one type.
+pub fn statuses<S, RB>(
+    stack: S,
+) -> tower::util::BoxCloneService<Request<Body>, http::StatusCode, tower::BoxError>
+where
+    S: Service<Request<Body>, Response = Response<RB>, Error = tower_resend::Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    use tower::ServiceExt;
+    tower::util::BoxCloneService::new(
+        stack
+            .map_response(|r| r.status())
+            .map_err(tower::BoxError::from),
+    )
+}
+
 /// The median of `v` (the upper one of an even count).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -77,12 +77,12 @@ use tower::balance::p2c::Balance;
 use tower::buffer::Buffer;
 use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PendingRequestsDiscover};
-use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
+use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
 use tower::util::BoxCloneService;
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_resend::fleet::FleetLayer;
 use tower_resend_benches::sim::{self, Client, Column, Model, Plan, Scale, Scenario, Server};
-use tower_resend_benches::{Bare, Body, To};
+use tower_resend_benches::{statuses, Bare, Body, To, TowerRetry};
 
 /// Workers per instance.
 const WORKERS: usize = 4;
@@ -408,38 +408,6 @@ impl Which {
     }
 }
 
-/// tower's retry policy as the simulator's `Client::TowerRetry` writes it:
-/// 5xx and errors retried after tower's exponential backoff (100 ms to
-/// 5 s), no budget.
-#[derive(Clone)]
-struct TowerPolicy {
-    left: u32,
-    backoff: ExponentialBackoff,
-}
-
-impl<R, E> tower::retry::Policy<Request<Body>, Response<R>, E> for TowerPolicy {
-    type Future = tokio::time::Sleep;
-
-    fn retry(
-        &mut self,
-        _: &mut Request<Body>,
-        result: &mut Result<Response<R>, E>,
-    ) -> Option<Self::Future> {
-        match result {
-            Ok(r) if !r.status().is_server_error() => None,
-            _ if self.left > 0 => {
-                self.left -= 1;
-                Some(self.backoff.next_backoff())
-            }
-            _ => None,
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
-        Some(req.clone())
-    }
-}
-
 fn build(which: Which, addrs: &[SocketAddr]) -> Caller {
     match which {
         Which::TowerRetry => {
@@ -465,9 +433,12 @@ fn build(which: Which, addrs: &[SocketAddr]) -> Caller {
             )
             .expect("a valid backoff")
             .make_backoff();
-            let policy = TowerPolicy {
+            // 5xx and errors retried after tower's exponential backoff
+            // (100 ms to 5 s), no budget: the simulator's tower column.
+            let policy = TowerRetry {
                 left: ATTEMPTS - 1,
                 backoff,
+                budget: None,
             };
             let svc = ServiceBuilder::new()
                 .timeout(TOTAL)
@@ -487,20 +458,9 @@ fn build(which: Which, addrs: &[SocketAddr]) -> Caller {
                 .max_attempts(ATTEMPTS)
                 .fleet(fleet)
                 .service(tower_resend::hyper_client(ATTEMPT_TIMEOUT));
-            boxed(stack)
+            statuses(stack)
         }
     }
-}
-
-fn boxed<S, RB>(stack: S) -> Caller
-where
-    S: Service<Request<Body>, Response = Response<RB>, Error = tower_resend::Error>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    BoxCloneService::new(stack.map_response(|r| r.status()).map_err(BoxError::from))
 }
 
 /// One run of one column on the real clock.

@@ -18,8 +18,8 @@ use tower::balance::p2c::Balance;
 use tower::buffer::Buffer;
 use tower::discover::Change;
 use tower::load::{CompleteOnResponse, PendingRequestsDiscover};
-use tower::retry::backoff::{Backoff, ExponentialBackoff, ExponentialBackoffMaker, MakeBackoff};
-use tower::retry::budget::{Budget, TpsBudget};
+use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
+use tower::retry::budget::TpsBudget;
 use tower::util::BoxCloneService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_resend::fleet::{FleetLayer, InstanceLimit};
@@ -28,7 +28,7 @@ use super::instance::Answer;
 use super::script::{self, Script};
 use super::transport::{Transport, DEADLINE_HEADER};
 use super::Model;
-use crate::Body;
+use crate::{statuses, Body, TowerRetry};
 
 /// What a caller calls: a call's answer is its status.
 pub(crate) type ClientService = BoxCloneService<Request<Body>, StatusCode, BoxError>;
@@ -115,20 +115,20 @@ pub(crate) async fn build(
             )
         }
         Client::Stack => {
-            boxed(stack(model, seed).service(balancer(model, script, transport, seed)))
+            statuses(stack(model, seed).service(balancer(model, script, transport, seed)))
         }
-        Client::StackFleet => boxed(
+        Client::StackFleet => statuses(
             stack(model, seed)
                 .fleet(fleet(model, script).await)
                 .service(transport),
         ),
-        Client::StackThrottled => boxed(
+        Client::StackThrottled => statuses(
             stack(model, seed)
                 .adaptive_throttling()
                 .fleet(fleet(model, script).await)
                 .service(transport),
         ),
-        Client::StackLimited => boxed(
+        Client::StackLimited => statuses(
             stack(model, seed)
                 .fleet(fleet(model, script).await.limit(InstanceLimit::adaptive()))
                 .service(transport),
@@ -145,17 +145,6 @@ fn stack(model: &Model, seed: u64) -> tower_resend::stack::StackBuilder {
         .max_attempts(model.attempts)
         .deadline_header(DEADLINE_HEADER)
         .seed(seed)
-}
-
-fn boxed<S, RB>(stack: S) -> ClientService
-where
-    S: Service<Request<Body>, Response = Response<RB>, Error = tower_resend::Error>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    BoxCloneService::new(stack.map_response(|r| r.status()).map_err(BoxError::from))
 }
 
 /// A fleet kept to the script's DNS answer, read every `model.refresh`.
@@ -196,43 +185,6 @@ impl tower::util::rng::Rng for Seeded {
     }
 }
 
-/// tower's retry policy as a tower user writes it for this behaviour (see
-/// [`Client::TowerRetry`]).
-#[derive(Clone)]
-struct TowerPolicy {
-    left: u32,
-    backoff: ExponentialBackoff<Seeded>,
-    budget: Option<Arc<TpsBudget>>,
-}
-
-impl<E> tower::retry::Policy<Request<Body>, Response<Body>, E> for TowerPolicy {
-    type Future = tokio::time::Sleep;
-
-    fn retry(
-        &mut self,
-        _: &mut Request<Body>,
-        result: &mut Result<Response<Body>, E>,
-    ) -> Option<Self::Future> {
-        match result {
-            Ok(r) if !r.status().is_server_error() => {
-                if let Some(budget) = &self.budget {
-                    budget.deposit();
-                }
-                None
-            }
-            _ if self.left > 0 && self.budget.as_ref().is_none_or(|b| b.withdraw()) => {
-                self.left -= 1;
-                Some(self.backoff.next_backoff())
-            }
-            _ => None,
-        }
-    }
-
-    fn clone_request(&mut self, req: &Request<Body>) -> Option<Request<Body>> {
-        Some(req.clone())
-    }
-}
-
 fn tower_retry<S>(
     model: &Model,
     balanced: S,
@@ -251,7 +203,7 @@ where
     )
     .expect("a valid backoff")
     .make_backoff();
-    let policy = TowerPolicy {
+    let policy = TowerRetry {
         left: model.attempts.saturating_sub(1),
         backoff,
         budget,
