@@ -13,6 +13,7 @@ mod builder;
 mod compose;
 mod future;
 mod service;
+mod slots;
 #[cfg(test)]
 mod tests;
 
