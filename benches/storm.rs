@@ -208,6 +208,7 @@ fn colour(client: Client) -> RGBColor {
         Client::StackFleet => RGBColor(0, 110, 190),
         Client::StackThrottled => RGBColor(40, 160, 90),
         Client::StackLimited => RGBColor(120, 60, 170),
+        Client::StackTotal => RGBColor(0, 170, 200),
     }
 }
 

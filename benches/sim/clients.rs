@@ -1,7 +1,7 @@
 //! The columns' clients, each built once per client process as a user
 //! builds it: tower's retry over tower's p2c balancer, with and without
 //! tower's budget, and `tower_resend::stack()` over that balancer, over a
-//! fleet, throttled, and with a limit per instance.
+//! fleet, throttled, with a limit per instance, and with a total limit.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -62,17 +62,23 @@ pub enum Client {
     /// call that finds every instance it could use at its limit fails at
     /// once, as at capacity.
     StackLimited,
+    /// [`Client::StackFleet`] with a limit on the process's attempts in
+    /// flight to the whole fleet (`FleetLayer::limit_total(InstanceLimit::adaptive())`):
+    /// attempts beyond what the fleet's latency says it can take fail at
+    /// once, as at capacity.
+    StackTotal,
 }
 
 impl Client {
     /// Every client, in the tables' order.
-    pub const ALL: [Client; 6] = [
+    pub const ALL: [Client; 7] = [
         Client::TowerRetry,
         Client::TowerBudget,
         Client::Stack,
         Client::StackFleet,
         Client::StackThrottled,
         Client::StackLimited,
+        Client::StackTotal,
     ];
 
     /// Its name in tables, pictures and on the command line.
@@ -84,6 +90,7 @@ impl Client {
             Client::StackFleet => "stack-fleet",
             Client::StackThrottled => "stack-fleet+throttle",
             Client::StackLimited => "stack-fleet+limit",
+            Client::StackTotal => "stack-fleet+total",
         }
     }
 
@@ -131,6 +138,15 @@ pub(crate) async fn build(
         Client::StackLimited => statuses(
             stack(model, seed)
                 .fleet(fleet(model, script).await.limit(InstanceLimit::adaptive()))
+                .service(transport),
+        ),
+        Client::StackTotal => statuses(
+            stack(model, seed)
+                .fleet(
+                    fleet(model, script)
+                        .await
+                        .limit_total(InstanceLimit::adaptive()),
+                )
                 .service(transport),
         ),
     }

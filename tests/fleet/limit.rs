@@ -2,7 +2,8 @@
 //! (`FleetLayer::limit`), on loopback: an instance whose answers slow down
 //! gets a limit while the others do not; when every instance is at its
 //! limit a call fails at once, not sent, with its advice; and with no
-//! overload no limit binds and no call is refused.
+//! overload no limit binds and no call is refused. The same of a total
+//! limit (`FleetLayer::limit_total`) where they share a case.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -111,12 +112,13 @@ where
     (ok, refused)
 }
 
-/// Every `every`, until `until`, each instance's limit: the lowest each
-/// had (`None`: none ever bound).
+/// Every `every`, until `until`, each instance's limit, then the fleet's
+/// total limit: the lowest each had (`None`: none ever bound).
 async fn watch(fleet: FleetLayer, every: Duration, until: Instant) -> Vec<Option<u32>> {
-    let mut lowest = vec![None::<u32>; fleet.limits().len()];
+    let mut lowest = vec![None::<u32>; fleet.limits().len() + 1];
     while Instant::now() < until {
-        for (low, (_, limit)) in lowest.iter_mut().zip(fleet.limits()) {
+        let limits = fleet.limits().into_iter().map(|(_, l)| l);
+        for (low, limit) in lowest.iter_mut().zip(limits.chain([fleet.total_limit()])) {
             if let Some(l) = limit {
                 *low = Some(low.map_or(l, |low| low.min(l)));
             }
@@ -128,8 +130,9 @@ async fn watch(fleet: FleetLayer, every: Duration, until: Instant) -> Vec<Option
 
 /// Three instances answering in 10 ms, 30 callers; after two seconds A
 /// answers in 80 ms. No limit binds before; then A's comes down (the
-/// limit cut to what it served), while B's and C's never bind, and no
-/// call is refused: the others take what A no longer can.
+/// limit cut to what it served), while B's and C's never bind, nor the
+/// fleet's total, and no call is refused: the others take what A no
+/// longer can.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn an_instance_that_slows_gets_a_limit_and_the_others_do_not() {
     let slow = Arc::new(AtomicBool::new(false));
@@ -141,14 +144,14 @@ async fn an_instance_that_slows_gets_a_limit_and_the_others_do_not() {
     .await;
     let b = server(Script::new().otherwise(Reply::ok().delay(10 * MS))).await;
     let c = server(Script::new().otherwise(Reply::ok().delay(10 * MS))).await;
-    let fleet = limited(&[&a, &b, &c], Outliers::default());
+    let fleet = limited(&[&a, &b, &c], Outliers::default()).limit_total(InstanceLimit::adaptive());
     let stack = stack_over(&fleet);
     let start = Instant::now();
     let end = start + Duration::from_secs(4);
     let calls = tokio::spawn(load(stack, 30, end));
 
     let before = watch(fleet.clone(), 20 * MS, start + Duration::from_secs(2)).await;
-    assert_eq!(before, [None, None, None], "no limit binds at 10 ms");
+    assert_eq!(before, [None, None, None, None], "no limit binds at 10 ms");
     let (at_a, at_b) = (a.arrival_count(), b.arrival_count());
     slow.store(true, SeqCst);
     let after = watch(fleet.clone(), 20 * MS, end).await;
@@ -164,7 +167,7 @@ async fn an_instance_that_slows_gets_a_limit_and_the_others_do_not() {
         panic!("A's limit came down: {summary}");
     };
     assert!(limit_a <= 10, "{summary}");
-    assert_eq!(after[1..], [None, None], "{summary}");
+    assert_eq!(after[1..], [None, None, None], "{summary}");
     assert_eq!(refused, 0, "{summary}");
     assert!(
         (a.arrival_count() - at_a) * 4 < b.arrival_count() - at_b,
@@ -295,9 +298,10 @@ async fn a_backup_refused_at_capacity_calls_for_no_other() {
 
 /// No overload: three instances whose answers take 1 to 61 ms whatever
 /// their load, with a long tail (a mean of 21 ms, a deviation of 18), under
-/// 3, 30 and 100 callers. No limit ever binds, and no call is refused: the
-/// success path is as it was. (A window's few answers that happen to be
-/// slow are noise, not a queue: it is judged by what they surely show.)
+/// 3, 30 and 100 callers. No limit ever binds, per instance or total, and
+/// no call is refused: the success path is as it was. (A window's few
+/// answers that happen to be slow are noise, not a queue: it is judged by
+/// what they surely show.)
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn under_no_overload_the_limit_never_refuses() {
     let script = |seed: u64| {
@@ -314,7 +318,8 @@ async fn under_no_overload_the_limit_never_refuses() {
         let a = server(script(1)).await;
         let b = server(script(2)).await;
         let c = server(script(3)).await;
-        let fleet = limited(&[&a, &b, &c], Outliers::default());
+        let fleet =
+            limited(&[&a, &b, &c], Outliers::default()).limit_total(InstanceLimit::adaptive());
         let stack = stack_over(&fleet);
         let end = Instant::now() + Duration::from_secs(secs);
         let calls = tokio::spawn(load(stack, callers, end));
@@ -322,7 +327,7 @@ async fn under_no_overload_the_limit_never_refuses() {
         let (ok, refused) = calls.await.unwrap();
         eprintln!("{callers} callers: {ok} calls, {refused} refused, lowest limits {lowest:?}");
         assert_eq!(refused, 0, "{callers} callers");
-        assert_eq!(lowest, [None, None, None], "{callers} callers");
+        assert_eq!(lowest, [None, None, None, None], "{callers} callers");
         let least = callers * secs as usize * 1000 / 61;
         assert!(ok > least, "{callers} callers: {ok} calls");
     }
@@ -377,20 +382,23 @@ where
 /// second in all), 400 calls a second arriving for 5 s, each attempt given
 /// 200 ms. Without a limit the queues grow past the callers' patience and
 /// the instances work for callers that have gone: few calls get their
-/// answer. With the limit, the calls the fleet cannot serve fail at once,
-/// not sent, and the instances serve the others in time.
+/// answer. With a limit per instance, or a total one, the calls the fleet
+/// cannot serve fail at once, not sent, and the instances serve the
+/// others in time.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_fleet_over_its_capacity_serves_its_callers_in_time() {
     let mut got = Vec::new();
-    for limit in [false, true] {
+    for limit in ["none", "per instance", "total"] {
         let servers = [
             server(queue(10 * MS)).await,
             server(queue(10 * MS)).await,
             server(queue(10 * MS)).await,
         ];
         let mut fleet = FleetLayer::fixed(servers.iter().map(base)).unwrap();
-        if limit {
-            fleet = fleet.limit(InstanceLimit::adaptive());
+        match limit {
+            "per instance" => fleet = fleet.limit(InstanceLimit::adaptive()),
+            "total" => fleet = fleet.limit_total(InstanceLimit::adaptive()),
+            _ => {}
         }
         let stack = tower_resend::stack()
             .name("inventory")
@@ -408,11 +416,13 @@ async fn a_fleet_over_its_capacity_serves_its_callers_in_time() {
         );
         got.push((ok, refused, failed, served));
     }
-    let (without, with) = (got[0], got[1]);
-    // With the limit: near the fleet's capacity answered (1 500 in 5 s),
-    // little work for callers that had gone.
-    assert!(with.0 >= 1_300, "{with:?}");
-    assert!(with.3 - with.0 <= 150, "{with:?}");
-    // Without it: fewer than half of that.
-    assert!(without.0 * 2 < with.0, "{without:?} against {with:?}");
+    let without = got[0];
+    for with in &got[1..] {
+        // With a limit: near the fleet's capacity answered (1 500 in 5 s),
+        // little work for callers that had gone.
+        assert!(with.0 >= 1_300, "{with:?}");
+        assert!(with.3 - with.0 <= 150, "{with:?}");
+        // Without it: fewer than half of that.
+        assert!(without.0 * 2 < with.0, "{without:?} against {with:?}");
+    }
 }

@@ -118,8 +118,9 @@ impl Error {
                 "throttled: the upstream has been rejecting most calls, this one was not sent",
             )?,
             ErrorKind::AtCapacity => f.write_str(
-                "at capacity: every instance has as many attempts in flight as its limit \
-                 allows, this one was not sent",
+                "at capacity: the fleet has as many attempts in flight as its limits \
+                 allow (at every instance the call could use, or in all), this one was \
+                 not sent",
             )?,
             ErrorKind::QuotaSpent => {
                 // (The limit is a wait to come, not a time spent.)

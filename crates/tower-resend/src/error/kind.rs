@@ -65,7 +65,8 @@ pub enum ErrorKind {
     Throttled,
     /// Every instance of the [fleet](crate::fleet) that the call could use
     /// has as many attempts in flight as its
-    /// [limit](crate::fleet::InstanceLimit) allows: the fleet has shown it
+    /// [limit](crate::fleet::InstanceLimit) allows, or the fleet as many as
+    /// its [total limit](crate::fleet::FleetLayer::limit_total): the fleet has shown it
     /// is getting more than it serves, so this attempt failed at once, not
     /// sent, rather than queue where its caller would have gone before its
     /// answer came. Safe to send again, later:

@@ -197,6 +197,36 @@ pub(crate) fn signal(
     }
 }
 
+/// What the end of an attempt says to the fleet's [total
+/// limit](super::FleetLayer::limit_total): the fleet's latency only. One
+/// instance's overload says nothing of the fleet's (a shed is answered at
+/// once and the pick goes elsewhere; the instance's own limit and the
+/// outlier rules act on it), and an attempt that ran out of time took at
+/// least its time:
+///
+/// | the attempt | says |
+/// |---|---|
+/// | answered or failed as overloaded | nothing |
+/// | answered otherwise, or out of time (its own timeout, the deadline) | its time, a sample |
+/// | failed otherwise (not sent, a reset) | nothing |
+///
+/// So a total limit comes down only when the answers of the fleet as a
+/// whole are surely slower than its fastest, beyond the noise of a window
+/// (one instance that times out among many moves no window), and is left
+/// alone by servers that shed their own excess.
+pub(crate) fn total_signal(
+    class: Class,
+    answered: bool,
+    timed_out: Option<TimedOut>,
+    took: Duration,
+) -> Signal {
+    match (class, answered, timed_out) {
+        (Class::Overloaded, _, _) => Signal::Nothing,
+        (_, true, _) | (_, false, Some(_)) => Signal::Took(took),
+        (_, false, None) => Signal::Nothing,
+    }
+}
+
 /// A window `age` old with `samples` answers closes.
 pub(crate) fn closes(cfg: &InstanceLimit, age: Duration, samples: u32) -> bool {
     age >= cfg.window && samples >= MIN_SAMPLES
@@ -505,6 +535,27 @@ mod tests {
         ];
         for (i, &(class, answered, timed_out, want)) in rows.iter().enumerate() {
             assert_eq!(signal(class, answered, timed_out, took), want, "row {i}");
+        }
+        // The total's, for the same rows: overloads say nothing, time is
+        // a sample however the attempt ended.
+        let total = [
+            Signal::Took(took),
+            Signal::Took(took),
+            Signal::Took(took),
+            Signal::Took(took),
+            Signal::Nothing,
+            Signal::Nothing,
+            Signal::Took(took),
+            Signal::Took(took),
+            Signal::Nothing,
+            Signal::Nothing,
+        ];
+        for (i, (&(class, answered, timed_out, _), want)) in rows.iter().zip(total).enumerate() {
+            assert_eq!(
+                total_signal(class, answered, timed_out, took),
+                want,
+                "row {i}"
+            );
         }
         let cfg = InstanceLimit::adaptive();
         assert!(!closes(&cfg, 99 * MS, 100), "too short");

@@ -296,8 +296,9 @@ mod tests {
             (
                 Error::at_capacity(),
                 Code::Unavailable,
-                "at capacity: every instance has as many attempts in flight as its limit \
-                 allows, this one was not sent",
+                "at capacity: the fleet has as many attempts in flight as its limits \
+                 allow (at every instance the call could use, or in all), this one was \
+                 not sent",
             ),
             (
                 Error::quota_spent(Duration::from_secs(30)),

@@ -210,7 +210,8 @@ pub enum Stop {
     /// been rejecting most calls.
     Throttled,
     /// Every instance of the fleet that the attempt could go to was at its
-    /// limit on attempts in flight: the fleet has more than it serves.
+    /// limit on attempts in flight, or the fleet at its total limit: the
+    /// fleet has more than it serves.
     AtCapacity,
     /// A pacing layer found the upstream's stated quota with no room for
     /// the attempt before the call's deadline.
@@ -231,7 +232,7 @@ impl fmt::Display for Stop {
             Self::Replayed => "a failure replayed by the server, the same for every retry",
             Self::CircuitOpen => "circuit open",
             Self::Throttled => "throttled",
-            Self::AtCapacity => "every instance at its limit",
+            Self::AtCapacity => "the fleet at its limits",
             Self::QuotaSpent => "the upstream's quota spent",
         })
     }

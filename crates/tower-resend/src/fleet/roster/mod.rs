@@ -6,7 +6,7 @@
 //! [`Outliers`](super::Outliers) says; with a limit
 //! ([`InstanceLimit`](super::InstanceLimit)), instances at it passed over.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,23 +14,25 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::base::Base;
-use super::gauge::Gauge;
-use super::limit::{admits, signal, InstanceLimit, TimedOut};
+use super::limit::{signal, total_signal, InstanceLimit, TimedOut};
 use super::outliers::{degraded, nanos, sets_aside, Health, Outliers, Recent, BIN};
 use crate::classify::Class;
 use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
 
+mod load;
 mod pick;
+
+use load::{Load, Place};
 
 /// One instance: where it is, and how it is doing.
 #[derive(Debug)]
 pub(crate) struct Instance {
     pub(crate) id: u64,
     pub(crate) base: Base,
-    in_flight: AtomicU32,
     health: Health,
-    /// Its limit on attempts in flight (used when the fleet has one).
-    gauge: Gauge,
+    /// Its attempts in flight, and its limit on them (used when the fleet
+    /// has one).
+    load: Load,
 }
 
 impl Instance {
@@ -38,52 +40,18 @@ impl Instance {
         Self {
             id,
             base,
-            in_flight: AtomicU32::new(0),
             health: Health::default(),
-            gauge: Gauge::default(),
+            load: Load::default(),
         }
     }
 
     pub(crate) fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.load.in_flight()
     }
 
     /// Its limit on attempts in flight now: `None` while none binds.
     pub(crate) fn limit(&self) -> Option<u32> {
-        self.gauge.limit()
-    }
-
-    /// One more attempt in flight, if its limit (`limited`: the fleet has
-    /// one) lets it in: checked and counted in one step, so that picks at
-    /// once cannot both take its last place.
-    fn take_place(&self, limited: bool) -> bool {
-        if !limited {
-            self.in_flight.fetch_add(1, Ordering::Relaxed);
-            return true;
-        }
-        let Some(limit) = self.gauge.limit() else {
-            // None binds: counted as without one (the most at once kept,
-            // for a cut to start from).
-            let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
-            self.gauge.admitted(before.saturating_add(1));
-            return true;
-        };
-        let limit = Some(limit);
-        let taken = self
-            .in_flight
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                admits(limit, n).then(|| n.saturating_add(1))
-            });
-        match taken {
-            Ok(before) => {
-                self.gauge.admitted(before.saturating_add(1));
-                true
-            }
-            Err(_) => {
-                self.gauge.passed_over();
-                false
-            }
-        }
+        self.load.limit()
     }
 }
 
@@ -99,6 +67,9 @@ pub(crate) struct Roster {
     origin: Instant,
     /// The whole fleet's recent attempts and failures.
     recent: Recent,
+    /// This process's attempts in flight to the whole fleet, and their
+    /// limit (used when the fleet has a total limit).
+    total: Arc<Load>,
 }
 
 /// What a pick reads of the fleet, replaced whole when any of it changes
@@ -119,6 +90,8 @@ struct View {
 struct Settings {
     outliers: Outliers,
     limit: Option<InstanceLimit>,
+    /// The limit on the attempts in flight to the whole fleet, if any.
+    total: Option<InstanceLimit>,
 }
 
 impl std::fmt::Debug for Roster {
@@ -139,6 +112,8 @@ pub(crate) struct Sent {
     at: u64,
     /// The limit it was sent under, when the fleet has one.
     limit: Option<InstanceLimit>,
+    /// Its place under the fleet's total limit, when the fleet has one.
+    total: Option<Place>,
 }
 
 impl std::fmt::Debug for Sent {
@@ -157,13 +132,14 @@ pub(crate) enum Unpicked {
     /// Every instance's circuit refused; the last said this.
     Refused(Refusal),
     /// Every instance the call could use (whose circuit would let it
-    /// through) has as many attempts in flight as its limit.
+    /// through) has as many attempts in flight as its limit, or the fleet
+    /// as many as its total limit.
     AtCapacity,
 }
 
 impl Drop for Sent {
     fn drop(&mut self) {
-        self.instance.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.instance.load.give_back();
     }
 }
 
@@ -186,7 +162,7 @@ impl Moment {
     /// `i` has room for another attempt under its limit (always, when the
     /// fleet has none).
     fn room(&self, i: &Instance) -> bool {
-        self.limit.is_none() || admits(i.gauge.limit(), i.in_flight())
+        self.limit.is_none() || i.load.room()
     }
 }
 
@@ -198,12 +174,14 @@ impl Roster {
                 settings: Settings {
                     outliers,
                     limit: None,
+                    total: None,
                 },
                 circuits: None,
             }),
             next_id: AtomicU64::new(1),
             origin: Instant::now(),
             recent: Recent::default(),
+            total: Arc::default(),
         }
     }
 
@@ -232,6 +210,18 @@ impl Roster {
     /// Each instance's attempts in flight limited by `limit` from now.
     pub(crate) fn set_limit(&self, limit: InstanceLimit) {
         self.change(|v| v.settings.limit = Some(limit));
+    }
+
+    /// The attempts in flight to the whole fleet limited by `limit` from
+    /// now.
+    pub(crate) fn set_total(&self, limit: InstanceLimit) {
+        self.change(|v| v.settings.total = Some(limit));
+    }
+
+    /// The limit on the attempts in flight to the whole fleet now: `None`
+    /// while none binds.
+    pub(crate) fn total_limit(&self) -> Option<u32> {
+        self.total.limit()
     }
 
     pub(crate) fn instances(&self) -> Arc<[Arc<Instance>]> {
@@ -319,11 +309,14 @@ impl Roster {
                 self.succeeded_at(instance, now);
             }
         }
+        let took = Duration::from_nanos(now.saturating_sub(sent.at));
         if let Some(cfg) = &sent.limit {
-            let took = Duration::from_nanos(now.saturating_sub(sent.at));
             let says = signal(class, answered, timed_out, took);
-            let in_flight = instance.in_flight();
-            instance.gauge.ended(cfg, sent.at, now, says, in_flight);
+            instance.load.ended(cfg, sent.at, now, says);
+        }
+        if let Some(total) = &sent.total {
+            let says = total_signal(class, answered, timed_out, took);
+            total.load.ended(&total.cfg, sent.at, now, says);
         }
     }
 

@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{Instance, Moment, Roster, Sent, Unpicked};
+use super::{Instance, Moment, Place, Roster, Sent, Unpicked};
 
 /// Random draws a pick makes over a large fleet before it looks over the
 /// whole of it (which it does only when most of the fleet is used, set
@@ -29,6 +29,13 @@ impl Roster {
     pub(crate) fn pick(&self, used: &[u64], rng: &mut fastrand::Rng) -> Result<Sent, Unpicked> {
         let view = self.view.load();
         let (all, circuits) = (&view.instances, &view.circuits);
+        // Under a total limit, a place in it first: the whole fleet at it
+        // is refused before any pick (and the place is given back if no
+        // instance is picked).
+        let total = match view.settings.total {
+            None => None,
+            Some(cfg) => Some(Place::take(&self.total, cfg).ok_or(Unpicked::AtCapacity)?),
+        };
         let moment = self.moment_of(view.settings);
         let mut refused: Vec<u64> = Vec::new();
         let mut refusal = None;
@@ -52,7 +59,7 @@ impl Roster {
             };
             // (Another pick may have taken its last place since it was
             // chosen: it is passed over as if it had been full then.)
-            if !chosen.take_place(moment.limit.is_some()) {
+            if !chosen.load.take_place(moment.limit.is_some()) {
                 refused.push(chosen.id);
                 full = true;
                 continue;
@@ -62,6 +69,7 @@ impl Roster {
                 pass,
                 at: moment.now,
                 limit: moment.limit,
+                total,
             });
         }
         if full {
@@ -110,7 +118,7 @@ fn choose(
     let room = |i: &Instance| {
         let room = m.room(i);
         if !room {
-            i.gauge.passed_over();
+            i.load.passed_over();
             full.set(true);
         }
         room

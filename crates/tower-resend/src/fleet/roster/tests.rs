@@ -368,3 +368,54 @@ async fn a_large_fleet_at_capacity_is_refused_by_its_draws() {
         assert_eq!(sent.instance.id % 2, 1);
     }
 }
+
+/// Under a total limit, the fleet's attempts in flight, wherever they
+/// are, bind: answers of the fleet as a whole surely slower than its
+/// fastest cut the total (to what it served, at most halved); beyond it a
+/// pick is refused though every instance has room, and gives its places
+/// back; an attempt that ends gives one back. An instance's overloaded
+/// answer cuts nothing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_total_limit_refuses_past_it_though_instances_have_room() {
+    let r = roster_of(3, Outliers::default().off());
+    r.set_total(InstanceLimit::adaptive());
+    let mut rng = fastrand::Rng::with_seed(14);
+    let mut held: Vec<Sent> = (0..30).map(|_| r.pick(&[], &mut rng).unwrap()).collect();
+    // Sheds say nothing to the total.
+    for sent in held.drain(20..) {
+        r.ended(&sent, Class::Overloaded, true, None);
+    }
+    assert_eq!(r.total_limit(), None);
+    assert_eq!(r.total.in_flight(), 20);
+    // A window of answers in 10 ms: the fleet's fastest.
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let window: Vec<Sent> = (0..12).map(|_| r.pick(&[], &mut rng).unwrap()).collect();
+    tokio::time::advance(Duration::from_millis(10)).await;
+    for sent in window {
+        r.ended(&sent, Class::Success, true, None);
+    }
+    assert_eq!(r.total_limit(), None);
+    // Then a window of attempts that ran out of time after 500 ms: cut
+    // to half of the most in flight (32).
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let window: Vec<Sent> = (0..12).map(|_| r.pick(&[], &mut rng).unwrap()).collect();
+    tokio::time::advance(Duration::from_millis(500)).await;
+    for sent in window {
+        r.ended(&sent, Class::Unknown, false, Some(TimedOut::Attempt));
+    }
+    assert_eq!(r.total_limit(), Some(16));
+    // No instance has a limit of its own.
+    assert!(r.instances().iter().all(|i| i.limit().is_none()));
+    for _ in 0..10 {
+        assert!(matches!(r.pick(&[], &mut rng), Err(Unpicked::AtCapacity)));
+    }
+    let at_instances: u32 = r.instances().iter().map(|i| i.in_flight()).sum();
+    assert_eq!((r.total.in_flight(), at_instances), (20, 20));
+    // Down to 15 in flight: one more is let in, and the next refused.
+    held.truncate(15);
+    held.push(r.pick(&[], &mut rng).unwrap());
+    assert!(matches!(r.pick(&[], &mut rng), Err(Unpicked::AtCapacity)));
+    held.clear();
+    let at_instances: u32 = r.instances().iter().map(|i| i.in_flight()).sum();
+    assert_eq!((r.total.in_flight(), at_instances), (0, 0));
+}
