@@ -1124,3 +1124,66 @@ async fn a_pacing_layers_wait_and_refusal_are_recorded() {
     assert_eq!(remaining[0].attr("resend.quota.policy"), Some("default"));
     assert_eq!(remaining[0].sum, 0.0);
 }
+
+/// A pacing layer's values set aside, by why: a reset past the cap
+/// (clamped), a malformed field, a negative count; and, with its quotas
+/// shared in a Redis that refuses connections, each call placed by the
+/// process's own view.
+#[cfg(feature = "quota")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pacing_layers_set_aside_values_and_fallbacks_are_counted() {
+    use tower_resend::quota::PaceLayer;
+
+    let t = Telemetry::start();
+    let server = server(
+        Script::new()
+            .then(Reply::ok().header("ratelimit", "\"default\";r=5;t=1000000000"))
+            .then(Reply::ok().header("ratelimit", "\"default\";r=abc;t=2"))
+            .otherwise(Reply::ok().header("ratelimit", "\"default\";r=-3;t=2")),
+    )
+    .await;
+    let pace = PaceLayer::new().meter(&t.meter());
+    let client = stack().pace(pace.clone()).service(transport());
+    for _ in 0..3 {
+        client.clone().oneshot(get(server.uri("/x"))).await.unwrap();
+    }
+    let mut set_aside: Vec<(String, f64)> = t
+        .points_of("resend.client.quota.set_aside")
+        .iter()
+        .map(|p| {
+            let why = p.attr("resend.quota.set_aside").unwrap_or_default();
+            (why.to_owned(), p.sum)
+        })
+        .collect();
+    set_aside.sort_by(|a, b| a.0.cmp(&b.0));
+    let want = [("malformed", 1.0), ("negative", 1.0), ("past_cap", 1.0)];
+    let want: Vec<(String, f64)> = want.iter().map(|(w, n)| ((*w).to_owned(), *n)).collect();
+    assert_eq!(set_aside, want);
+    assert_eq!(pace.stats().doubted, 3);
+    assert!(t.points_of("resend.client.quota.fallbacks").is_empty());
+
+    #[cfg(feature = "quota-redis")]
+    {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a URL");
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_number_of_retries(0)
+            .set_connection_timeout(Some(Duration::from_millis(100)));
+        let manager = redis::aio::ConnectionManager::new_lazy_with_config(client, config)
+            .expect("a lazy manager");
+        let quota = tower_resend::quota::RedisQuota::new(manager, "upstream")
+            .timeout(Duration::from_millis(50));
+        let pace = PaceLayer::new().meter(&t.meter()).shared_in(quota);
+        let shared = stack().pace(pace.clone()).service(transport());
+        for _ in 0..2 {
+            shared.clone().oneshot(get(server.uri("/x"))).await.unwrap();
+        }
+        assert_eq!(pace.stats().fallbacks, 2);
+        let fallbacks = t.points_of("resend.client.quota.fallbacks");
+        assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
+        assert_eq!(fallbacks[0].sum, 2.0);
+    }
+}

@@ -102,8 +102,13 @@ impl PaceLayer {
     /// Records on instruments made from `meter` (feature `otel`): each
     /// wait (`resend.client.quota.wait`, seconds, by `resend.quota.reason`:
     /// `pace` or `spent`), each refusal (`resend.client.quota.refused`),
-    /// and what is left of each quota after each answer
-    /// (`resend.client.quota.remaining`, a gauge by `resend.quota.policy`).
+    /// what is left of each quota after each answer
+    /// (`resend.client.quota.remaining`, a gauge by `resend.quota.policy`),
+    /// each value read off the wire and set aside
+    /// (`resend.client.quota.set_aside`, by `resend.quota.set_aside`:
+    /// `malformed`, `negative`, `past_cap`, `stale`, `not_followed`), and,
+    /// with the quotas shared, each call placed by this process's own view
+    /// because the store failed (`resend.client.quota.fallbacks`).
     /// Default: none, and no cost.
     ///
     /// ```

@@ -18,6 +18,8 @@ pub(crate) struct PaceMetrics {
     wait: Histogram<f64>,
     refused: Counter<u64>,
     remaining: Gauge<u64>,
+    set_aside: Counter<u64>,
+    fallbacks: Counter<u64>,
 }
 
 impl fmt::Debug for PaceMetrics {
@@ -47,6 +49,21 @@ impl PaceMetrics {
                 .with_unit("{call}")
                 .with_description("What is left of each quota the upstream states, less the calls out.")
                 .build(),
+            set_aside: meter
+                .u64_counter("resend.client.quota.set_aside")
+                .with_unit("{value}")
+                .with_description(
+                    "Values of the upstream's quota fields not taken as they were: malformed, \
+                     negative, past the cap, of the window before, or of a quota not followed.",
+                )
+                .build(),
+            fallbacks: meter
+                .u64_counter("resend.client.quota.fallbacks")
+                .with_unit("{call}")
+                .with_description(
+                    "Calls placed by this process's own view of the quotas: their shared store failed.",
+                )
+                .build(),
         }
     }
 
@@ -59,6 +76,20 @@ impl PaceMetrics {
 
     pub(crate) fn refused(&self) {
         self.refused.add(1, &[]);
+    }
+
+    /// `n` values set aside, for `why` (`malformed`, `negative`,
+    /// `past_cap`, `stale`, `not_followed`).
+    pub(crate) fn set_aside(&self, why: &'static str, n: u64) {
+        if n > 0 {
+            self.set_aside
+                .add(n, &[KeyValue::new("resend.quota.set_aside", why)]);
+        }
+    }
+
+    /// A call placed by this process's own view: the shared store failed.
+    pub(crate) fn fell_back(&self) {
+        self.fallbacks.add(1, &[]);
     }
 
     /// What is left of the quota `policy` (at most 16 are followed: the

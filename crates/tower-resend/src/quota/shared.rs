@@ -112,7 +112,7 @@ impl Shared {
     ) -> Admit {
         #[cfg(feature = "quota-redis")]
         if self.config.redis.is_some() {
-            self.fallbacks.fetch_add(1, Ordering::Relaxed);
+            self.fell_back();
         }
         self.count(now, self.decide(now, t, deadline))
     }
@@ -185,11 +185,22 @@ impl Shared {
             Some(Taken::Refused(after)) => Admit::Refuse(after),
             Some(Taken::Unknown) => self.decide(now, self.ns(now), || deadline),
             None => {
-                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                self.fell_back();
                 self.decide(now, self.ns(now), || deadline)
             }
         };
         self.count(now, admit)
+    }
+
+    /// A call placed by this process's own view: the quotas' shared store
+    /// failed (or is in an outage's quiet time).
+    #[cfg(feature = "quota-redis")]
+    fn fell_back(&self) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "otel")]
+        if let Some(m) = &self.config.metrics {
+            m.fell_back();
+        }
     }
 
     /// Counts a call's wait or refusal, and says it on the current (the
@@ -239,6 +250,10 @@ impl Shared {
             self.doubted
                 .fetch_add(reading.doubted.len() as u64, Ordering::Relaxed);
             for d in &reading.doubted {
+                #[cfg(feature = "otel")]
+                if let Some(m) = &self.config.metrics {
+                    m.set_aside(doubt_str(d.doubt), 1);
+                }
                 tracing::debug!(
                     http.response.header = d.field.as_str(),
                     resend.quota.doubt = doubt_str(d.doubt),
@@ -277,6 +292,11 @@ impl Shared {
         }
         self.ignored.fetch_add(seen.ignored, Ordering::Relaxed);
         self.stale.fetch_add(seen.stale, Ordering::Relaxed);
+        #[cfg(feature = "otel")]
+        if let Some(m) = &self.config.metrics {
+            m.set_aside("not_followed", seen.ignored);
+            m.set_aside("stale", seen.stale);
+        }
         self.known.store(true, Ordering::Release);
     }
 

@@ -103,6 +103,8 @@
 //! | `resend.client.quota.wait` | histogram, `s` | a pacing layer's (feature `quota`, its own `PaceLayer::meter`) every wait of a call for its place in the upstream's stated quota | `resend.quota.reason` (`pace`: its place in the pace; `spent`: the reset) |
 //! | `resend.client.quota.refused` | counter, `{call}` | a pacing layer's every call refused, not sent: no room in the quota before its deadline | none |
 //! | `resend.client.quota.remaining` | gauge, `{call}` | after each answer that states a quota: what is left of it, less the calls out | `resend.quota.policy` (at most 16 per layer) |
+//! | `resend.client.quota.set_aside` | counter, `{value}` | a pacing layer's every value of a quota field not taken as it was | `resend.quota.set_aside` (`malformed`, `negative`, `past_cap`: clamped to the cap; `stale`: of the window before; `not_followed`: a quota past the 16 followed) |
+//! | `resend.client.quota.fallbacks` | counter, `{call}` | a pacing layer sharing its quotas (feature `quota-redis`): every call placed by this process's own view because the store failed | none |
 //!
 //! Attributes are bounded: the upstream's name, the method (an extension
 //! method is `_OTHER`), classes, kinds and states; never a URL, a key or a
