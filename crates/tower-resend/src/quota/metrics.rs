@@ -19,6 +19,7 @@ pub(crate) struct PaceMetrics {
     refused: Counter<u64>,
     remaining: Gauge<u64>,
     set_aside: Counter<u64>,
+    #[cfg_attr(not(feature = "quota-redis"), allow(dead_code))]
     fallbacks: Counter<u64>,
 }
 
@@ -88,6 +89,7 @@ impl PaceMetrics {
     }
 
     /// A call placed by this process's own view: the shared store failed.
+    #[cfg(feature = "quota-redis")]
     pub(crate) fn fell_back(&self) {
         self.fallbacks.add(1, &[]);
     }
