@@ -246,8 +246,9 @@ async fn every_instance_at_its_limit_a_call_fails_at_once_not_sent() {
         );
         assert_eq!(
             e.to_string(),
-            "inventory: at capacity: every instance has as many attempts in flight as \
-             its limit allows, this one was not sent"
+            "inventory: at capacity: the fleet has as many attempts in flight as its \
+             limits allow (at every instance the call could use, or in all), this one was \
+             not sent"
         );
         assert_eq!(arrivals(), 6, "{method}: nothing reached an instance");
     }
