@@ -1,8 +1,10 @@
 //! Client-side throttling, as Google's SRE book ("Handling Overload") and
 //! the gRPC clients do it: each client counts, over a recent window, the
-//! attempts it made and those the upstream accepted, and turns a new
-//! attempt away locally with probability
-//! `max(0, (requests - K * accepts) / (requests + padding))`.
+//! attempts answered (and those it turned away) and those the upstream
+//! accepted, and turns a new attempt away locally with probability
+//! `max(0, (requests - K * accepts) / (requests + padding))`. An attempt
+//! counts when its answer comes, as in grpc-go: attempts in flight are
+//! neither requests nor accepts yet.
 //!
 //! When an upstream rejects most calls for minutes, the retry budget bounds
 //! the retries but every first attempt still goes out; with the throttle,
@@ -78,10 +80,10 @@ struct Inner {
 }
 
 impl Inner {
-    /// Counts `count` (a request, or an accept) in the bin of `epoch`, and
-    /// gives the window's sums before it.
+    /// Counts `count` (a request, and its accept if it was) in the bin of
+    /// `epoch`.
     ///
-    /// One relaxed atomic add and two loads: the success path takes no
+    /// One relaxed atomic add and a load: the success path takes no
     /// lock (a mutex held twice an attempt cost ~45 ns; an add to a
     /// running sum as well as to the bin, another ~25). The window moves
     /// on under a lock, once a bin's time: the bins it enters are emptied,
@@ -89,7 +91,7 @@ impl Inner {
     /// that sees the new epoch lands in an emptied bin. (An add made from a
     /// clock read a bin late lands in an older bin, and counts from the
     /// window's next move: a count late, never lost.)
-    fn count(&self, epoch: u64, count: u64) -> u64 {
+    fn count(&self, epoch: u64, count: u64) {
         let newest = self.newest.load(Ordering::Acquire);
         // An answer counts in the newest bin, whatever the bin of its
         // attempt: seen at once, and never in a bin the window has left.
@@ -99,8 +101,7 @@ impl Inner {
         } else {
             newest
         };
-        let bin = self.bins[(epoch % BINS as u64) as usize].fetch_add(count, Ordering::Relaxed);
-        self.older.load(Ordering::Relaxed) + bin
+        self.bins[(epoch % BINS as u64) as usize].fetch_add(count, Ordering::Relaxed);
     }
 
     /// Moves the window on to `epoch`.
@@ -266,14 +267,21 @@ impl AdaptiveThrottle {
         self.inner.count(self.epoch(now), count);
     }
 
-    /// An attempt about to go out at `now`: counted, and let through (the
-    /// bin to give [`answered`](Self::answered)) or turned away (`None`).
+    /// An attempt about to go out at `now`: let through (the bin to give
+    /// [`answered`](Self::answered)) or turned away (`None`).
+    ///
+    /// The window's answers decide; attempts still in flight are no part
+    /// of it (as grpc-go's throttler, which counts a request when its
+    /// answer comes): counted as requests before their answer, a burst of
+    /// attempts at once (a client's first, or slow calls) would look like
+    /// rejections and turn their followers away from an upstream that
+    /// accepts them all. An attempt turned away counts as a request not
+    /// accepted (so the throttle holds while the upstream has not shown it
+    /// accepts again). Reads two counts: no write on the way of an attempt
+    /// let through.
     pub(crate) fn admit(&self, now: Instant) -> Option<u64> {
-        // The window before this attempt decides (a client's first attempt
-        // is never turned away); the attempt then counts as a request
-        // whether it goes out or not.
         let bin = self.epoch(now);
-        let (requests, accepts) = halves(self.inner.count(bin, REQUEST));
+        let (requests, accepts) = self.inner.sums(bin);
         // Nothing to reject while the upstream accepts: no arithmetic.
         if requests as f64 <= self.inner.ratio * accepts as f64 {
             return Some(bin);
@@ -281,6 +289,7 @@ impl AdaptiveThrottle {
         let p = self.reject_probability(requests, accepts);
         if p > 0.0 && fastrand::f64() < p {
             self.inner.turned_away.fetch_add(1, Ordering::Relaxed);
+            self.inner.count(bin, REQUEST);
             return None;
         }
         Some(bin)
@@ -288,26 +297,25 @@ impl AdaptiveThrottle {
 
     /// An attempt that `admit` let through in `bin` ended, answered as
     /// `class`: the upstream's reject when it was overloaded or refused the
-    /// connection (a refusal by a layer below, `refused_below`: a circuit
-    /// breaker's, a fleet's at capacity, never reached it), else its accept.
+    /// connection, else its accept; nothing when a layer below refused it
+    /// (`refused_below`: a circuit breaker's, a fleet's at capacity), which
+    /// is no word of the upstream.
     pub(crate) fn answered_as(&self, bin: u64, class: crate::vocab::Class, refused_below: bool) {
         use crate::vocab::Class;
-        let rejected = match class {
-            Class::Overloaded => true,
-            Class::NotSent => !refused_below,
-            _ => false,
-        };
+        if refused_below {
+            return;
+        }
+        let rejected = matches!(class, Class::Overloaded | Class::NotSent);
         self.answered(bin, !rejected);
     }
 
-    /// An attempt that `admit` let through in `bin` ended: `accepted`
-    /// unless the upstream was overloaded or refused it. It counts in the
-    /// newest bin (the clock is not read again: the window has moved on
-    /// if a later attempt's read said so).
+    /// An attempt that `admit` let through in `bin` ended: a request,
+    /// `accepted` unless the upstream was overloaded or refused it. It
+    /// counts in the newest bin (the clock is not read again: the window
+    /// has moved on if a later attempt's read said so).
     pub(crate) fn answered(&self, bin: u64, accepted: bool) {
-        if accepted {
-            self.inner.count(bin, ACCEPT);
-        }
+        let count = if accepted { REQUEST | ACCEPT } else { REQUEST };
+        self.inner.count(bin, count);
     }
 }
 
@@ -386,7 +394,7 @@ mod tests {
         // The slow attempt's accept lands in the window, at once.
         t.answered(slow, true);
         let (requests, accepts) = t.inner.sums(t.epoch(Instant::now()));
-        assert_eq!((requests, accepts), (10, 1));
+        assert_eq!((requests, accepts), (11, 1));
         assert!(t.probability() < before);
     }
 
@@ -402,6 +410,48 @@ mod tests {
                 t.answered(bin, true);
             }
         }
+    }
+
+    /// Attempts in flight are no rejections: a burst of attempts at once
+    /// from a fresh client (or slow calls, many at a time) all go out, and
+    /// so do the next ones once they are all accepted. Before, each
+    /// counted as a request at once, and the burst's followers saw
+    /// requests and no accepts: the eighth was turned away one time in two.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn attempts_in_flight_are_no_rejections() {
+        let t = AdaptiveThrottle::new();
+        let now = Instant::now();
+        let bins: Vec<u64> = (0..1000)
+            .map(|_| t.admit(now).expect("nothing rejected yet"))
+            .collect();
+        assert_eq!(t.probability(), 0.0);
+        for bin in bins {
+            t.answered(bin, true);
+        }
+        assert_eq!(t.inner.sums(t.epoch(now)), (1000, 1000));
+        assert!((0..1000).all(|_| t.admit(now).is_some()));
+        assert_eq!(t.turned_away(), 0);
+    }
+
+    /// An attempt turned away counts as a request the upstream did not
+    /// accept: the throttle holds until answers show it accepts again.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_attempt_turned_away_counts_as_a_request_not_accepted() {
+        let t = AdaptiveThrottle::new();
+        let now = Instant::now();
+        let mut rejected = 0;
+        while rejected < 100 {
+            if let Some(bin) = t.admit(now) {
+                t.answered(bin, false);
+                rejected += 1;
+            }
+        }
+        let before = t.turned_away();
+        assert!(before > 0);
+        let turned = (0..100).filter(|_| t.admit(now).is_none()).count() as u64;
+        assert!(turned > 50, "{turned}");
+        let (requests, accepts) = t.inner.sums(t.epoch(now));
+        assert_eq!((requests, accepts), (100 + before + turned, 0));
     }
 
     #[test]
