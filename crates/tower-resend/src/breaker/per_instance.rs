@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use arc_swap::ArcSwap;
 use http::uri::Authority;
 
 use super::shared::{Breaker, Config, Ticket};
@@ -12,38 +13,71 @@ use super::state::{observes_upstream, outcome_of, Outcome};
 use crate::name::Name;
 use crate::vocab::{Circuits, Class, Pass, Refusal};
 
-/// Every instance's circuit, made the first time an attempt goes there,
-/// kept while the instance is in the fleet (however large), gone with it.
+/// Each instance's circuit, by the instance's id.
+type Map = HashMap<u64, Arc<Breaker<()>>>;
+
+/// Every instance's circuit, made when the instance joins the fleet (or,
+/// failing that, the first time an attempt goes there), kept while it is
+/// in the fleet (however large), gone with it. An attempt looks its
+/// circuit up in a map it loads without a lock or a count that every
+/// thread writes; the map is made again, whole, only when the fleet
+/// changes.
 pub(crate) struct InstanceCircuits {
     config: Config,
-    circuits: Mutex<HashMap<u64, Arc<Breaker<()>>>>,
+    circuits: ArcSwap<Map>,
+    /// Held by whoever makes the map again, so that two changes at once
+    /// do not lose one (an attempt never takes it but for an instance the
+    /// map does not have yet).
+    changing: Mutex<()>,
 }
 
 impl InstanceCircuits {
     pub(crate) fn new(config: Config) -> Self {
         Self {
             config,
-            circuits: Mutex::new(HashMap::new()),
+            circuits: ArcSwap::from_pointee(HashMap::new()),
+            changing: Mutex::new(()),
         }
     }
 
+    /// A new circuit for the instance at `authority`, named by it in its
+    /// errors and its metrics.
+    fn make(&self, authority: &Authority) -> Arc<Breaker<()>> {
+        let mut config = self.config.clone();
+        config.upstream = Some(Name::from(authority.to_string()));
+        Arc::new(Breaker::new(config, ()))
+    }
+
     fn circuit(&self, id: u64, authority: &Authority) -> Arc<Breaker<()>> {
-        let mut circuits = self.circuits.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(circuits.entry(id).or_insert_with(|| {
-            // Named by the instance, in its errors and its metrics.
-            let mut config = self.config.clone();
-            config.upstream = Some(Name::from(authority.to_string()));
-            Arc::new(Breaker::new(config, ()))
-        }))
+        if let Some(c) = self.circuits.load().get(&id) {
+            return Arc::clone(c);
+        }
+        // An instance the fleet has not told of yet (or a circuit asked
+        // for outside a fleet): made and added, under the lock.
+        let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.circuits.load();
+        if let Some(c) = now.get(&id) {
+            return Arc::clone(c);
+        }
+        let mut next = Map::clone(&now);
+        let made = Arc::clone(next.entry(id).or_insert_with(|| self.make(authority)));
+        self.circuits.store(Arc::new(next));
+        made
     }
 }
 
 impl Circuits for InstanceCircuits {
-    fn retain(&self, live: &[u64]) {
-        let mut circuits = self.circuits.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut live = live.to_vec();
-        live.sort_unstable();
-        circuits.retain(|id, _| live.binary_search(id).is_ok());
+    fn keep(&self, live: &[(u64, &Authority)]) {
+        let _changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = self.circuits.load();
+        let next: Map = live
+            .iter()
+            .map(|&(id, authority)| {
+                let circuit = now.get(&id).cloned();
+                (id, circuit.unwrap_or_else(|| self.make(authority)))
+            })
+            .collect();
+        self.circuits.store(Arc::new(next));
     }
 
     fn admit(&self, id: u64, authority: &Authority) -> Result<Box<dyn Pass>, Refusal> {
@@ -93,7 +127,9 @@ mod tests {
     use crate::breaker::CircuitBreakerLayer;
 
     /// A circuit for every instance however many there are (a DNS fleet of
-    /// 2 000), and an instance that leaves takes its circuit with it.
+    /// 2 000), made when the fleet tells of it; an instance the fleet has
+    /// not told of gets one at its first attempt; an instance that leaves
+    /// takes its circuit with it.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn every_instance_keeps_its_circuit_while_it_is_in_the_fleet() {
         let (_, circuits) = CircuitBreakerLayer::new().into_instances(());
@@ -102,18 +138,30 @@ mod tests {
                 .parse()
                 .unwrap()
         };
-        for id in 0..2000 {
-            assert!(circuits.admit(id, &authority(id)).is_ok());
-        }
-        let held = |c: &InstanceCircuits| c.circuits.lock().unwrap().len();
+        let authorities: Vec<Authority> = (0..2000).map(authority).collect();
+        let live: Vec<(u64, &Authority)> = (0..2000).zip(&authorities).collect();
+        circuits.keep(&live);
+        let held = |c: &InstanceCircuits| c.circuits.load().len();
         assert_eq!(held(&circuits), 2000);
-        // The same instance gets its own circuit again, not a new one.
         let first = circuits.circuit(7, &authority(7));
+        for (id, a) in &live {
+            assert!(circuits.admit(*id, a).is_ok());
+        }
+        assert_eq!(held(&circuits), 2000, "no circuit made again");
+        // The same instance gets its own circuit again, not a new one.
         assert!(Arc::ptr_eq(&first, &circuits.circuit(7, &authority(7))));
-        // Half the fleet leaves: half the circuits go.
-        let live: Vec<u64> = (1000..2000).rev().collect();
-        circuits.retain(&live);
+        // One the fleet has not told of: made at its first attempt.
+        assert!(circuits.admit(5000, &authority(5000)).is_ok());
+        assert_eq!(held(&circuits), 2001);
+        // Half the fleet leaves: half the circuits go; the others keep
+        // theirs.
+        let kept = circuits.circuit(1500, &authority(1500));
+        circuits.keep(&live[1000..]);
         assert_eq!(held(&circuits), 1000);
-        assert!(!circuits.circuits.lock().unwrap().contains_key(&7));
+        assert!(!circuits.circuits.load().contains_key(&7));
+        assert!(Arc::ptr_eq(
+            &kept,
+            &circuits.circuit(1500, &authority(1500))
+        ));
     }
 }

@@ -35,9 +35,11 @@ pub(crate) trait Circuits: Send + Sync {
     /// settle with its outcome; or why its circuit refuses it.
     fn admit(&self, id: u64, authority: &http::uri::Authority) -> Result<Box<dyn Pass>, Refusal>;
 
-    /// The fleet is now the instances `live`: the circuits of the others
-    /// go (an instance that leaves takes its state with it).
-    fn retain(&self, live: &[u64]);
+    /// The fleet is now the instances `live` (each id, and its
+    /// authority): each gets its circuit now if it has none, so that an
+    /// attempt only looks its circuit up; the circuits of the others go
+    /// (an instance that leaves takes its state with it).
+    fn keep(&self, live: &[(u64, &http::uri::Authority)]);
 }
 
 /// An attempt let through an instance's circuit. Dropped unsettled (the

@@ -246,8 +246,7 @@ impl Roster {
             })
             .collect();
         if let Some(circuits) = self.circuits() {
-            let live: Vec<u64> = next.iter().map(|i| i.id).collect();
-            circuits.retain(&live);
+            circuits.keep(&Self::ids(&next));
         }
         self.change(|v| v.instances = Arc::clone(&next));
     }
@@ -280,7 +279,16 @@ impl Roster {
 
     /// Over a stack with a circuit breaker: the circuits of the instances.
     pub(crate) fn set_circuits(&self, circuits: Arc<dyn Circuits>) {
+        circuits.keep(&Self::ids(&self.instances()));
         self.change(|v| v.circuits = Some(Arc::clone(&circuits)));
+    }
+
+    /// Each instance's id and authority, for its circuit.
+    fn ids(instances: &[Arc<Instance>]) -> Vec<(u64, &http::uri::Authority)> {
+        instances
+            .iter()
+            .map(|i| (i.id, &*i.base.authority))
+            .collect()
     }
 
     fn circuits(&self) -> Option<Arc<dyn Circuits>> {

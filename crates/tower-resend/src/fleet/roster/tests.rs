@@ -225,7 +225,7 @@ impl Pass for Passed {
 }
 
 impl Circuits for Refusing {
-    fn retain(&self, _: &[u64]) {}
+    fn keep(&self, _: &[(u64, &Authority)]) {}
 
     fn admit(&self, id: u64, _: &Authority) -> Result<Box<dyn Pass>, Refusal> {
         if self.0.contains(&id) {
