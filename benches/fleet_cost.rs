@@ -1,5 +1,6 @@
 //! How the cost of a call through `stack().fleet(..)` grows with the fleet
-//! and with the threads sharing one stack (DESIGN section 11): in process,
+//! and with the threads sharing one stack (its budget, throttle, breaker
+//! and fleet; DESIGN section 11): in process,
 //! to a transport that answers at once, so that the figure is the stack's
 //! and the fleet's own. And the memory an instance of a fleet takes, and
 //! what a limit on each instance's attempts in flight
@@ -55,10 +56,29 @@ async fn per_call_over(fleet: FleetLayer) -> f64 {
     start.elapsed().as_nanos() as f64 / f64::from(CALLS)
 }
 
+/// The stack the threads share: every piece of shared state on the way of
+/// a call (the retry budget, the adaptive throttle, the circuit breaker's
+/// circuit per instance, the fleet) over 100 instances.
+fn whole_stack() -> impl tower::Service<
+    Request<Body>,
+    Response = http::Response<impl Send>,
+    Error = tower_resend::Error,
+    Future: Send,
+> + Clone
+       + Send
+       + Sync
+       + 'static {
+    tower_resend::stack()
+        .circuit_breaker()
+        .adaptive_throttling()
+        .fleet(fleet(100))
+        .service(Instant200)
+}
+
 /// Nanoseconds per call, each of `threads` tasks on its own worker making
-/// `CALLS` calls on clones of one stack over 100 instances (`shared`), or
-/// each on a stack of its own: the same work with nothing shared, to tell
-/// what sharing costs from what the machine does with more threads.
+/// `CALLS` calls on clones of one [`whole_stack`] (`shared`), or each on a
+/// stack of its own: the same work with nothing shared, to tell what
+/// sharing costs from what the machine does with more threads.
 fn per_call_threads(threads: usize, shared: bool) -> f64 {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
@@ -66,14 +86,14 @@ fn per_call_threads(threads: usize, shared: bool) -> f64 {
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let one = Arc::new(tower_resend::stack().fleet(fleet(100)).service(Instant200));
+        let one = Arc::new(whole_stack());
         let start = Instant::now();
         let tasks: Vec<_> = (0..threads)
             .map(|_| {
                 let stack = if shared {
                     Arc::clone(&one)
                 } else {
-                    Arc::new(tower_resend::stack().fleet(fleet(100)).service(Instant200))
+                    Arc::new(whole_stack())
                 };
                 tokio::spawn(async move {
                     for _ in 0..CALLS {
@@ -170,7 +190,7 @@ fn main() {
             ""
         };
         println!(
-            "{t} thread(s) sharing one stack over 100 instances: median {m:7.1} ns per call each ({:.3}x one thread's; each with a stack of its own: {:.3}x){note}",
+            "{t} thread(s) sharing one stack (budget, throttle, breaker, fleet of 100): median {m:7.1} ns per call each ({:.3}x one thread's; each with a stack of its own: {:.3}x){note}",
             m / one,
             own / one
         );
