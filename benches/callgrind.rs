@@ -11,7 +11,10 @@
 //!   extension that tower-resend's CallDeadlineLayer writes), `deadline`, `attempt`, `both` (deadline + attempt),
 //!   `tower_retry` (tower's retry with a clone-and-retry policy between two
 //!   timeouts), `tower_retry_ext` (the same after writing a `Deadline` on
-//!   the request and a small history on the response), `stack` (the full `tower_resend::stack()`);
+//!   the request and a small history on the response), `stack` (the full `tower_resend::stack()`),
+//!   `fleet_3` and `fleet_10000` (`stack().fleet(..)` over that many
+//!   instances: run them under `--tool=cachegrind --cache-sim=yes` for the
+//!   cache misses a large fleet adds);
 //! - on loopback against tower-resend-testkit: `loop_bare` (hyper-util's client),
 //!   `loop_tower` (that client under tower's Timeout: one timer per call),
 //!   `loop_tower_retry` and `loop_tower_retry_ext` (that client under
@@ -110,6 +113,14 @@ async fn loopback(which: &str, n: usize) {
     }
 }
 
+/// `tower_resend::stack().fleet(..)` over `n` instances, `http://10.a.b.c:80`.
+fn fleet_stack(n: usize) -> impl Service<Request<Body>, Error = tower_resend::Error> + Clone {
+    let addresses =
+        (0..n).map(|i| format!("http://10.{}.{}.{}:80", i >> 16, (i >> 8) & 255, i & 255));
+    let fleet = tower_resend::fleet::FleetLayer::fixed(addresses).unwrap();
+    tower_resend::stack().fleet(fleet).service(Instant200)
+}
+
 fn main() {
     let variant = std::env::args().nth(1).unwrap_or_default();
     let n: usize = std::env::args()
@@ -136,6 +147,11 @@ fn main() {
             "stack_throttled" => run(variants::stack_throttled(), n).await,
             "stack_paced" => run(variants::stack_paced(), n).await,
             "stack_quota_unpaced" => run(variants::stack_quota_unpaced(), n).await,
+            // `stack().fleet(..)` over 3 or 10 000 instances: with
+            // `--tool=cachegrind --cache-sim=yes`, the cache misses a pick
+            // over a large fleet adds.
+            "fleet_3" => run(fleet_stack(3), n).await,
+            "fleet_10000" => run(fleet_stack(10_000), n).await,
             "sizes" => {
                 use tower_resend::hedge::HedgeLayer;
                 use tower_resend::read_ahead::ReadAheadLayer;

@@ -287,11 +287,26 @@ impl Health {
     }
 
     /// It answered well: back in service at once, its failures forgotten.
+    /// What is already as it should be is not written again: most answers
+    /// are of an instance in service, and a store, even of the same value,
+    /// takes the line from every other core reading the instance.
     pub(crate) fn success(&self) {
-        self.aside_until.store(0, Ordering::Relaxed);
-        self.in_a_row.store(0, Ordering::Relaxed);
-        self.ejections.store(0, Ordering::Relaxed);
-        self.probation.store(false, Ordering::Relaxed);
+        let clear = |a: &AtomicU64| {
+            if a.load(Ordering::Relaxed) != 0 {
+                a.store(0, Ordering::Relaxed);
+            }
+        };
+        let clear32 = |a: &AtomicU32| {
+            if a.load(Ordering::Relaxed) != 0 {
+                a.store(0, Ordering::Relaxed);
+            }
+        };
+        clear(&self.aside_until);
+        clear32(&self.in_a_row);
+        clear32(&self.ejections);
+        if self.probation.load(Ordering::Relaxed) {
+            self.probation.store(false, Ordering::Relaxed);
+        }
     }
 }
 
