@@ -154,6 +154,13 @@ impl<S, B, C> Call<S, B, C> {
             _ => self.body.as_ref().and_then(Replay::try_copy),
         };
         let remaining = self.deadline.map(|d| d.remaining_at(now));
+        // Whether another instance could take a retry: asked of the fleet
+        // only for an answer that is not final (the question looks the
+        // fleet over).
+        let other_instance = match c.class() {
+            Class::Success | Class::Rejected => false,
+            _ => self.head.tried().is_some_and(Tried::elsewhere),
+        };
         let attempted = Attempted {
             class: &c,
             status: result.as_ref().ok().map(Response::status),
@@ -164,7 +171,7 @@ impl<S, B, C> Call<S, B, C> {
             replayable: next_body.is_some(),
             remaining,
             max_attempts: self.options.max_attempts,
-            other_instance: self.head.tried().is_some_and(Tried::elsewhere),
+            other_instance,
             call: ended_facts(&self.history, &self.head, &result),
         };
         let decision = self
