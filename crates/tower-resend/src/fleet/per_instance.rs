@@ -5,9 +5,11 @@
 use std::collections::{HashMap, HashSet};
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
 use http::{Request, Uri};
 use tower_service::Service;
@@ -57,12 +59,30 @@ const KEEP_UNKNOWN_FLEET: usize = 256;
 /// send it twice. tonic's `Channel` keeps the request's path as it is.
 pub struct PerInstance<S, F> {
     make: Arc<F>,
-    made: Arc<Mutex<Made<S>>>,
+    made: Arc<Made<S>>,
 }
 
+/// Each instance's transport, by scheme and authority.
+type Transports<S> = HashMap<(Scheme, Authority), Arc<Kept<S>>>;
+
+/// The transports made so far: a map an attempt loads without a lock or a
+/// count that every thread writes, made again whole (under `changing`)
+/// only when a transport is made or goes.
 struct Made<S> {
-    transports: HashMap<(Scheme, Authority), (S, u64)>,
-    uses: u64,
+    transports: ArcSwap<Transports<S>>,
+    changing: Mutex<()>,
+    /// Attempts so far, for the one used longest ago (counted only where
+    /// the requests do not name their fleet).
+    uses: AtomicU64,
+}
+
+/// One instance's transport. An attempt clones it under its own lock
+/// (a transport need not be `Sync`); attempts to other instances do not
+/// wait on it.
+struct Kept<S> {
+    transport: Mutex<S>,
+    /// When it was last used, in [`Made::uses`].
+    used: AtomicU64,
 }
 
 impl<S, F> PerInstance<S, F>
@@ -75,10 +95,11 @@ where
     pub fn new(make: F) -> Self {
         Self {
             make: Arc::new(make),
-            made: Arc::new(Mutex::new(Made {
-                transports: HashMap::new(),
-                uses: 0,
-            })),
+            made: Arc::new(Made {
+                transports: ArcSwap::from_pointee(HashMap::new()),
+                changing: Mutex::new(()),
+                uses: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -93,34 +114,43 @@ where
     where
         S: Clone,
     {
-        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
-        made.uses += 1;
-        let now = made.uses;
         let key = (scheme, authority);
-        if let Some((svc, used)) = made.transports.get_mut(&key) {
-            *used = now;
-            return svc.clone();
+        let known = fleet.is_some();
+        let found = self.made.transports.load().get(&key).cloned();
+        if let Some(kept) = found {
+            return self.use_kept(&kept, known);
         }
+        // The first attempt to this instance (or one racing it): made, and
+        // the map made again, under the lock.
+        let _changing = self
+            .made
+            .changing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = self.made.transports.load_full();
+        if let Some(kept) = now.get(&key) {
+            return self.use_kept(kept, known);
+        }
+        let mut next = Transports::clone(&now);
         match fleet {
             // Instances left the fleet: their transports go (looked over
             // only when there are more transports than instances).
-            Some(fleet) if made.transports.len() >= fleet.len() => {
+            Some(fleet) if next.len() >= fleet.len() => {
                 let held: HashSet<Authority> = fleet
                     .authorities()
                     .iter()
                     .map(|a| Authority::clone(a))
                     .collect();
-                made.transports.retain(|(_, a), _| held.contains(a));
+                next.retain(|(_, a), _| held.contains(a));
             }
             Some(_) => {}
-            None if made.transports.len() >= KEEP_UNKNOWN_FLEET => {
-                let oldest = made
-                    .transports
+            None if next.len() >= KEEP_UNKNOWN_FLEET => {
+                let oldest = next
                     .iter()
-                    .min_by_key(|(_, (_, used))| *used)
+                    .min_by_key(|(_, kept)| kept.used.load(Ordering::Relaxed))
                     .map(|(k, _)| k.clone());
                 if let Some(k) = oldest {
-                    made.transports.remove(&k);
+                    next.remove(&k);
                 }
             }
             None => {}
@@ -135,8 +165,29 @@ where
             Ok(base) => (self.make)(base),
             Err(_) => (self.make)(Uri::default()),
         };
-        made.transports.insert(key, (svc.clone(), now));
+        let kept = Arc::new(Kept {
+            transport: Mutex::new(svc.clone()),
+            used: AtomicU64::new(self.made.uses.fetch_add(1, Ordering::Relaxed)),
+        });
+        next.insert(key, kept);
+        self.made.transports.store(Arc::new(next));
         svc
+    }
+
+    /// A clone of `kept`'s transport; its use counted when the request
+    /// names no fleet (`known`: it does, and the fleet says which go).
+    fn use_kept(&self, kept: &Kept<S>, known: bool) -> S
+    where
+        S: Clone,
+    {
+        if !known {
+            let now = self.made.uses.fetch_add(1, Ordering::Relaxed);
+            kept.used.store(now, Ordering::Relaxed);
+        }
+        kept.transport
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -151,9 +202,8 @@ impl<S, F> Clone for PerInstance<S, F> {
 
 impl<S, F> std::fmt::Debug for PerInstance<S, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
         f.debug_struct("PerInstance")
-            .field("transports", &made.transports.len())
+            .field("transports", &self.made.transports.load().len())
             .finish_non_exhaustive()
     }
 }
@@ -273,7 +323,7 @@ mod tests {
         for i in 0..300 {
             send(i).await.unwrap();
         }
-        let kept = |p: &PerInstance<_, _>| p.made.lock().unwrap().transports.len();
+        let kept = |p: &PerInstance<_, _>| p.made.transports.load().len();
         assert_eq!(kept(&per), 300);
         // The first hundred leave; a newcomer's transport makes room.
         *fleet.0.lock().unwrap() = (100..301).map(authority).collect();
