@@ -291,19 +291,15 @@ impl Health {
     /// are of an instance in service, and a store, even of the same value,
     /// takes the line from every other core reading the instance.
     pub(crate) fn success(&self) {
-        let clear = |a: &AtomicU64| {
-            if a.load(Ordering::Relaxed) != 0 {
-                a.store(0, Ordering::Relaxed);
-            }
-        };
-        let clear32 = |a: &AtomicU32| {
-            if a.load(Ordering::Relaxed) != 0 {
-                a.store(0, Ordering::Relaxed);
-            }
-        };
-        clear(&self.aside_until);
-        clear32(&self.in_a_row);
-        clear32(&self.ejections);
+        if self.aside_until.load(Ordering::Relaxed) != 0 {
+            self.aside_until.store(0, Ordering::Relaxed);
+        }
+        if self.in_a_row.load(Ordering::Relaxed) != 0 {
+            self.in_a_row.store(0, Ordering::Relaxed);
+        }
+        if self.ejections.load(Ordering::Relaxed) != 0 {
+            self.ejections.store(0, Ordering::Relaxed);
+        }
         if self.probation.load(Ordering::Relaxed) {
             self.probation.store(false, Ordering::Relaxed);
         }

@@ -2,11 +2,12 @@
 //! under a [total limit](super::super::FleetLayer::limit_total), at the
 //! whole fleet.
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
 use super::super::gauge::Gauge;
 use super::super::limit::{admits, Signal};
 use super::InstanceLimit;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 
 /// Attempts in flight, and the limit found from their answers.
 #[derive(Debug, Default)]
