@@ -222,16 +222,17 @@ impl Recent {
 }
 
 /// An instance's health: its failures in a row, whether and until when it
-/// is set aside, when it may next be probed, its recent counts. Times are
-/// nanoseconds from the fleet's origin (0: none).
+/// is set aside, when it may next be probed. Times are nanoseconds from
+/// the fleet's origin (0: none). Whether it is aside first (`repr(C)`: see
+/// the instance's layout).
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct Health {
-    pub(crate) in_a_row: AtomicU32,
-    ejections: AtomicU32,
     aside_until: AtomicU64,
     probe_at: AtomicU64,
+    pub(crate) in_a_row: AtomicU32,
+    ejections: AtomicU32,
     probation: AtomicBool,
-    pub(crate) recent: Recent,
 }
 
 impl Health {

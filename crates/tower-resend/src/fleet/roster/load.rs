@@ -9,8 +9,10 @@ use super::super::gauge::Gauge;
 use super::super::limit::{admits, Signal};
 use super::InstanceLimit;
 
-/// Attempts in flight, and the limit found from their answers.
+/// Attempts in flight, and the limit found from their answers (in flight
+/// first, `repr(C)`: every pick reads it, only a limited fleet the gauge).
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct Load {
     in_flight: AtomicU32,
     gauge: Gauge,
