@@ -220,10 +220,11 @@ pub(crate) fn total_signal(
     timed_out: Option<TimedOut>,
     took: Duration,
 ) -> Signal {
-    match (class, answered, timed_out) {
-        (Class::Overloaded, _, _) => Signal::Nothing,
-        (_, true, _) | (_, false, Some(_)) => Signal::Took(took),
-        (_, false, None) => Signal::Nothing,
+    match (class, timed_out) {
+        (Class::Overloaded, _) => Signal::Nothing,
+        (_, Some(TimedOut::Attempt)) => Signal::Took(took),
+        // Otherwise as an instance's limit reads it.
+        _ => signal(class, answered, timed_out, took),
     }
 }
 
