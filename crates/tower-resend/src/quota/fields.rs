@@ -17,38 +17,33 @@ impl QuotaReader {
     /// What `headers` (of an answer of `status`, at `now`) say of the
     /// caller's quotas: every form, the table in the [module docs](super).
     pub fn read(&self, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Reading {
-        read(self, status, headers, now)
+        let mut r = Read {
+            reader: self,
+            headers,
+            now,
+            out: Reading::default(),
+        };
+        r.ietf();
+        r.triple(Form::Draft, "default", &TRIPLES[0]);
+        r.triple(Form::XRateLimit, "default", &TRIPLES[1]);
+        r.triple(Form::XRateDashLimit, "default", &TRIPLES[2]);
+        for (resource, names) in &MODEL_DURATIONS {
+            r.fields(Form::ModelDuration, resource, names, Reset::Duration);
+        }
+        for (resource, names) in &MODEL_TIMES {
+            r.fields(Form::ModelTime, resource, names, Reset::Time);
+        }
+        for c in &self.custom {
+            r.fields(Form::Custom, &c.policy, &c.names, Reset::Seconds);
+        }
+        if matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::FORBIDDEN
+        ) {
+            r.retry_after();
+        }
+        r.out
     }
-}
-
-/// [`QuotaReader::read`], as `reader` reads.
-fn read(reader: &QuotaReader, status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Reading {
-    let mut r = Read {
-        reader,
-        headers,
-        now,
-        out: Reading::default(),
-    };
-    r.ietf();
-    r.triple(Form::Draft, "default", &TRIPLES[0]);
-    r.triple(Form::XRateLimit, "default", &TRIPLES[1]);
-    r.triple(Form::XRateDashLimit, "default", &TRIPLES[2]);
-    for (resource, names) in &MODEL_DURATIONS {
-        r.fields(Form::ModelDuration, resource, names, Reset::Duration);
-    }
-    for (resource, names) in &MODEL_TIMES {
-        r.fields(Form::ModelTime, resource, names, Reset::Time);
-    }
-    for c in &reader.custom {
-        r.fields(Form::Custom, &c.policy, &c.names, Reset::Seconds);
-    }
-    if matches!(
-        status,
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::FORBIDDEN
-    ) {
-        r.retry_after();
-    }
-    r.out
 }
 
 /// Three field names, made once: limit, remaining, reset.

@@ -353,7 +353,7 @@ impl Quotas {
 }
 
 /// `d` in nanoseconds, at most `u64::MAX` (584 years).
-fn nanos(d: Duration) -> u64 {
+pub(crate) fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

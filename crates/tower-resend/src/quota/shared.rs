@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
-use super::pace::{Admit, Quotas};
+use super::pace::{nanos, Admit, Quotas};
 use super::{Doubt, QuotaReader};
 
 /// How the layer tells the wall-clock time a reset written as a time (an
@@ -120,7 +120,7 @@ impl Shared {
     /// `at` in nanoseconds from the layer's origin, as the quotas and the
     /// tickets keep times.
     pub(crate) fn ns(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
+        nanos(at.saturating_duration_since(self.origin))
     }
 
     /// What this process's own view of the quotas says of a call.
@@ -272,7 +272,7 @@ impl Shared {
             if quiet.is_zero() {
                 0
             } else {
-                nanos_since(self.origin, now + quiet)
+                self.ns(now + quiet).max(1)
             },
             Ordering::Relaxed,
         );
@@ -329,14 +329,6 @@ impl Shared {
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
         }
     }
-}
-
-/// Nanoseconds from `origin` to `at` (at least 1, so that 0 can mean
-/// none).
-fn nanos_since(origin: Instant, at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(origin).as_nanos())
-        .unwrap_or(u64::MAX)
-        .max(1)
 }
 
 fn millis(d: Duration) -> u64 {
