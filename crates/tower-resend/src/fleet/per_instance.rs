@@ -331,6 +331,37 @@ mod tests {
         assert_eq!(kept(&per), 201);
     }
 
+    /// Without a fleet named by the requests, at most 256 transports are
+    /// kept: past them, the one used longest ago goes, and one in use
+    /// stays.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn without_a_fleet_the_transport_used_longest_ago_goes() {
+        let per = PerInstance::new(|_base: Uri| {
+            tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(()) })
+        });
+        let send = |i: usize| {
+            let req = Request::get(format!("http://10.0.{}.{}:80/x", i / 256, i % 256))
+                .body(())
+                .unwrap();
+            per.clone().oneshot(req)
+        };
+        for i in 0..KEEP_UNKNOWN_FLEET {
+            send(i).await.unwrap();
+        }
+        // The first is used again: the second is now the oldest.
+        send(0).await.unwrap();
+        send(KEEP_UNKNOWN_FLEET).await.unwrap();
+        let held = per.made.transports.load();
+        assert_eq!(held.len(), KEEP_UNKNOWN_FLEET);
+        let has = |i: usize| {
+            let authority: Authority = format!("10.0.{}.{}:80", i / 256, i % 256).parse().unwrap();
+            held.contains_key(&(Scheme::HTTP, authority))
+        };
+        assert!(has(0), "the one used again stays");
+        assert!(!has(1), "the one used longest ago goes");
+        assert!(has(KEEP_UNKNOWN_FLEET));
+    }
+
     /// A fleet whose base has a path, over a channel per instance (as for
     /// gRPC): the channel is made from the scheme and authority alone, and
     /// the path reaches it once, under the base's.
