@@ -91,7 +91,7 @@ pub struct Second {
     /// load on the fleet. An attempt refused at once (an instance down,
     /// an address no instance has) is sent, not reached: it costs the
     /// fleet nothing, and the stack retries it elsewhere at once, without
-    /// a budget token.
+    /// a budget token, while the rest of the fleet answers.
     pub reached: u32,
     /// Calls that ended 2xx within their deadline.
     pub good: u32,

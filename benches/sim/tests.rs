@@ -209,3 +209,48 @@ fn one_instance_of_three_down_the_fleet_stack_keeps_its_callers_served() {
     let (tower, f) = lowest(Client::TowerRetry);
     assert!(tower < 0.8, "tower's lowest second {tower:.2}: {f:?}");
 }
+
+/// A full outage (every instance refusing for 5 s): the fleet stack sends
+/// little more than its calls. A refusal is retried at once and without a
+/// token while the rest of the fleet answers; once the fleet's last five
+/// attempts have all failed (or its recent counts say it fails as a
+/// whole), a refusal is retried as any failure, after a backoff and with
+/// a budget token. So in every second of the outage after its first it
+/// sends at most 1.2 attempts a call (where it sent 3, every attempt
+/// refused and retried at once), in the first at most 1.4 (the refusals
+/// before the fifth in a row, and the budget's reserve: its burst and its
+/// floor), and it is back within 2 s, the retries that waited for a token
+/// answered as soon as the fleet is.
+#[test]
+fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
+    let model = Model {
+        watch: Duration::from_secs(5),
+        ..Model::default()
+    };
+    let report = run(&Plan {
+        scenario: Scenario::FullOutage,
+        column: Column {
+            client: Client::StackFleet,
+            server: Server::Plain,
+        },
+        scale: Scale::SMALL,
+        model,
+        seed: SEED,
+    });
+    let start = model.warm_up.as_secs() as usize;
+    let outage = &report.seconds[start..start + 5];
+    let ratio = |s: &Second| f64::from(s.sent) / f64::from(s.offered);
+    assert!(
+        outage.iter().all(|s| s.reached == 0),
+        "an outage: {outage:?}"
+    );
+    assert!(ratio(&outage[0]) <= 1.4, "{outage:?}");
+    for s in &outage[1..] {
+        assert!(ratio(s) <= 1.21, "{outage:?}");
+    }
+    let f = report.figures;
+    assert!(
+        matches!(f.recovery, Recovery::After(d) if d <= Duration::from_secs(2)),
+        "{f:?}"
+    );
+}

@@ -286,6 +286,10 @@ mod tests {
             true
         }
 
+        fn failing(&self) -> bool {
+            false
+        }
+
         fn len(&self) -> usize {
             self.0.lock().unwrap().len()
         }

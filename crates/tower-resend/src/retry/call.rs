@@ -21,7 +21,7 @@ use crate::classify::{is_replayed, Class, Classification, Classify, RequestFacts
 use crate::deadline::Deadline;
 use crate::error::{refused_below, BoxError, Error, ErrorKind};
 use crate::telemetry::{self, Outcome, WaitReason};
-use crate::vocab::{Attempt, Attempts, Hedged, RetryInCharge, Stop, Tried};
+use crate::vocab::{Attempt, Attempts, Hedged, NextAttempt, RetryInCharge, Stop, Tried};
 
 /// What comes after an attempt.
 pub(crate) enum Next<R> {
@@ -154,12 +154,12 @@ impl<S, B, C> Call<S, B, C> {
             _ => self.body.as_ref().and_then(Replay::try_copy),
         };
         let remaining = self.deadline.map(|d| d.remaining_at(now));
-        // Whether another instance could take a retry: asked of the fleet
-        // only for an answer that is not final (the question looks the
-        // fleet over).
-        let other_instance = match c.class() {
-            Class::Success | Class::Rejected => false,
-            _ => self.head.tried().is_some_and(Tried::elsewhere),
+        // Whether another instance could take a retry, and whether the
+        // fleet fails as a whole: asked of the fleet only for an answer
+        // that is not final (the question looks the fleet over).
+        let next = match c.class() {
+            Class::Success | Class::Rejected => NextAttempt::default(),
+            _ => self.head.tried().map(Tried::next).unwrap_or_default(),
         };
         let attempted = Attempted {
             class: &c,
@@ -171,7 +171,7 @@ impl<S, B, C> Call<S, B, C> {
             replayable: next_body.is_some(),
             remaining,
             max_attempts: self.options.max_attempts,
-            other_instance,
+            next,
             call: ended_facts(&self.history, &self.head, &result),
         };
         let decision = self

@@ -24,4 +24,4 @@ pub(crate) use digits::parse_digits;
 pub use grpc::{GrpcCode, GRPC_STATUS};
 pub use hedged::Hedged;
 pub use marker::HttpsNotEnabled;
-pub(crate) use tried::{Elsewhere, Tried};
+pub(crate) use tried::{Elsewhere, NextAttempt, Tried};

@@ -13,6 +13,11 @@ pub(crate) trait Elsewhere: Send + Sync {
     /// An instance not in `used` is in service (not set aside).
     fn has_other(&self, used: &[u64]) -> bool;
 
+    /// Its instances in service fail as much as an outlier would (its
+    /// outlier detection lets every instance back): the upstream as a
+    /// whole is failing, not one instance of it.
+    fn failing(&self) -> bool;
+
     /// How many instances the fleet has.
     fn len(&self) -> usize;
 
@@ -29,6 +34,16 @@ struct Record {
     fleet: Option<Arc<dyn Elsewhere>>,
     /// The instance whose answer came last (for the attempt's record).
     answered: Option<Arc<Authority>>,
+}
+
+/// What a call's fleet says of its next attempt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct NextAttempt {
+    /// An instance this call has not used can take it.
+    pub(crate) elsewhere: bool,
+    /// The fleet's instances fail as much as an outlier would
+    /// ([`Elsewhere::failing`]).
+    pub(crate) upstream_failing: bool,
 }
 
 /// The instances one call has used; clones share them.
@@ -79,12 +94,18 @@ impl Tried {
         self.lock().answered.take()
     }
 
-    /// The next attempt can go to an instance this call has not used
-    /// (asked only after an answer that is not final).
-    pub(crate) fn elsewhere(&self) -> bool {
+    /// What the fleet says of the call's next attempt (asked only after
+    /// an answer that is not final).
+    pub(crate) fn next(&self) -> NextAttempt {
         let r = self.lock();
+        let Some(fleet) = r.fleet.as_ref() else {
+            return NextAttempt::default();
+        };
         let used: Vec<u64> = r.used.iter().map(|(id, _)| *id).collect();
-        r.fleet.as_ref().is_some_and(|f| f.has_other(&used))
+        NextAttempt {
+            elsewhere: fleet.has_other(&used),
+            upstream_failing: fleet.failing(),
+        }
     }
 }
 

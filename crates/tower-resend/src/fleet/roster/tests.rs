@@ -419,3 +419,30 @@ async fn a_total_limit_refuses_past_it_though_instances_have_room() {
     let at_instances: u32 = r.instances().iter().map(|i| i.in_flight()).sum();
     assert_eq!((r.total.in_flight(), at_instances), (0, 0));
 }
+
+/// The fleet fails as a whole once its last five attempts, wherever they
+/// went, all failed (before a second's counts can say so), and no longer
+/// once any instance answers well.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_fleet_fails_as_a_whole_after_five_failures_in_a_row() {
+    let r = roster(10, Outliers::default());
+    let all = r.instances();
+    // A healthy second whose counts still weigh.
+    for i in all.iter().cycle().take(100) {
+        r.succeeded(i);
+    }
+    for i in &all[..4] {
+        r.failed(i);
+    }
+    assert!(!r.failing(), "four in a row");
+    r.failed(&all[4]);
+    assert!(r.failing(), "five in a row, at five instances");
+    r.succeeded(&all[5]);
+    assert!(!r.failing(), "an instance answered");
+    // Off with the comparison of an outlier against the rest.
+    let off = roster(10, Outliers::default().others_failing_below(1.0));
+    for i in off.instances().iter() {
+        off.failed(i);
+    }
+    assert!(!off.failing());
+}

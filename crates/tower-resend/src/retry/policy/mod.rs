@@ -19,6 +19,7 @@ use super::{Backoff, Stop};
 use crate::classify::{Class, Classification, GrpcCode, Pushback};
 use crate::deadline::Deadline;
 use crate::telemetry::WaitReason;
+use crate::vocab::NextAttempt;
 
 /// The limits and waits of a retry layer.
 #[derive(Clone, Copy, Debug)]
@@ -87,9 +88,10 @@ pub(crate) struct Attempted<'a> {
     pub(crate) remaining: Option<Duration>,
     /// This request's own attempt cap (`CallOptions`), if it set one.
     pub(crate) max_attempts: Option<u32>,
-    /// Another instance of the upstream (a fleet's) that this call has not
-    /// used can take the next attempt.
-    pub(crate) other_instance: bool,
+    /// What the call's fleet, if it has one, says of the next attempt:
+    /// whether an instance the call has not used can take it, and whether
+    /// the fleet fails as a whole.
+    pub(crate) next: NextAttempt,
     /// How the call ends if it stops here (see [`Ended`]).
     pub(crate) call: Ended<'a>,
 }
@@ -136,8 +138,9 @@ pub(crate) struct Retry {
     pub(crate) reason: WaitReason,
     /// The retry budget's token it spends, and how urgently it wants one:
     /// none for a request that was not sent (it costs the upstream nothing,
-    /// as gRPC's transparent retries); first in line for a keyed call whose
-    /// attempt may have run (it retries to learn its outcome).
+    /// as gRPC's transparent retries), unless its fleet fails as a whole;
+    /// first in line for a keyed call whose attempt may have run (it
+    /// retries to learn its outcome).
     pub(crate) token: Option<Want>,
 }
 
@@ -198,14 +201,23 @@ impl Policy {
         // rate limit or a quota is the caller's wherever it goes.
         let for_service = attempt.status == Some(StatusCode::TOO_MANY_REQUESTS)
             || c.grpc_code() == Some(GrpcCode::ResourceExhausted);
-        let elsewhere = attempt.other_instance && !for_service;
+        let elsewhere = attempt.next.elsewhere && !for_service;
+        // A request not sent is sent again at once and without a token
+        // (gRPC's transparent retries), while the fleet's other instances
+        // answer. When they fail as much as this one (every instance
+        // refuses: an outage, not an instance gone), a refusal is retried
+        // as any failure is, after a backoff and with a token: gRPC does
+        // not send to a failing connection at all, and an outage must cost
+        // the upstream little more than the calls themselves.
+        let transparent = c.class() == Class::NotSent && !attempt.next.upstream_failing;
         let server_wait = c.retry_after().filter(|_| !elsewhere);
         if server_wait.is_some_and(|w| w > self.max_server_wait) {
             return stop(Stop::ServerSaidNo);
         }
-        let jitter = match c.class() {
-            Class::NotSent if elsewhere => Duration::ZERO,
-            _ => self.backoff.wait(attempt.made.saturating_sub(1), rng),
+        let jitter = if transparent && elsewhere {
+            Duration::ZERO
+        } else {
+            self.backoff.wait(attempt.made.saturating_sub(1), rng)
         };
         let (asked, reason) = match (server_wait, c.class()) {
             (Some(w), _) => (Some(w), WaitReason::RetryAfter),
@@ -235,11 +247,12 @@ impl Policy {
         if !attempt.replayable {
             return stop(Stop::NotReplayable);
         }
-        // 6. Which token: none for what was not sent; a keyed call whose
-        // attempt may have run (its answer lost, or its key still running)
-        // retries to learn its outcome, first in line.
+        // 6. Which token: none for what was not sent (while the fleet
+        // answers); a keyed call whose attempt may have run (its answer
+        // lost, or its key still running) retries to learn its outcome,
+        // first in line.
         let token = match c.class() {
-            Class::NotSent => None,
+            _ if transparent => None,
             Class::Unknown | Class::InProgress if attempt.call.keyed() => Some(Want::Outcome),
             _ => Some(Want::Retry),
         };

@@ -1,5 +1,5 @@
 use super::*;
-use crate::vocab::Attempts;
+use crate::vocab::{Attempts, NextAttempt};
 
 pub(super) const S: Duration = Duration::from_secs(1);
 
@@ -28,7 +28,7 @@ pub(super) fn attempted(
         replayable: true,
         remaining: left,
         max_attempts: None,
-        other_instance: false,
+        next: NextAttempt::default(),
         call: unkeyed_answer(),
     }
 }
@@ -298,7 +298,10 @@ fn the_rows_around_the_class_table() {
         for safe in [true, false] {
             let below = Attempted {
                 refused: Some(refused),
-                other_instance: true,
+                next: NextAttempt {
+                    elsewhere: true,
+                    upstream_failing: false,
+                },
                 ..attempted(&not_sent, safe, 1, Some(10 * S))
             };
             assert_eq!(why(p.decide(below, rng)), Some(stop), "{refused:?}");
@@ -379,7 +382,10 @@ fn with_another_instance_the_wait_is_the_instances() {
     let p = policy();
     let rng = &mut fastrand::Rng::with_seed(5);
     let elsewhere = |c| Attempted {
-        other_instance: true,
+        next: NextAttempt {
+            elsewhere: true,
+            upstream_failing: false,
+        },
         ..attempted(c, true, 1, Some(2 * S))
     };
     let wait = |d| match d {
@@ -408,6 +414,37 @@ fn with_another_instance_the_wait_is_the_instances() {
             token: None,
         })
     );
+    // Not sent, while every instance of the fleet fails as much (an
+    // outage): a retry as any other, after a backoff, with a token.
+    let outage = Attempted {
+        next: NextAttempt {
+            elsewhere: true,
+            upstream_failing: true,
+        },
+        ..attempted(&not_sent, true, 1, Some(2 * S))
+    };
+    match p.decide(outage, rng) {
+        Decision::Retry(r) => {
+            assert_eq!(r.token, Some(Want::Retry), "{r:?}");
+            assert!(r.wait > Duration::ZERO, "{r:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // (With no other instance, and the fleet failing: the same.)
+    let alone = Attempted {
+        next: NextAttempt {
+            elsewhere: false,
+            upstream_failing: true,
+        },
+        ..outage
+    };
+    assert!(matches!(
+        p.decide(alone, rng),
+        Decision::Retry(Retry {
+            token: Some(Want::Retry),
+            ..
+        })
+    ));
     // A 429, or RESOURCE_EXHAUSTED, speaks for the whole service (a rate
     // limit, a quota): its wait holds wherever the next attempt goes.
     let limited = Attempted {
