@@ -184,22 +184,6 @@ pub(crate) fn degraded(o: &Outliers, fleet: Ratio) -> bool {
     o.others_below < 1.0 && fleet.share().is_some_and(|s| s >= o.others_below)
 }
 
-/// Failures in a row across the whole fleet that say it fails as a whole
-/// before its recent counts can: five attempts in a row, to different
-/// instances, all failing is an outage, not one instance gone. (With a
-/// third of the fleet refusing, five in a row come once in 243 attempts;
-/// the refusal then retried takes a budget token the refusals otherwise
-/// leave unspent.)
-pub(crate) const FLEET_IN_A_ROW: u32 = 5;
-
-/// The fleet fails as a whole: its recent counts say so ([`degraded`]),
-/// or its last [`FLEET_IN_A_ROW`] attempts all failed, which says so at
-/// once where the counts of the second before an outage still hold its
-/// share under the line. Off with the comparison (`others_below` of 1).
-pub(crate) fn fails_as_a_whole(o: &Outliers, fleet: Ratio, in_a_row: u32) -> bool {
-    degraded(o, fleet) || (o.others_below < 1.0 && in_a_row >= FLEET_IN_A_ROW)
-}
-
 /// Recent attempts and failures, in two bins of [`BIN`] each.
 #[derive(Debug, Default)]
 pub(crate) struct Recent {
@@ -367,16 +351,6 @@ mod tests {
         assert!(degraded(&o, failing));
         assert!(!degraded(&o, quiet), "too few to tell");
         assert!(!degraded(&o.others_failing_below(1.0), ratio(100, 100)));
-        // Failing as a whole: by the counts, or at once by failures in a
-        // row, after a healthy second whose counts still weigh.
-        assert!(fails_as_a_whole(&o, failing, 0));
-        assert!(!fails_as_a_whole(&o, ratio(100, 4), 4));
-        assert!(fails_as_a_whole(&o, ratio(100, 5), 5));
-        assert!(!fails_as_a_whole(
-            &o.others_failing_below(1.0),
-            ratio(100, 5),
-            5
-        ));
         // Pauses double, up to the longest.
         assert_eq!(pause(&o, 0), Duration::from_secs(10));
         assert_eq!(pause(&o, 1), Duration::from_secs(20));

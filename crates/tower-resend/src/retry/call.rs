@@ -155,11 +155,16 @@ impl<S, B, C> Call<S, B, C> {
         };
         let remaining = self.deadline.map(|d| d.remaining_at(now));
         // Whether another instance could take a retry, and whether the
-        // fleet fails as a whole: asked of the fleet only for an answer
-        // that is not final (the question looks the fleet over).
+        // upstream fails as a whole (by the fleet's counts, or the
+        // attempts failing in a row): asked only for an answer that is
+        // not final (the question looks the fleet over).
         let next = match c.class() {
             Class::Success | Class::Rejected => NextAttempt::default(),
-            _ => self.head.tried().map(Tried::next).unwrap_or_default(),
+            _ => {
+                let mut next = self.head.tried().map(Tried::next).unwrap_or_default();
+                next.upstream_failing |= self.shared.streak.failing();
+                next
+            }
         };
         let attempted = Attempted {
             class: &c,
@@ -214,6 +219,10 @@ impl<S, B, C> Call<S, B, C> {
             Class::NotSent => local_refusal(result),
             _ => None,
         };
+        // (A layer's own refusal says nothing of the upstream.)
+        if refused.is_none() {
+            self.shared.streak.ended(c.class());
+        }
         if let Some(throttle) = &self.shared.throttle {
             throttle.answered_as(self.throttle_bin, c.class(), refused.is_some());
         }

@@ -7,6 +7,7 @@ use http::HeaderName;
 use tower_layer::Layer;
 
 use super::policy::Policy;
+use super::streak::Streak;
 use super::{AdaptiveThrottle, Backoff, Retry, RetryBudget};
 use crate::classify::HttpClassifier;
 use crate::telemetry::{CallMetrics, ClientMetrics};
@@ -93,6 +94,9 @@ pub(crate) struct Shared<S, C> {
     pub(crate) fleet: bool,
     /// Client-side throttling, if on: gates every attempt.
     pub(crate) throttle: Option<AdaptiveThrottle>,
+    /// The calls' attempts failing in a row: whether the upstream fails
+    /// as a whole.
+    pub(crate) streak: Streak,
 }
 
 impl<S, C: std::fmt::Debug> std::fmt::Debug for Shared<S, C> {
@@ -351,6 +355,7 @@ impl<C> RetryLayer<C> {
                 attempt_header: self.attempt_header,
                 fleet: self.fleet,
                 throttle: self.throttle,
+                streak: Streak::default(),
             }),
         )
     }

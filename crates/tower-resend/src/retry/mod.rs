@@ -95,6 +95,7 @@ mod layer;
 pub(crate) mod policy;
 mod run;
 mod service;
+mod streak;
 mod throttle;
 pub use crate::vocab::{Attempt, Attempts, Stop};
 pub(crate) use announce::{announce, announced};

@@ -41,8 +41,9 @@ struct Record {
 pub(crate) struct NextAttempt {
     /// An instance this call has not used can take it.
     pub(crate) elsewhere: bool,
-    /// The fleet's instances fail as much as an outlier would
-    /// ([`Elsewhere::failing`]).
+    /// The upstream fails as a whole: the fleet's instances fail as much
+    /// as an outlier would ([`Elsewhere::failing`]), or (set by the retry
+    /// layer) the last attempts all failed.
     pub(crate) upstream_failing: bool,
 }
 

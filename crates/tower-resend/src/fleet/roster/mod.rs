@@ -6,7 +6,7 @@
 //! [`Outliers`](super::Outliers) says; with a limit
 //! ([`InstanceLimit`](super::InstanceLimit)), instances at it passed over.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +15,7 @@ use tokio::time::Instant;
 
 use super::base::Base;
 use super::limit::{signal, total_signal, InstanceLimit, TimedOut};
-use super::outliers::{
-    degraded, fails_as_a_whole, nanos, sets_aside, Health, Outliers, Recent, BIN,
-};
+use super::outliers::{degraded, nanos, sets_aside, Health, Outliers, Recent, BIN};
 use crate::classify::Class;
 use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
 
@@ -78,8 +76,6 @@ pub(crate) struct Roster {
     origin: Instant,
     /// The whole fleet's recent attempts and failures.
     recent: Recent,
-    /// The whole fleet's failures since its last success.
-    in_a_row: AtomicU32,
     /// This process's attempts in flight to the whole fleet, and their
     /// limit (used when the fleet has a total limit).
     total: Arc<Load>,
@@ -194,7 +190,6 @@ impl Roster {
             next_id: AtomicU64::new(1),
             origin: Instant::now(),
             recent: Recent::default(),
-            in_a_row: AtomicU32::new(0),
             total: Arc::default(),
         }
     }
@@ -353,10 +348,6 @@ impl Roster {
         let epoch = Self::epoch(now);
         instance.recent.record(epoch, false);
         self.recent.record(epoch, false);
-        // (Not written again while it is 0: most answers are successes.)
-        if self.in_a_row.load(Ordering::Relaxed) != 0 {
-            self.in_a_row.store(0, Ordering::Relaxed);
-        }
         instance.health.success();
     }
 
@@ -371,9 +362,6 @@ impl Roster {
         let epoch = Self::epoch(now);
         instance.recent.record(epoch, true);
         self.recent.record(epoch, true);
-        if self.in_a_row.load(Ordering::Relaxed) < u32::MAX {
-            self.in_a_row.fetch_add(1, Ordering::Relaxed);
-        }
         let Some((in_a_row, probation)) = instance.health.failure(now) else {
             return false;
         };
@@ -402,13 +390,7 @@ impl Elsewhere for Roster {
     }
 
     fn failing(&self) -> bool {
-        let now = self.now();
-        let in_a_row = self.in_a_row.load(Ordering::Relaxed);
-        fails_as_a_whole(
-            &self.outliers(),
-            self.recent.ratio(Self::epoch(now)),
-            in_a_row,
-        )
+        self.moment().degraded
     }
 
     fn len(&self) -> usize {

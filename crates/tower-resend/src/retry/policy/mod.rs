@@ -88,9 +88,9 @@ pub(crate) struct Attempted<'a> {
     pub(crate) remaining: Option<Duration>,
     /// This request's own attempt cap (`CallOptions`), if it set one.
     pub(crate) max_attempts: Option<u32>,
-    /// What the call's fleet, if it has one, says of the next attempt:
-    /// whether an instance the call has not used can take it, and whether
-    /// the fleet fails as a whole.
+    /// What the call's fleet, if it has one, says of the next attempt
+    /// (whether an instance the call has not used can take it), and
+    /// whether the upstream fails as a whole.
     pub(crate) next: NextAttempt,
     /// How the call ends if it stops here (see [`Ended`]).
     pub(crate) call: Ended<'a>,
@@ -202,13 +202,13 @@ impl Policy {
         let for_service = attempt.status == Some(StatusCode::TOO_MANY_REQUESTS)
             || c.grpc_code() == Some(GrpcCode::ResourceExhausted);
         let elsewhere = attempt.next.elsewhere && !for_service;
-        // A request not sent is sent again at once and without a token
-        // (gRPC's transparent retries), while the fleet's other instances
-        // answer. When they fail as much as this one (every instance
-        // refuses: an outage, not an instance gone), a refusal is retried
-        // as any failure is, after a backoff and with a token: gRPC does
-        // not send to a failing connection at all, and an outage must cost
-        // the upstream little more than the calls themselves.
+        // A request not sent is sent again without a token (gRPC's
+        // transparent retries; at once when another instance can take
+        // it), while the upstream otherwise answers. When it fails as a
+        // whole (an outage, not an instance gone: see `retry::streak`), a
+        // refusal is retried as any failure is, after a backoff and with a
+        // token: gRPC does not send to a failing connection at all, and an
+        // outage must cost the upstream little more than the calls.
         let transparent = c.class() == Class::NotSent && !attempt.next.upstream_failing;
         let server_wait = c.retry_after().filter(|_| !elsewhere);
         if server_wait.is_some_and(|w| w > self.max_server_wait) {
