@@ -41,7 +41,9 @@
 //!   attempts at each instance for a limit per instance to bind (many
 //!   client processes, many instances).
 //! - **the retry layer knows**: a failure not sent (a refused connection)
-//!   is retried on another instance at once, and an overloaded answer's
+//!   is retried on another instance at once, without a budget token,
+//!   unless the fleet fails as a whole (an outage: see
+//!   [`retry`](crate::retry)); an overloaded answer's
 //!   wait (a 503's `Retry-After`, or the overload floor) is the instance's:
 //!   another instance is tried after the usual backoff. A 429 (or gRPC's
 //!   `RESOURCE_EXHAUSTED`) speaks for the whole service (a rate limit or a

@@ -51,6 +51,15 @@
 //! it ends the call at once), a token from the shared [`RetryBudget`], and a
 //! body that can be replayed ([`ReplayBody`](crate::body::ReplayBody), 64 KiB kept by default).
 //!
+//! A request that was not sent (a refused connection) needs no token, as
+//! gRPC's transparent retries, and goes to another instance of a fleet at
+//! once, while the upstream otherwise answers. When it fails as a whole
+//! (the stack's last five attempts all failed, or its fleet's instances
+//! fail as much as an outlier would), a refusal is an outage, not one
+//! instance gone: it is retried as any failure is, after a backoff and
+//! with a token, so that an outage costs the upstream little more than
+//! the calls (gRPC sends nothing to a failing connection at all).
+//!
 //! Backoff is exponential with full jitter ([`Backoff`]): random in
 //! `[0, min(cap, base * 2^n)]`. After an overloaded answer the jittered
 //! backoff is added on top of the server's wait, so that clients told the same
