@@ -536,28 +536,36 @@ async fn retries_say_how_many_attempts_came_before() {
 }
 
 /// Retries of requests that were not sent (connection refused) cost the
-/// upstream nothing: with a budget of no tokens at all, every call still
-/// makes all its attempts, and ends not-sent, not out of budget.
+/// upstream nothing while it otherwise answers: with a budget of no tokens
+/// at all, a call makes all its attempts, and ends not-sent, not out of
+/// budget. Once five attempts in a row have failed (nothing listens: an
+/// outage, not a connection gone), a refusal is retried as any failure,
+/// with a token: with none, the call ends after one attempt, out of budget.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn not_sent_retries_spend_no_budget_token() {
+async fn not_sent_retries_spend_no_budget_token_until_the_upstream_fails_as_a_whole() {
     let empty = tower_resend::retry::RetryBudget::new(0.0, 0.0, SECOND).expect("a budget");
     let client = stack().budget(empty).max_attempts(4).service(transport());
     let port = closed_port();
-    let mut set = JoinSet::new();
-    for i in 0..5 {
-        let req = post(
+    let refused = |i: u32| {
+        post(
             format!("http://127.0.0.1:{port}/charges/{i}")
                 .parse()
                 .expect("a URI"),
-        );
-        set.spawn(client.clone().oneshot(req));
-    }
-    while let Some(joined) = within(set.join_next()).await {
-        let err = joined.expect("the task ran").expect_err("nothing listens");
-        assert!(err.is_not_sent(), "{err}");
-        assert_ne!(err.kind(), ErrorKind::BudgetExhausted, "{err}");
-        assert_eq!(err.attempts(), 4, "{err}");
-    }
+        )
+    };
+    let err = within(client.clone().oneshot(refused(0)))
+        .await
+        .expect_err("nothing listens");
+    assert!(err.is_not_sent(), "{err}");
+    assert_ne!(err.kind(), ErrorKind::BudgetExhausted, "{err}");
+    assert_eq!(err.attempts(), 4, "{err}");
+    // The fifth refusal in a row: the upstream fails as a whole.
+    let err = within(client.oneshot(refused(1)))
+        .await
+        .expect_err("nothing listens");
+    assert!(err.is_not_sent(), "{err}");
+    assert_eq!(err.kind(), ErrorKind::BudgetExhausted, "{err}");
+    assert_eq!(err.attempts(), 1, "{err}");
 }
 
 /// A GET whose 200 head arrives and whose small body then breaks (the

@@ -219,9 +219,16 @@ impl<S, B, C> Call<S, B, C> {
             Class::NotSent => local_refusal(result),
             _ => None,
         };
-        // (A layer's own refusal says nothing of the upstream.)
+        // (A layer's own refusal says nothing of the upstream.) A failure
+        // is counted at its instance, the one this call used last.
         if refused.is_none() {
-            self.shared.streak.ended(c.class());
+            let instance = match c.class() {
+                Class::NotSent | Class::Overloaded | Class::Unknown => {
+                    self.head.tried().and_then(Tried::last_used)
+                }
+                _ => None,
+            };
+            self.shared.streak.ended(c.class(), instance);
         }
         if let Some(throttle) = &self.shared.throttle {
             throttle.answered_as(self.throttle_bin, c.class(), refused.is_some());

@@ -11,36 +11,47 @@
 //! still hold the healthy second before the outage; a fleet's counts say
 //! it too ([`Elsewhere::failing`](crate::vocab::Elsewhere::failing)).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::classify::Class;
 
 /// Attempts failing in a row that say the upstream fails as a whole: five,
-/// to different instances of a fleet or to the one upstream. With a third
+/// at five instances of a fleet (one after another), or at the one
+/// upstream. With a third
 /// of a fleet refusing, five in a row come once in 243 attempts; the
 /// refusal then retried takes a budget token that refusals otherwise leave
 /// unspent.
 pub(crate) const IN_A_ROW: u32 = 5;
 
-/// The attempts of a stack's calls failing in a row since the last that
-/// did not: a failure as a fleet counts one (not sent, overloaded, outcome
-/// unknown); an answer, even a refusal of the request, ends the streak.
+/// The attempts failing in a row since the last that did not: a failure
+/// as a fleet counts one (not sent, overloaded, outcome unknown); an
+/// answer, even a refusal of the request, ends the streak. Failures of
+/// the instance that failed last count once: an instance killed fails
+/// every attempt it had at once, and that is one instance gone, not an
+/// outage. Lossy under races (a detector, not a ledger).
 #[derive(Debug, Default)]
-pub(crate) struct Streak(AtomicU32);
+pub(crate) struct Streak(AtomicU64);
 
 impl Streak {
-    /// An attempt ended as `class`.
-    pub(crate) fn ended(&self, class: Class) {
+    /// An attempt ended as `class`, at `instance` (a fleet's id) if known.
+    pub(crate) fn ended(&self, class: Class, instance: Option<u64>) {
+        let now = self.0.load(Ordering::Relaxed);
         match class {
             Class::NotSent | Class::Overloaded | Class::Unknown => {
-                if self.0.load(Ordering::Relaxed) < u32::MAX {
-                    self.0.fetch_add(1, Ordering::Relaxed);
+                let (count, last) = ((now >> 32) as u32, now as u32);
+                // (Ids are small; one of u32::MAX instances apart may be
+                // taken for the same.)
+                let id = instance.map_or(0, |i| (i as u32).max(1));
+                if id != 0 && id == last && count > 0 {
+                    return;
                 }
+                let next = (u64::from(count.saturating_add(1)) << 32) | u64::from(id);
+                self.0.store(next, Ordering::Relaxed);
             }
             // (Not written again while it is 0: most attempts answer well,
             // and a store takes the line from every other core.)
             _ => {
-                if self.0.load(Ordering::Relaxed) != 0 {
+                if now != 0 {
                     self.0.store(0, Ordering::Relaxed);
                 }
             }
@@ -49,7 +60,7 @@ impl Streak {
 
     /// The upstream fails as a whole.
     pub(crate) fn failing(&self) -> bool {
-        self.0.load(Ordering::Relaxed) >= IN_A_ROW
+        (self.0.load(Ordering::Relaxed) >> 32) as u32 >= IN_A_ROW
     }
 }
 
@@ -66,10 +77,10 @@ mod tests {
             Class::Unknown,
             Class::NotSent,
         ] {
-            s.ended(class);
+            s.ended(class, None);
         }
         assert!(!s.failing(), "four");
-        s.ended(Class::NotSent);
+        s.ended(Class::NotSent, None);
         assert!(s.failing(), "five");
         for answered in [
             Class::Success,
@@ -78,11 +89,24 @@ mod tests {
             Class::InProgress,
         ] {
             for _ in 0..5 {
-                s.ended(Class::NotSent);
+                s.ended(Class::NotSent, None);
             }
             assert!(s.failing());
-            s.ended(answered);
+            s.ended(answered, None);
             assert!(!s.failing(), "{answered:?}");
         }
+    }
+
+    #[test]
+    fn an_instance_that_fails_all_it_had_at_once_counts_once() {
+        let s = Streak::default();
+        for _ in 0..40 {
+            s.ended(Class::NotSent, Some(7));
+        }
+        assert!(!s.failing(), "one instance killed");
+        for id in [8, 7, 9, 10] {
+            s.ended(Class::NotSent, Some(id));
+        }
+        assert!(s.failing(), "five instances in a row");
     }
 }

@@ -61,6 +61,12 @@ impl Tried {
         self.lock().used.iter().map(|(id, _)| *id).collect()
     }
 
+    /// The instance this call used last (first used last, for one it
+    /// went back to).
+    pub(crate) fn last_used(&self) -> Option<u64> {
+        self.lock().used.last().map(|(id, _)| *id)
+    }
+
     /// The addresses of the instances used so far, in the order the call
     /// first used them.
     pub(crate) fn servers(&self) -> Vec<Arc<Authority>> {
