@@ -254,3 +254,40 @@ fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
         "{f:?}"
     );
 }
+
+/// A third of the fleet down for 10 s: the fleet stack sets each instance
+/// that refuses aside at its first refusal (as gRPC's subchannel fails on
+/// one failed connection), and probes those aside at a share of its
+/// attempts, so that in no second does it send more than 1.15 attempts a
+/// call (a refusal still goes elsewhere at once, free), and it is back
+/// within 1 s of the instances' return, serving as many calls as before.
+#[test]
+fn a_third_down_the_fleet_stack_stops_sending_where_it_is_refused() {
+    let model = Model {
+        watch: Duration::from_secs(5),
+        ..Model::default()
+    };
+    let report = run(&Plan {
+        scenario: Scenario::ThirdDown,
+        column: Column {
+            client: Client::StackFleet,
+            server: Server::Plain,
+        },
+        scale: Scale::SMALL,
+        model,
+        seed: SEED,
+    });
+    let start = model.warm_up.as_secs() as usize;
+    let down = &report.seconds[start..start + 10];
+    let ratio = |s: &Second| f64::from(s.sent) / f64::from(s.offered);
+    assert!(down.iter().all(|s| s.sent > s.reached), "refused: {down:?}");
+    for s in down {
+        assert!(ratio(s) <= 1.15, "{down:?}");
+    }
+    let f = report.figures;
+    assert!(
+        matches!(f.recovery, Recovery::After(d) if d <= Duration::from_secs(1)),
+        "{f:?}"
+    );
+    assert!(f.goodput_share >= 0.95, "{f:?}");
+}

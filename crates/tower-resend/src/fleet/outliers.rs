@@ -8,11 +8,16 @@
 //!
 //! - **set aside** ([`sets_aside`]): `consecutive` failures in a row that
 //!   say "this instance" (one, back from a pause, before its first
-//!   success), while the *other* instances fail less than `others_below`
-//!   of their recent attempts, and while fewer than `max_share` of the
-//!   fleet are set aside (at least one, never all);
+//!   success; one that was not sent, a refused connection or stream, as
+//!   gRPC's subchannel fails on a failed connection), while the *other*
+//!   instances fail less than `others_below` of their recent attempts, and
+//!   while fewer than `max_share` of the fleet are set aside (at least
+//!   one, never all);
 //! - **probed** ([`Health::take_probe`]): an instance set aside gets one
-//!   attempt every `probe_every`; the first that answers well brings it
+//!   attempt every `probe_every`, and the fleet's probes are at most
+//!   `probe_share` of its attempts (at least one every `probe_every`): with
+//!   a third of a hundred instances aside, a probe each every 500 ms would
+//!   be most of a client's attempts. The first that answers well brings it
 //!   back at once, not after a fixed pause (its pause, doubling while it
 //!   keeps failing, is only the longest it stays aside unprobed);
 //! - **let back** ([`degraded`]): when the instances in service fail too
@@ -46,13 +51,16 @@ pub struct Outliers {
     pub(super) max_pause: Duration,
     pub(super) max_share: f64,
     pub(super) probe_every: Duration,
+    pub(super) probe_share: f64,
     pub(super) others_below: f64,
+    pub(super) not_sent_at_once: bool,
 }
 
 impl Default for Outliers {
-    /// 5 failures in a row, while the others fail less than half of their
-    /// recent attempts; probed every 500 ms; aside for 10 s at most unless
-    /// a probe answers well, doubled while it keeps failing (up to 5
+    /// 5 failures in a row (one not sent), while the others fail less than
+    /// half of their recent attempts; probed every 500 ms, the probes at
+    /// most 5 % of the fleet's attempts; aside for 10 s at most unless a
+    /// probe answers well, doubled while it keeps failing (up to 5
     /// minutes); at most half the fleet.
     fn default() -> Self {
         Self {
@@ -61,7 +69,9 @@ impl Default for Outliers {
             max_pause: Duration::from_secs(300),
             max_share: 0.5,
             probe_every: Duration::from_millis(500),
+            probe_share: 0.05,
             others_below: 0.5,
+            not_sent_at_once: true,
         }
     }
 }
@@ -71,6 +81,20 @@ impl Outliers {
     #[must_use]
     pub fn consecutive(mut self, n: u32) -> Self {
         self.consecutive = n.max(1);
+        self
+    }
+
+    /// Whether one failure not sent (a refused connection, a refused
+    /// stream: the instance cannot take requests now) sets an instance
+    /// aside at once (by default), as gRPC's subchannel fails on one
+    /// failed connection, or counts as one of `consecutive`. At a hundred
+    /// client processes and a hundred instances, each process makes under
+    /// one attempt a second at each instance: five refusals in a row take
+    /// longer than most restarts, and until then a third of a fleet gone
+    /// takes a third of the attempts.
+    #[must_use]
+    pub fn not_sent_at_once(mut self, at_once: bool) -> Self {
+        self.not_sent_at_once = at_once;
         self
     }
 
@@ -118,10 +142,24 @@ impl Outliers {
         self
     }
 
+    /// The fleet's probes of the instances set aside are at most this
+    /// share (0 to 1, default 0.05) of its recent attempts, and at least
+    /// one every `probe_every`.
+    #[must_use]
+    pub fn probe_share(mut self, share: f64) -> Self {
+        self.probe_share = if share.is_finite() {
+            share.clamp(0.0, 1.0)
+        } else {
+            Self::default().probe_share
+        };
+        self
+    }
+
     /// Never sets an instance aside.
     #[must_use]
     pub fn off(mut self) -> Self {
         self.consecutive = u32::MAX;
+        self.not_sent_at_once = false;
         self
     }
 }
@@ -152,18 +190,19 @@ impl Ratio {
 }
 
 /// After a failure that says "this instance", `in_a_row` of them (or one,
-/// on `probation`): is it set aside? Only against the rest (`others`, the
-/// other instances' recent counts, failing less than `others_below`), and
-/// only while fewer than the share of the `fleet` are (`aside` now).
+/// `at_once`: on probation, or not sent): is it set aside? Only against the
+/// rest (`others`, the other instances' recent counts, failing less than
+/// `others_below`), and only while fewer than the share of the `fleet` are
+/// (`aside` now).
 pub(crate) fn sets_aside(
     o: &Outliers,
     in_a_row: u32,
-    probation: bool,
+    at_once: bool,
     others: Ratio,
     aside: usize,
     fleet: usize,
 ) -> bool {
-    let failing = probation || in_a_row >= o.consecutive;
+    let failing = at_once || in_a_row >= o.consecutive;
     let outlier = others.share().is_none_or(|s| s < o.others_below);
     let share = (fleet as f64 * o.max_share).floor() as usize;
     let room = aside < share.max(1).min(fleet.saturating_sub(1));
@@ -176,6 +215,16 @@ pub(crate) fn pause(o: &Outliers, ejections: u32) -> Duration {
     o.base_pause
         .saturating_mul(1u32 << ejections.min(16))
         .min(o.max_pause)
+}
+
+/// The fleet's probes in its recent window (`probes`) leave room for
+/// another, against its recent attempts (`fleet`): at most `probe_share`
+/// of them, and at least one every `probe_every` over the window.
+pub(crate) fn probe_room(o: &Outliers, probes: u32, fleet: Ratio) -> bool {
+    let window = 2.0 * BIN.as_secs_f64();
+    let floor = (window / o.probe_every.as_secs_f64()).ceil();
+    let share = o.probe_share * f64::from(fleet.attempts);
+    f64::from(probes) < floor.max(share)
 }
 
 /// The instances in service fail as much as an outlier would (`fleet`,
@@ -329,10 +378,10 @@ mod tests {
         let quiet = ratio(3, 3);
         #[rustfmt::skip]
         let rows: &[(u32, bool, Ratio, usize, usize, bool)] = &[
-            // (in a row, probation, others, aside now, fleet, set aside?)
+            // (in a row, at once, others, aside now, fleet, set aside?)
             (4, false, calm, 0, 3, false),   // not yet
             (5, false, calm, 0, 3, true),    // five in a row, the others well
-            (1, true, calm, 0, 3, true),     // on probation: one
+            (1, true, calm, 0, 3, true),     // on probation, or not sent: one
             (5, false, failing, 0, 3, false),// the others fail too: no outlier
             (5, false, quiet, 0, 3, true),   // too few attempts to compare: as alone
             (5, false, calm, 1, 3, false),   // half of three is one, taken
@@ -351,6 +400,13 @@ mod tests {
         assert!(degraded(&o, failing));
         assert!(!degraded(&o, quiet), "too few to tell");
         assert!(!degraded(&o.others_failing_below(1.0), ratio(100, 100)));
+        // Probes: at least one every 500 ms over the two-second window,
+        // at most 5 % of the fleet's attempts beyond that.
+        assert!(probe_room(&o, 3, ratio(10, 0)));
+        assert!(!probe_room(&o, 4, ratio(10, 0)));
+        assert!(probe_room(&o, 9, ratio(200, 0)));
+        assert!(!probe_room(&o, 10, ratio(200, 0)));
+        assert!(!probe_room(&o.probe_share(0.0), 4, ratio(1000, 0)));
         // Pauses double, up to the longest.
         assert_eq!(pause(&o, 0), Duration::from_secs(10));
         assert_eq!(pause(&o, 1), Duration::from_secs(20));

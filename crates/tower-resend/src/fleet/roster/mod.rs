@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::base::Base;
 use super::limit::{signal, total_signal, InstanceLimit, TimedOut};
-use super::outliers::{degraded, nanos, sets_aside, Health, Outliers, Recent, BIN};
+use super::outliers::{degraded, nanos, probe_room, sets_aside, Health, Outliers, Recent, BIN};
 use crate::classify::Class;
 use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
 
@@ -76,6 +76,8 @@ pub(crate) struct Roster {
     origin: Instant,
     /// The whole fleet's recent attempts and failures.
     recent: Recent,
+    /// The probes of instances set aside, recently (as attempts).
+    probes: Recent,
     /// This process's attempts in flight to the whole fleet, and their
     /// limit (used when the fleet has a total limit).
     total: Arc<Load>,
@@ -153,11 +155,13 @@ impl Drop for Sent {
 }
 
 /// What a pick needs of the moment: the time, whether the instances set
-/// aside are let back, and the limit on attempts in flight, if any.
+/// aside are let back, whether the fleet's probes leave room for another,
+/// and the limit on attempts in flight, if any.
 #[derive(Clone, Copy, Debug)]
 struct Moment {
     now: u64,
     degraded: bool,
+    probe_room: bool,
     probe_every: Duration,
     limit: Option<InstanceLimit>,
 }
@@ -190,6 +194,7 @@ impl Roster {
             next_id: AtomicU64::new(1),
             origin: Instant::now(),
             recent: Recent::default(),
+            probes: Recent::default(),
             total: Arc::default(),
         }
     }
@@ -278,9 +283,12 @@ impl Roster {
     fn moment_of(&self, s: Settings) -> Moment {
         let now = self.now();
         let o = s.outliers;
+        let epoch = Self::epoch(now);
+        let fleet = self.recent.ratio(epoch);
         Moment {
             now,
-            degraded: degraded(&o, self.recent.ratio(Self::epoch(now))),
+            degraded: degraded(&o, fleet),
+            probe_room: probe_room(&o, self.probes.ratio(epoch).attempts, fleet),
             probe_every: o.probe_every,
             limit: s.limit,
         }
@@ -319,8 +327,11 @@ impl Roster {
         let now = self.now();
         let instance = &sent.instance;
         match class {
-            Class::NotSent | Class::Overloaded | Class::Unknown => {
-                self.failed_at(instance, now);
+            Class::NotSent => {
+                self.failed_at(instance, now, true);
+            }
+            Class::Overloaded | Class::Unknown => {
+                self.failed_at(instance, now, false);
             }
             Class::Success | Class::Rejected | Class::NotProcessed | Class::InProgress => {
                 self.succeeded_at(instance, now);
@@ -355,10 +366,19 @@ impl Roster {
     /// aside as [`Outliers`] says. True if it was.
     #[cfg(test)]
     pub(crate) fn failed(&self, instance: &Instance) -> bool {
-        self.failed_at(instance, self.now())
+        self.failed_at(instance, self.now(), false)
     }
 
-    fn failed_at(&self, instance: &Instance, now: u64) -> bool {
+    /// `instance` refused an attempt (not sent): set aside at once, as
+    /// [`Outliers`] says. True if it was.
+    #[cfg(test)]
+    pub(crate) fn refused(&self, instance: &Instance) -> bool {
+        self.failed_at(instance, self.now(), true)
+    }
+
+    /// The same, for a failure that was not sent (`not_sent`: a refused
+    /// connection or stream).
+    fn failed_at(&self, instance: &Instance, now: u64, not_sent: bool) -> bool {
         let epoch = Self::epoch(now);
         instance.recent.record(epoch, true);
         self.recent.record(epoch, true);
@@ -366,14 +386,15 @@ impl Roster {
             return false;
         };
         let o = self.outliers();
-        if in_a_row < o.consecutive && !probation {
+        let at_once = probation || (not_sent && o.not_sent_at_once);
+        if in_a_row < o.consecutive && !at_once {
             return false;
         }
         // (The rarer path: the fleet is looked over.)
         let others = self.recent.ratio(epoch).less(instance.recent.ratio(epoch));
         let all = self.instances();
         let aside = all.iter().filter(|i| i.health.aside(now)).count();
-        if !sets_aside(&o, in_a_row, probation, others, aside, all.len()) {
+        if !sets_aside(&o, in_a_row, at_once, others, aside, all.len()) {
             return false;
         }
         instance.health.set_aside(&o, now);

@@ -64,6 +64,10 @@ impl Roster {
                 full = true;
                 continue;
             }
+            if !moment.takes(&chosen) {
+                // A probe: counted against the fleet's share of them.
+                self.probes.record(Self::epoch(moment.now), false);
+            }
             return Ok(Sent {
                 instance: chosen,
                 pass,
@@ -163,7 +167,7 @@ fn draw(
             continue;
         }
         if !m.takes(i) {
-            if i.health.take_probe(m.now, m.probe_every) {
+            if m.probe_room && i.health.take_probe(m.now, m.probe_every) {
                 return Ok(Arc::clone(i));
             }
             continue;
@@ -200,7 +204,7 @@ fn every(
     for i in in_order() {
         if m.takes(i) {
             taking += 1;
-        } else if i.health.take_probe(m.now, m.probe_every) {
+        } else if m.probe_room && i.health.take_probe(m.now, m.probe_every) {
             return Some(Arc::clone(i));
         }
     }

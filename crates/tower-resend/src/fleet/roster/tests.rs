@@ -445,3 +445,51 @@ async fn the_fleet_fails_as_a_whole_when_its_instances_fail_as_an_outlier_would(
     }
     assert!(!off.failing());
 }
+
+/// A refusal (a failure not sent) sets an instance aside at once, as
+/// gRPC's subchannel fails on one failed connection; other failures count
+/// to `consecutive`. Off, or with `not_sent_at_once(false)`, it counts as
+/// one of them.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_refusal_sets_an_instance_aside_at_once() {
+    let r = roster(3, Outliers::default());
+    let all = r.instances();
+    assert!(!r.failed(&all[0]), "one failure of five");
+    assert!(r.refused(&all[1]), "one refusal");
+    let one_of_five = roster(3, Outliers::default().not_sent_at_once(false));
+    assert!(!one_of_five.refused(&one_of_five.instances()[0]));
+    let off = roster(3, Outliers::default().off());
+    for _ in 0..10 {
+        assert!(!off.refused(&off.instances()[0]));
+    }
+}
+
+/// The fleet's probes are at most a share of its attempts (5 %), at least
+/// one every `probe_every` over its two-second window: with 25 of 60
+/// instances aside, all due, not 25 probes at once but what the share
+/// allows; the window past, more.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn probes_are_a_share_of_the_fleets_attempts() {
+    let r = roster(60, Outliers::default());
+    let all = r.instances();
+    for i in all[25..].iter().cycle().take(100) {
+        r.succeeded(i);
+    }
+    for i in &all[..25] {
+        assert!(r.refused(i));
+    }
+    let aside: Vec<u64> = all[..25].iter().map(|i| i.id).collect();
+    let mut rng = fastrand::Rng::with_seed(6);
+    let probes = |r: &Roster, rng: &mut fastrand::Rng| {
+        (0..2000)
+            .filter(|_| aside.contains(&r.pick(&[], rng).unwrap().instance.id))
+            .count()
+    };
+    tokio::time::advance(Duration::from_millis(500)).await;
+    // 125 attempts in the window: 6.25 probes by the share, 4 by the floor.
+    assert_eq!(probes(&r, &mut rng), 7);
+    assert_eq!(probes(&r, &mut rng), 0, "the share is spent");
+    // Two seconds on, the window holds no attempts: the floor's 4.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(probes(&r, &mut rng), 4);
+}
