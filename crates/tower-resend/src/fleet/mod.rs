@@ -15,9 +15,11 @@
 //!   (no round-robin cursor to starve one). When the call has used them
 //!   all, the one with the fewest failures.
 //! - **set aside, probed, let back** ([`Outliers`]): consecutive failures
-//!   that say "this instance", while the other instances do well, set it
-//!   aside (never more than a share of the fleet at once); it gets a probe
-//!   every 500 ms, and the first that answers well brings it back at once;
+//!   that say "this instance" (or one refusal: a connection or stream
+//!   refused, as gRPC's subchannel fails), while the other instances do
+//!   well, set it aside (never more than a share of the fleet at once); it
+//!   gets a probe every 500 ms (the fleet's probes at most 5 % of its
+//!   attempts), and the first that answers well brings it back at once;
 //!   when the instances in service fail as much, the ones set aside are let
 //!   back (the fleet needs their capacity, and they were no outliers). A
 //!   pick draws at random rather than scan the fleet, and each instance's
