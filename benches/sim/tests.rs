@@ -210,6 +210,31 @@ fn one_instance_of_three_down_the_fleet_stack_keeps_its_callers_served() {
     assert!(tower < 0.8, "tower's lowest second {tower:.2}: {f:?}");
 }
 
+/// `scenario` at the small scale, through `stack().fleet(..)` on plain
+/// servers, watched 5 s after the trigger; and the second it starts.
+fn the_fleet_stack_through(scenario: Scenario) -> (Report, usize) {
+    let model = Model {
+        watch: Duration::from_secs(5),
+        ..Model::default()
+    };
+    let report = run(&Plan {
+        scenario,
+        column: Column {
+            client: Client::StackFleet,
+            server: Server::Plain,
+        },
+        scale: Scale::SMALL,
+        model,
+        seed: SEED,
+    });
+    (report, model.warm_up.as_secs() as usize)
+}
+
+/// Attempts sent per call made in second `s`.
+fn sent_per_call(s: &Second) -> f64 {
+    f64::from(s.sent) / f64::from(s.offered)
+}
+
 /// A full outage (every instance refusing for 5 s): the fleet stack sends
 /// little more than its calls. A refusal is retried at once and without a
 /// token while the rest of the fleet answers; once the fleet's last five
@@ -223,30 +248,15 @@ fn one_instance_of_three_down_the_fleet_stack_keeps_its_callers_served() {
 /// answered as soon as the fleet is.
 #[test]
 fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
-    let model = Model {
-        watch: Duration::from_secs(5),
-        ..Model::default()
-    };
-    let report = run(&Plan {
-        scenario: Scenario::FullOutage,
-        column: Column {
-            client: Client::StackFleet,
-            server: Server::Plain,
-        },
-        scale: Scale::SMALL,
-        model,
-        seed: SEED,
-    });
-    let start = model.warm_up.as_secs() as usize;
+    let (report, start) = the_fleet_stack_through(Scenario::FullOutage);
     let outage = &report.seconds[start..start + 5];
-    let ratio = |s: &Second| f64::from(s.sent) / f64::from(s.offered);
     assert!(
         outage.iter().all(|s| s.reached == 0),
         "an outage: {outage:?}"
     );
-    assert!(ratio(&outage[0]) <= 1.4, "{outage:?}");
+    assert!(sent_per_call(&outage[0]) <= 1.4, "{outage:?}");
     for s in &outage[1..] {
-        assert!(ratio(s) <= 1.21, "{outage:?}");
+        assert!(sent_per_call(s) <= 1.21, "{outage:?}");
     }
     let f = report.figures;
     assert!(
@@ -263,26 +273,11 @@ fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
 /// within 1 s of the instances' return, serving as many calls as before.
 #[test]
 fn a_third_down_the_fleet_stack_stops_sending_where_it_is_refused() {
-    let model = Model {
-        watch: Duration::from_secs(5),
-        ..Model::default()
-    };
-    let report = run(&Plan {
-        scenario: Scenario::ThirdDown,
-        column: Column {
-            client: Client::StackFleet,
-            server: Server::Plain,
-        },
-        scale: Scale::SMALL,
-        model,
-        seed: SEED,
-    });
-    let start = model.warm_up.as_secs() as usize;
+    let (report, start) = the_fleet_stack_through(Scenario::ThirdDown);
     let down = &report.seconds[start..start + 10];
-    let ratio = |s: &Second| f64::from(s.sent) / f64::from(s.offered);
     assert!(down.iter().all(|s| s.sent > s.reached), "refused: {down:?}");
     for s in down {
-        assert!(ratio(s) <= 1.15, "{down:?}");
+        assert!(sent_per_call(s) <= 1.15, "{down:?}");
     }
     let f = report.figures;
     assert!(
