@@ -111,11 +111,7 @@ impl Outliers {
     /// least one, and never all of them.
     #[must_use]
     pub fn max_share(mut self, share: f64) -> Self {
-        self.max_share = if share.is_finite() {
-            share.clamp(0.0, 1.0)
-        } else {
-            Self::default().max_share
-        };
+        self.max_share = share_or(share, Self::default().max_share);
         self
     }
 
@@ -134,11 +130,7 @@ impl Outliers {
     /// an outlier is one against the rest. 1 turns the comparison off.
     #[must_use]
     pub fn others_failing_below(mut self, share: f64) -> Self {
-        self.others_below = if share.is_finite() {
-            share.clamp(0.0, 1.0)
-        } else {
-            Self::default().others_below
-        };
+        self.others_below = share_or(share, Self::default().others_below);
         self
     }
 
@@ -147,11 +139,7 @@ impl Outliers {
     /// one every `probe_every`.
     #[must_use]
     pub fn probe_share(mut self, share: f64) -> Self {
-        self.probe_share = if share.is_finite() {
-            share.clamp(0.0, 1.0)
-        } else {
-            Self::default().probe_share
-        };
+        self.probe_share = share_or(share, Self::default().probe_share);
         self
     }
 
@@ -161,6 +149,15 @@ impl Outliers {
         self.consecutive = u32::MAX;
         self.not_sent_at_once = false;
         self
+    }
+}
+
+/// `share` within 0 to 1, or `default` if it is not a number.
+fn share_or(share: f64, default: f64) -> f64 {
+    if share.is_finite() {
+        share.clamp(0.0, 1.0)
+    } else {
+        default
     }
 }
 
