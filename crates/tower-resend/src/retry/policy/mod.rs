@@ -288,3 +288,5 @@ impl Policy {
 mod tests;
 #[cfg(test)]
 mod tests_end;
+#[cfg(test)]
+mod tests_fleet;
