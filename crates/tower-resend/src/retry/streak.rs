@@ -10,6 +10,11 @@
 //! a token. Failures in a row say it at once, where a second's counts
 //! still hold the healthy second before the outage; a fleet's counts say
 //! it too ([`Elsewhere::failing`](crate::vocab::Elsewhere::failing)).
+//!
+//! The streak is the stack's (its clones share it), whatever host each
+//! attempt went to: a stack that calls several upstreams sees one of them
+//! down as failures between the others' answers, no streak, and its
+//! refusals stay free, as they were before the rule.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
