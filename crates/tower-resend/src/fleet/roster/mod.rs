@@ -15,7 +15,9 @@ use tokio::time::Instant;
 
 use super::base::Base;
 use super::limit::{signal, total_signal, InstanceLimit, TimedOut};
-use super::outliers::{degraded, nanos, probe_room, sets_aside, Health, Outliers, Recent, BIN};
+use super::outliers::{
+    degraded, nanos, probe_room, sets_aside, FleetRecent, Health, Outliers, Recent, BIN,
+};
 use crate::classify::Class;
 use crate::vocab::{Circuits, Elsewhere, Pass, Refusal};
 
@@ -75,7 +77,7 @@ pub(crate) struct Roster {
     /// Where the instances' clocks start.
     origin: Instant,
     /// The whole fleet's recent attempts and failures.
-    recent: Recent,
+    recent: FleetRecent,
     /// The probes of instances set aside, recently (as attempts).
     probes: Recent,
     /// This process's attempts in flight to the whole fleet, and their
@@ -193,7 +195,7 @@ impl Roster {
             }),
             next_id: AtomicU64::new(1),
             origin: Instant::now(),
-            recent: Recent::default(),
+            recent: FleetRecent::default(),
             probes: Recent::default(),
             total: Arc::default(),
         }
@@ -284,11 +286,16 @@ impl Roster {
         let now = self.now();
         let o = s.outliers;
         let epoch = Self::epoch(now);
-        let fleet = self.recent.ratio(epoch);
+        let probes = self.probes.ratio(epoch).attempts;
+        // Nothing failed and no probe went out: the fleet is not degraded
+        // and has room for a probe, read without the shards of its
+        // answers (which every thread's calls write).
+        let quiet = self.recent.failed(epoch).failures == 0 && probes == 0 && o.others_below > 0.0;
+        let fleet = (!quiet).then(|| self.recent.ratio(epoch));
         Moment {
             now,
-            degraded: degraded(&o, fleet),
-            probe_room: probe_room(&o, self.probes.ratio(epoch).attempts, fleet),
+            degraded: fleet.is_some_and(|f| degraded(&o, f)),
+            probe_room: fleet.is_none_or(|f| probe_room(&o, probes, f)),
             probe_every: o.probe_every,
             limit: s.limit,
         }

@@ -101,9 +101,11 @@ pub struct RetryBudget {
     inner: Arc<Inner>,
 }
 
-/// Deposit shards: enough for the cores a service typically runs on; threads
-/// beyond that share shards, which is still correct.
-const SHARDS: usize = 8;
+/// Shards of a count that every call writes (the budget's deposits, the
+/// throttle's accepts, a fleet's answers): enough for the cores a service
+/// typically runs on; threads beyond that share shards, which is still
+/// correct.
+pub(crate) const SHARDS: usize = 8;
 
 /// One deposit counter on its own cache line.
 #[repr(align(128))]
@@ -115,7 +117,9 @@ thread_local! {
     static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
-fn shard() -> usize {
+/// This thread's shard of a count that every call writes: calls on
+/// different cores add to different cache lines, and a read sums them.
+pub(crate) fn shard() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     SHARD.with(|s| {
         let mut i = s.get();
