@@ -2,26 +2,24 @@
 //! and with the threads sharing one stack (its budget, throttle, breaker
 //! and fleet; DESIGN section 11): in process,
 //! to a transport that answers at once, so that the figure is the stack's
-//! and the fleet's own. And the memory an instance of a fleet takes, and
-//! what a limit on each instance's attempts in flight
-//! (`FleetLayer::limit`) costs a call when nobody is overloaded.
+//! and the fleet's own. And what a limit on each instance's attempts in
+//! flight (`FleetLayer::limit`) costs a call when nobody is overloaded.
+//! (The memory an instance takes is `fleet_memory`'s: the counting
+//! allocator it needs would put a count that every thread writes on every
+//! allocation here.)
 //!
 //! `cargo bench -p tower-resend-benches --bench fleet_cost`
 //! (`RESEND_BENCH_ROUNDS=n` sets the rounds, default 15)
 #![allow(missing_docs, clippy::print_stdout)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 
 use http::Request;
-use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_resend::fleet::{FleetLayer, InstanceLimit};
 
 use tower_resend_benches::{median, Body, Instant200};
-
-#[global_allocator]
-static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 /// Calls per measure.
 const CALLS: u32 = 20_000;
@@ -75,43 +73,51 @@ fn whole_stack() -> impl tower::Service<
         .service(Instant200)
 }
 
-/// Nanoseconds per call, each of `threads` tasks on its own worker making
-/// `CALLS` calls on clones of one [`whole_stack`] (`shared`), or each on a
-/// stack of its own: the same work with nothing shared, to tell what
-/// sharing costs from what the machine does with more threads.
+/// Nanoseconds per call, each of `threads` threads (each with a runtime of
+/// its own, started together) making `CALLS` calls on clones of one
+/// [`whole_stack`] (`shared`), or each on a stack of its own: the same
+/// work with nothing shared, to tell what sharing costs from what the
+/// machine does with more threads. The mean of the threads' own times:
+/// threads of one runtime's pool would measure its scheduling too (two
+/// tasks that never wait can run on one worker while the other idles).
 fn per_call_threads(threads: usize, shared: bool) -> f64 {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_time()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let one = Arc::new(whole_stack());
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..threads)
+    let one = Arc::new(whole_stack());
+    let start = Barrier::new(threads);
+    let times: Vec<f64> = std::thread::scope(|scope| {
+        let running: Vec<_> = (0..threads)
             .map(|_| {
                 let stack = if shared {
                     Arc::clone(&one)
                 } else {
                     Arc::new(whole_stack())
                 };
-                tokio::spawn(async move {
-                    for _ in 0..CALLS {
-                        let req = Request::get("http://inventory/items/7")
-                            .body(Body::new())
-                            .expect("valid request");
-                        let svc = (*stack).clone();
-                        std::hint::black_box(svc.oneshot(req).await.expect("answered"));
-                    }
+                let start = &start;
+                scope.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                        .expect("runtime");
+                    start.wait();
+                    rt.block_on(async move {
+                        let began = Instant::now();
+                        for _ in 0..CALLS {
+                            let req = Request::get("http://inventory/items/7")
+                                .body(Body::new())
+                                .expect("valid request");
+                            let svc = (*stack).clone();
+                            std::hint::black_box(svc.oneshot(req).await.expect("answered"));
+                        }
+                        began.elapsed().as_nanos() as f64 / f64::from(CALLS)
+                    })
                 })
             })
             .collect();
-        for t in tasks {
-            t.await.expect("task");
-        }
-        // Per call, as each thread sees it: the wall time of its share.
-        start.elapsed().as_nanos() as f64 / f64::from(CALLS)
-    })
+        running
+            .into_iter()
+            .map(|t| t.join().expect("thread"))
+            .collect()
+    });
+    times.iter().sum::<f64>() / times.len() as f64
 }
 
 fn main() {
@@ -121,15 +127,6 @@ fn main() {
         .unwrap_or(15);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("rounds: {rounds}, {CALLS} calls per measure, {cores} cores");
-
-    // Memory an instance takes: a fleet of 10 000 made, bytes allocated and
-    // still held, per instance.
-    let region = Region::new(GLOBAL);
-    let big = fleet(10_000);
-    let held = region.change();
-    let per_instance = (held.bytes_allocated - held.bytes_deallocated) as f64 / 10_000.0;
-    drop(big);
-    println!("memory per instance (a fleet of 10 000): {per_instance:.0} B");
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
