@@ -245,13 +245,16 @@ impl<K> CircuitBreakerLayer<K> {
     /// circuits of the fleet's instances, one each, with this layer's rules.
     pub(crate) fn into_instances<S>(self, inner: S) -> (CircuitBreaker<S, K>, InstanceCircuits) {
         let circuits = InstanceCircuits::new(self.config.clone());
-        let breaker = Arc::new(Breaker::new(self.config, self.classifier));
+        let breaker = Arc::new(Breaker::new(self.config, self.classifier, false));
         (CircuitBreaker::per_instance(inner, breaker), circuits)
     }
 
     /// What `layer` makes, consuming the configuration (no `K: Clone` needed).
     pub(crate) fn into_service<S>(self, inner: S) -> CircuitBreaker<S, K> {
-        CircuitBreaker::from_shared(inner, Arc::new(Breaker::new(self.config, self.classifier)))
+        CircuitBreaker::from_shared(
+            inner,
+            Arc::new(Breaker::new(self.config, self.classifier, true)),
+        )
     }
 }
 

@@ -45,7 +45,7 @@ impl InstanceCircuits {
     fn make(&self, authority: &Authority) -> Arc<Breaker<()>> {
         let mut config = self.config.clone();
         config.upstream = Some(Name::from(authority.to_string()));
-        Arc::new(Breaker::new(config, ()))
+        Arc::new(Breaker::new(config, (), false))
     }
 
     fn circuit(&self, id: u64, authority: &Authority) -> Arc<Breaker<()>> {

@@ -31,7 +31,11 @@ pub(crate) struct Config {
     pub(crate) metrics: ClientMetrics,
 }
 
-/// One breaker, shared by every clone of the service.
+/// One breaker, shared by every clone of the service. On cache lines of
+/// its own (`align(128)`): its state's tag, which every call reads, would
+/// otherwise share a line with its `Arc`'s counts, which every clone
+/// writes.
+#[repr(align(128))]
 pub(crate) struct Breaker<K> {
     /// The machine's [`tag`](Machine::tag): its generation and whether it is
     /// closed, published so that a closed circuit lets calls through and
@@ -74,12 +78,14 @@ pub(crate) struct Ticket {
 }
 
 impl<K> Breaker<K> {
-    pub(crate) fn new(config: Config, classifier: K) -> Self {
+    /// A breaker with `config`'s rules; `upstream`: an upstream's (its
+    /// window with a lane per thread shard), not a fleet instance's.
+    pub(crate) fn new(config: Config, classifier: K, upstream: bool) -> Self {
         let machine = Machine::new(config.rules);
         Self {
             tag: AtomicU64::new(machine.tag()),
             machine: Mutex::new(machine),
-            window: Window::new(config.window, Instant::now()),
+            window: Window::new(config.window, Instant::now(), upstream),
             classifier,
             failing: config.failing,
             metrics: config.metrics.breaker(config.upstream.as_ref()),

@@ -1,6 +1,9 @@
 //! The sampling window: calls and failures over the last `window`, in a
 //! fixed number of buckets, counted with atomics so that the closed
-//! circuit's success path takes no lock.
+//! circuit's success path takes no lock. An upstream's window (one that
+//! every thread's calls count in) keeps its successes in the calling
+//! thread's lane, so that the success path writes no count that every
+//! thread shares either; a fleet's instance has one lane.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -9,6 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::state::Counts;
+use crate::retry::{shard, SHARDS};
 
 /// Buckets in a window: the window slides by a tenth of its length.
 pub(crate) const BUCKETS: u32 = 10;
@@ -33,25 +37,35 @@ struct Bucket {
 /// hundred calls by less than one of them.
 #[derive(Debug)]
 pub(crate) struct Window {
-    buckets: Box<[Bucket]>,
+    /// The failures' lane (and, with one lane, every call's), then one for
+    /// each thread shard's successes.
+    lanes: Box<[Lane]>,
     bucket_ms: u64,
     origin: Instant,
     recycle: Mutex<()>,
 }
 
+/// The buckets of one lane, on cache lines of their own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Lane([Bucket; BUCKETS as usize]);
+
 impl Window {
-    /// A window of `length` (at least `BUCKETS` ms), counting from `origin`.
-    pub(crate) fn new(length: Duration, origin: Instant) -> Self {
+    /// A window of `length` from `origin`; `sharded` for one that every
+    /// thread's calls count in (an upstream's: a lane per thread shard),
+    /// else one lane (an instance's of a fleet, where the threads' calls
+    /// spread over the instances).
+    pub(crate) fn new(length: Duration, origin: Instant, sharded: bool) -> Self {
         let ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX);
+        let lanes = if sharded { 1 + SHARDS } else { 1 };
         Self {
-            buckets: (0..BUCKETS).map(|_| Bucket::default()).collect(),
+            lanes: (0..lanes).map(|_| Lane::default()).collect(),
             bucket_ms: (ms / u64::from(BUCKETS)).max(1),
             origin,
             recycle: Mutex::new(()),
         }
     }
 
-    /// The epoch of `now` (1 for the first bucket's length after the origin).
     #[inline]
     pub(crate) fn epoch(&self, now: Instant) -> u64 {
         let d = now.saturating_duration_since(self.origin);
@@ -62,16 +76,23 @@ impl Window {
         ms / self.bucket_ms + 1
     }
 
-    #[inline]
-    fn bucket(&self, epoch: u64) -> &Bucket {
-        // `BUCKETS` is non-zero and the index is below it.
-        &self.buckets[(epoch % u64::from(BUCKETS)) as usize]
+    /// Every bucket of every lane.
+    fn buckets(&self) -> impl Iterator<Item = &Bucket> {
+        self.lanes.iter().flat_map(|l| &l.0)
     }
 
     /// Counts one call that began in `epoch`, failed or not.
     #[inline]
     pub(crate) fn record(&self, epoch: u64, failed: bool) {
-        let b = self.bucket(epoch);
+        // A failure in the first lane; a success in this thread's, if the
+        // window has lanes for them.
+        let lane = match self.lanes.len() {
+            1 => 0,
+            _ if failed => 0,
+            n => 1 + shard() % (n - 1),
+        };
+        // `BUCKETS` is non-zero and the index is below it.
+        let b = &self.lanes[lane].0[(epoch % u64::from(BUCKETS)) as usize];
         if b.epoch.load(Ordering::Acquire) != epoch && !self.claim(b, epoch) {
             return;
         }
@@ -102,7 +123,7 @@ impl Window {
     pub(crate) fn counts(&self, now: u64) -> Counts {
         let oldest = now.saturating_sub(u64::from(BUCKETS) - 1);
         let mut c = Counts::default();
-        for b in &*self.buckets {
+        for b in self.buckets() {
             let epoch = b.epoch.load(Ordering::Acquire);
             if epoch != 0 && (oldest..=now).contains(&epoch) {
                 c.calls = c.calls.saturating_add(b.calls.load(Ordering::Relaxed));
@@ -117,7 +138,7 @@ impl Window {
     /// Forgets everything: the circuit closed and starts afresh.
     pub(crate) fn clear(&self) {
         let _recycling = self.recycle.lock().unwrap_or_else(PoisonError::into_inner);
-        for b in &*self.buckets {
+        for b in self.buckets() {
             b.epoch.store(0, Ordering::Release);
             b.calls.store(0, Ordering::Relaxed);
             b.failures.store(0, Ordering::Relaxed);
@@ -135,11 +156,30 @@ mod tests {
         Counts { calls, failures }
     }
 
+    /// An upstream's window counts every thread's successes (each in its
+    /// lane) with the failures, and slides and clears them alike.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_upstreams_window_counts_every_threads_calls() {
+        let t0 = Instant::now();
+        let w = Window::new(30 * S, t0, true);
+        let e = w.epoch(t0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| (0..10).for_each(|_| w.record(e, false)));
+            }
+        });
+        w.record(e, true);
+        assert_eq!(w.counts(e), counts(1, 31));
+        assert_eq!(w.counts(w.epoch(t0 + 30 * S)), counts(0, 0));
+        w.clear();
+        assert_eq!(w.counts(e), counts(0, 0));
+    }
+
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn counts_slide_with_the_window() {
         let t0 = Instant::now();
         // 30 s in ten buckets of 3 s.
-        let w = Window::new(30 * S, t0);
+        let w = Window::new(30 * S, t0, false);
         assert_eq!(w.epoch(t0), 1);
         assert_eq!(w.epoch(t0 + 2999 * Duration::from_millis(1)), 1);
         assert_eq!(w.epoch(t0 + 3 * S), 2);
@@ -171,7 +211,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_tiny_window_still_has_buckets() {
         let t0 = Instant::now();
-        let w = Window::new(Duration::ZERO, t0);
+        let w = Window::new(Duration::ZERO, t0, false);
         w.record(w.epoch(t0), true);
         assert_eq!(w.counts(w.epoch(t0)), counts(1, 1));
         assert_eq!(w.counts(w.epoch(t0 + S)), counts(0, 0));
