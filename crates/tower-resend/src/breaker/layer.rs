@@ -244,9 +244,10 @@ impl<K> CircuitBreakerLayer<K> {
     /// Over a fleet: a breaker that lets every call through, and the
     /// circuits of the fleet's instances, one each, with this layer's rules.
     pub(crate) fn into_instances<S>(self, inner: S) -> (CircuitBreaker<S, K>, InstanceCircuits) {
-        let circuits = InstanceCircuits::new(self.config.clone());
-        let breaker = Arc::new(Breaker::new(self.config, self.classifier, false));
-        (CircuitBreaker::per_instance(inner, breaker), circuits)
+        (
+            CircuitBreaker::per_instance(inner),
+            InstanceCircuits::new(self.config),
+        )
     }
 
     /// What `layer` makes, consuming the configuration (no `K: Clone` needed).

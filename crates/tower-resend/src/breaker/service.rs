@@ -16,10 +16,11 @@ use crate::error::BoxError;
 /// Every clone shares one breaker.
 pub struct CircuitBreaker<S, K = HttpClassifier> {
     inner: S,
-    breaker: Arc<Breaker<K>>,
-    /// Over a fleet, the circuits are the instances' own (the fleet layer
-    /// below holds them): this one lets every call through, uncounted.
-    per_instance: bool,
+    /// The upstream's circuit. None over a fleet, where the circuits are
+    /// the instances' own (the fleet layer below holds them): this one
+    /// lets every call through, uncounted, and a clone of it (made for
+    /// every call) writes no count of a shared one.
+    breaker: Option<Arc<Breaker<K>>>,
 }
 
 impl<S: Clone, K> Clone for CircuitBreaker<S, K> {
@@ -27,8 +28,7 @@ impl<S: Clone, K> Clone for CircuitBreaker<S, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            breaker: Arc::clone(&self.breaker),
-            per_instance: self.per_instance,
+            breaker: self.breaker.clone(),
         }
     }
 }
@@ -58,18 +58,16 @@ impl<S, K> CircuitBreaker<S, K> {
     pub(crate) fn from_shared(inner: S, breaker: Arc<Breaker<K>>) -> Self {
         Self {
             inner,
-            breaker,
-            per_instance: false,
+            breaker: Some(breaker),
         }
     }
 
     /// The breaker of a stack over a fleet: every call passes, and the
     /// fleet's instances have the circuits.
-    pub(crate) fn per_instance(inner: S, breaker: Arc<Breaker<K>>) -> Self {
+    pub(crate) fn per_instance(inner: S) -> Self {
         Self {
             inner,
-            breaker,
-            per_instance: true,
+            breaker: None,
         }
     }
 
@@ -78,7 +76,9 @@ impl<S, K> CircuitBreaker<S, K> {
     /// In a stack over a [fleet](crate::fleet), each instance has its own
     /// circuit, and this one stays closed.
     pub fn state(&self) -> CircuitState {
-        self.breaker.state()
+        self.breaker
+            .as_ref()
+            .map_or(CircuitState::Closed, |b| b.state())
     }
 
     /// The inner service.
@@ -112,10 +112,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        if self.per_instance {
+        let Some(breaker) = &self.breaker else {
             return ResponseFuture::uncounted(self.inner.call(req));
-        }
-        let breaker = &self.breaker;
+        };
         match breaker.admit(None) {
             Ok(ticket) => {
                 let grpc = crate::classify::is_grpc(req.headers());
