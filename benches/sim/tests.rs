@@ -242,10 +242,12 @@ fn sent_per_call(s: &Second) -> f64 {
 /// whole), a refusal is retried as any failure, after a backoff and with
 /// a budget token. So in every second of the outage after its first it
 /// sends at most 1.2 attempts a call (where it sent 3, every attempt
-/// refused and retried at once), in the first at most 1.4 (the refusals
+/// refused and retried at once), in the first at most 1.3 (the refusals
 /// before the fifth in a row, and the budget's reserve: its burst and its
-/// floor), and it is back within 2 s, the retries that waited for a token
-/// answered as soon as the fleet is.
+/// floor; 1.32 when the late answers of the instances draining their
+/// queues ended the streak, 1.26 since they no longer do), and it is back
+/// within 2 s, the retries that waited for a token answered as soon as
+/// the fleet is.
 #[test]
 fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
     let (report, start) = the_fleet_stack_through(Scenario::FullOutage);
@@ -254,7 +256,7 @@ fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
         outage.iter().all(|s| s.reached == 0),
         "an outage: {outage:?}"
     );
-    assert!(sent_per_call(&outage[0]) <= 1.4, "{outage:?}");
+    assert!(sent_per_call(&outage[0]) <= 1.3, "{outage:?}");
     for s in &outage[1..] {
         assert!(sent_per_call(s) <= 1.21, "{outage:?}");
     }

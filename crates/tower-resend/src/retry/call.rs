@@ -228,7 +228,8 @@ impl<S, B, C> Call<S, B, C> {
                 }
                 _ => None,
             };
-            self.shared.streak.ended(c.class(), instance);
+            let at = self.attempt_start + took;
+            (self.shared.streak).ended(c.class(), instance, self.attempt_start, at);
         }
         if let Some(throttle) = &self.shared.throttle {
             throttle.answered_as(self.throttle_bin, c.class(), refused.is_some());

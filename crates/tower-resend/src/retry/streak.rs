@@ -18,6 +18,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tokio::time::Instant;
+
 use crate::classify::Class;
 
 /// Attempts failing in a row that say the upstream fails as a whole: five,
@@ -33,14 +35,36 @@ pub(crate) const IN_A_ROW: u32 = 5;
 /// answer, even a refusal of the request, ends the streak. Failures of
 /// the instance that failed last count once: an instance killed fails
 /// every attempt it had at once, and that is one instance gone, not an
-/// outage. Lossy under races (a detector, not a ledger).
-#[derive(Debug, Default)]
-pub(crate) struct Streak(AtomicU64);
+/// outage. An answer to an attempt sent before the streak's first
+/// failure does not end it either: a server draining answers the work it
+/// had queued while it refuses everything new, and those late answers
+/// say nothing of it now. Lossy under races (a detector, not a ledger).
+#[derive(Debug)]
+pub(crate) struct Streak {
+    count: AtomicU64,
+    /// When the streak's first failure ended, in nanoseconds from `origin`.
+    began: AtomicU64,
+    origin: Instant,
+}
+
+impl Default for Streak {
+    fn default() -> Self {
+        Self {
+            count: AtomicU64::new(0),
+            began: AtomicU64::new(0),
+            origin: Instant::now(),
+        }
+    }
+}
 
 impl Streak {
-    /// An attempt ended as `class`, at `instance` (a fleet's id) if known.
-    pub(crate) fn ended(&self, class: Class, instance: Option<u64>) {
-        let now = self.0.load(Ordering::Relaxed);
+    /// An attempt sent at `sent` ended at `at` as `class`, at `instance`
+    /// (a fleet's id) if known.
+    pub(crate) fn ended(&self, class: Class, instance: Option<u64>, sent: Instant, at: Instant) {
+        let nanos = |t: Instant| {
+            u64::try_from(t.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
+        };
+        let now = self.count.load(Ordering::Relaxed);
         match class {
             Class::NotSent | Class::Overloaded | Class::Unknown => {
                 let (count, last) = ((now >> 32) as u32, now as u32);
@@ -50,14 +74,17 @@ impl Streak {
                 if id != 0 && id == last && count > 0 {
                     return;
                 }
+                if count == 0 {
+                    self.began.store(nanos(at), Ordering::Relaxed);
+                }
                 let next = (u64::from(count.saturating_add(1)) << 32) | u64::from(id);
-                self.0.store(next, Ordering::Relaxed);
+                self.count.store(next, Ordering::Relaxed);
             }
             // (Not written again while it is 0: most attempts answer well,
             // and a store takes the line from every other core.)
             _ => {
-                if now != 0 {
-                    self.0.store(0, Ordering::Relaxed);
+                if now != 0 && nanos(sent) >= self.began.load(Ordering::Relaxed) {
+                    self.count.store(0, Ordering::Relaxed);
                 }
             }
         }
@@ -65,13 +92,21 @@ impl Streak {
 
     /// The upstream fails as a whole.
     pub(crate) fn failing(&self) -> bool {
-        (self.0.load(Ordering::Relaxed) >> 32) as u32 >= IN_A_ROW
+        (self.count.load(Ordering::Relaxed) >> 32) as u32 >= IN_A_ROW
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// One instant for tests in which when does not matter.
+    fn t0() -> Instant {
+        static AT: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *AT.get_or_init(Instant::now)
+    }
 
     #[test]
     fn five_failures_in_a_row_and_any_answer_ends_them() {
@@ -82,10 +117,10 @@ mod tests {
             Class::Unknown,
             Class::NotSent,
         ] {
-            s.ended(class, None);
+            s.ended(class, None, t0(), t0());
         }
         assert!(!s.failing(), "four");
-        s.ended(Class::NotSent, None);
+        s.ended(Class::NotSent, None, t0(), t0());
         assert!(s.failing(), "five");
         for answered in [
             Class::Success,
@@ -94,10 +129,10 @@ mod tests {
             Class::InProgress,
         ] {
             for _ in 0..5 {
-                s.ended(Class::NotSent, None);
+                s.ended(Class::NotSent, None, t0(), t0());
             }
             assert!(s.failing());
-            s.ended(answered, None);
+            s.ended(answered, None, t0(), t0());
             assert!(!s.failing(), "{answered:?}");
         }
     }
@@ -106,12 +141,32 @@ mod tests {
     fn an_instance_that_fails_all_it_had_at_once_counts_once() {
         let s = Streak::default();
         for _ in 0..40 {
-            s.ended(Class::NotSent, Some(7));
+            s.ended(Class::NotSent, Some(7), t0(), t0());
         }
         assert!(!s.failing(), "one instance killed");
         for id in [8, 7, 9, 10] {
-            s.ended(Class::NotSent, Some(id));
+            s.ended(Class::NotSent, Some(id), t0(), t0());
         }
         assert!(s.failing(), "five instances in a row");
+    }
+
+    #[test]
+    fn an_answer_to_an_attempt_sent_before_the_streak_does_not_end_it() {
+        let s = Streak::default();
+        let (before, first, later) = (
+            t0(),
+            t0() + Duration::from_millis(10),
+            t0() + Duration::from_millis(20),
+        );
+        for id in 1..=5 {
+            s.ended(Class::NotSent, Some(id), first, first);
+        }
+        assert!(s.failing());
+        // A draining server answers what it had queued: sent before.
+        s.ended(Class::Success, Some(9), before, later);
+        assert!(s.failing(), "a late answer to an earlier attempt");
+        // An attempt sent since the first failure, answered: over.
+        s.ended(Class::Success, Some(9), first, later);
+        assert!(!s.failing(), "an answer to an attempt of the streak's time");
     }
 }
