@@ -250,9 +250,10 @@ pub(crate) struct Recent {
 
 /// The whole fleet's [`Recent`]: its failures counted in one place, its
 /// attempts that did not fail in this thread's shard, so that the success
-/// path writes no count that every thread's calls share (two threads'
-/// calls adding to one line measured 1.8x one thread's cost a call, in
-/// `benches/fleet_cost.rs`). The failures alone say most of what a pick
+/// path writes no count that every thread's calls share (`stack().fleet(..)`
+/// over 100 instances shared by two threads, run as `benches/fleet_cost.rs`
+/// runs them: 1.89x one thread's cost a call with one line, 1.56x with
+/// shards). The failures alone say most of what a pick
 /// asks ([`FleetRecent::failed`]); the shards are summed only when
 /// something has failed.
 #[derive(Debug, Default)]

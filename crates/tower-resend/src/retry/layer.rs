@@ -76,8 +76,9 @@ pub struct RetryLayer<C = HttpClassifier> {
 /// What every clone of one retry service shares, on cache lines of its
 /// own (`align(128)`, as crossbeam's `CachePadded`): the `Arc`'s counts,
 /// which every clone of the stack writes, would otherwise share a line
-/// with what every call reads (`stack()` shared by two threads: 1.64x one
-/// thread's cost a call, 1.36x apart; `benches/fleet_cost.rs`).
+/// with what every call reads (`stack()` shared by two threads, run as
+/// `benches/fleet_cost.rs` runs them: 1.64x one thread's cost a call,
+/// 1.36x apart).
 #[repr(align(128))]
 pub(crate) struct Shared<S, C> {
     /// Later attempts go through a clone of this, made only when a retry

@@ -73,8 +73,10 @@ struct Inner {
     bins: [AtomicU64; BINS],
     /// The attempts accepted (a request and its accept), by the same bins,
     /// in this thread's shard: the success path writes no count that every
-    /// thread's calls share (two threads' accepts added to one line cost
-    /// 1.5x one thread's a call, in `benches/fleet_cost.rs`).
+    /// thread's calls share (`stack().adaptive_throttling()` shared by two
+    /// threads, each with a runtime of its own as `benches/fleet_cost.rs`
+    /// runs them: 1.78x one thread's cost a call with one line, 1.29x with
+    /// shards).
     accepted: [Bins; SHARDS],
     /// The sums of the window's bins but the newest, set as the window
     /// moves on: an attempt adds the newest bin's count to it rather than
