@@ -253,7 +253,8 @@ pub(crate) struct Recent {
 /// path writes no count that every thread's calls share (`stack().fleet(..)`
 /// over 100 instances shared by two threads, run as `benches/fleet_cost.rs`
 /// runs them: 1.89x one thread's cost a call with one line, 1.56x with
-/// shards). The failures alone say most of what a pick
+/// shards and the retry layer's state apart from its `Arc`'s counts). The
+/// failures alone say most of what a pick
 /// asks ([`FleetRecent::failed`]); the shards are summed only when
 /// something has failed.
 #[derive(Debug, Default)]

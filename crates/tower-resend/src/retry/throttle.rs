@@ -76,7 +76,7 @@ struct Inner {
     /// thread's calls share (`stack().adaptive_throttling()` shared by two
     /// threads, each with a runtime of its own as `benches/fleet_cost.rs`
     /// runs them: 1.78x one thread's cost a call with one line, 1.29x with
-    /// shards).
+    /// shards and the retry layer's state apart from its `Arc`'s counts).
     accepted: [Bins; SHARDS],
     /// The sums of the window's bins but the newest, set as the window
     /// moves on: an attempt adds the newest bin's count to it rather than
