@@ -51,10 +51,10 @@ pub(crate) struct Window {
 struct Lane([Bucket; BUCKETS as usize]);
 
 impl Window {
-    /// A window of `length` from `origin`; `sharded` for one that every
-    /// thread's calls count in (an upstream's: a lane per thread shard),
-    /// else one lane (an instance's of a fleet, where the threads' calls
-    /// spread over the instances).
+    /// A window of `length` (at least `BUCKETS` ms) from `origin`;
+    /// `sharded` for one that every thread's calls count in (an
+    /// upstream's: a lane per thread shard), else one lane (an instance's
+    /// of a fleet, where the threads' calls spread over the instances).
     pub(crate) fn new(length: Duration, origin: Instant, sharded: bool) -> Self {
         let ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX);
         let lanes = if sharded { 1 + SHARDS } else { 1 };
@@ -66,6 +66,7 @@ impl Window {
         }
     }
 
+    /// The epoch of `now` (1 for the first bucket's length after the origin).
     #[inline]
     pub(crate) fn epoch(&self, now: Instant) -> u64 {
         let d = now.saturating_duration_since(self.origin);

@@ -254,9 +254,8 @@ pub(crate) struct Recent {
 /// over 100 instances shared by two threads, run as `benches/fleet_cost.rs`
 /// runs them: 1.89x one thread's cost a call with one line, 1.56x with
 /// shards and the retry layer's state apart from its `Arc`'s counts). The
-/// failures alone say most of what a pick
-/// asks ([`FleetRecent::failed`]); the shards are summed only when
-/// something has failed.
+/// failures alone say most of what a pick asks ([`FleetRecent::failed`]);
+/// the shards are summed only when something has failed.
 #[derive(Debug, Default)]
 pub(crate) struct FleetRecent {
     failed: Recent,
