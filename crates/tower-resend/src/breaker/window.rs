@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::state::Counts;
-use crate::retry::{shard, SHARDS};
+use crate::retry::{shard, Padded, SHARDS};
 
 /// Buckets in a window: the window slides by a tenth of its length.
 pub(crate) const BUCKETS: u32 = 10;
@@ -39,16 +39,14 @@ struct Bucket {
 pub(crate) struct Window {
     /// The failures' lane (and, with one lane, every call's), then one for
     /// each thread shard's successes.
-    lanes: Box<[Lane]>,
+    lanes: Box<[Padded<Lane>]>,
     bucket_ms: u64,
     origin: Instant,
     recycle: Mutex<()>,
 }
 
-/// The buckets of one lane, on cache lines of their own.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct Lane([Bucket; BUCKETS as usize]);
+/// The buckets of one lane.
+type Lane = [Bucket; BUCKETS as usize];
 
 impl Window {
     /// A window of `length` (at least `BUCKETS` ms) from `origin`;
@@ -59,7 +57,7 @@ impl Window {
         let ms = u64::try_from(length.as_millis()).unwrap_or(u64::MAX);
         let lanes = if sharded { 1 + SHARDS } else { 1 };
         Self {
-            lanes: (0..lanes).map(|_| Lane::default()).collect(),
+            lanes: (0..lanes).map(|_| Padded::default()).collect(),
             bucket_ms: (ms / u64::from(BUCKETS)).max(1),
             origin,
             recycle: Mutex::new(()),

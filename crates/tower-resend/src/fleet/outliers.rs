@@ -33,7 +33,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::retry::{shard, SHARDS};
+use crate::retry::PerShard;
 
 /// When an instance that keeps failing is set aside, and how it comes back.
 ///
@@ -259,13 +259,8 @@ pub(crate) struct Recent {
 #[derive(Debug, Default)]
 pub(crate) struct FleetRecent {
     failed: Recent,
-    answered: [ShardRecent; SHARDS],
+    answered: PerShard<Recent>,
 }
-
-/// One shard of a [`FleetRecent`], on cache lines of its own.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct ShardRecent(Recent);
 
 impl FleetRecent {
     /// An attempt ended in bin `epoch`, `failed` or not.
@@ -273,13 +268,13 @@ impl FleetRecent {
         if failed {
             self.failed.record(epoch, true);
         } else {
-            self.answered[shard()].0.record(epoch, false);
+            self.answered.mine().record(epoch, false);
         }
     }
 
     /// The counts of bin `epoch` and the one before.
     pub(crate) fn ratio(&self, epoch: u64) -> Ratio {
-        (self.answered.iter()).fold(self.failed.ratio(epoch), |r, s| r.plus(s.0.ratio(epoch)))
+        (self.answered.all()).fold(self.failed.ratio(epoch), |r, s| r.plus(s.ratio(epoch)))
     }
 
     /// The failed attempts alone of bin `epoch` and the one before: read

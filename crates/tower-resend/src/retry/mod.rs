@@ -109,7 +109,7 @@ mod throttle;
 pub use crate::vocab::{Attempt, Attempts, Stop};
 pub(crate) use announce::{announce, announced};
 pub use backoff::{Backoff, InvalidBackoff};
-pub(crate) use budget::{shard, Token, DEFAULT_HEDGE_SHARE, SHARDS};
+pub(crate) use budget::{shard, Padded, PerShard, Token, DEFAULT_HEDGE_SHARE, SHARDS};
 pub use budget::{InvalidBudget, RetryBudget, DEFAULT_BURST};
 pub use future::ResponseFuture;
 pub use layer::{RetryLayer, GRPC_PREVIOUS_RPC_ATTEMPTS, RESEND_PREVIOUS_ATTEMPTS};

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{shard, SHARDS};
+use super::PerShard;
 
 /// The default ratio `K`: an upstream receives about twice what it accepts.
 pub const DEFAULT_THROTTLE_RATIO: f64 = 2.0;
@@ -77,7 +77,7 @@ struct Inner {
     /// threads, each with a runtime of its own as `benches/fleet_cost.rs`
     /// runs them: 1.78x one thread's cost a call with one line, 1.29x with
     /// shards and the retry layer's state apart from its `Arc`'s counts).
-    accepted: [Bins; SHARDS],
+    accepted: PerShard<Bins>,
     /// The sums of the window's bins but the newest, set as the window
     /// moves on: an attempt adds the newest bin's count to it rather than
     /// adding up the window.
@@ -90,8 +90,7 @@ struct Inner {
     turned_away: AtomicU64,
 }
 
-/// One shard of the accepted attempts' bins, on cache lines of its own.
-#[repr(align(128))]
+/// One shard of the accepted attempts' bins.
 struct Bins([AtomicU64; BINS]);
 
 impl Default for Bins {
@@ -123,7 +122,7 @@ impl Inner {
             newest
         };
         let bins = if count == REQUEST | ACCEPT {
-            &self.accepted[shard()].0
+            &self.accepted.mine().0
         } else {
             &self.bins
         };
@@ -132,7 +131,7 @@ impl Inner {
 
     /// Every set of bins: the one off the success path, then the shards.
     fn all_bins(&self) -> impl Iterator<Item = &[AtomicU64; BINS]> {
-        std::iter::once(&self.bins).chain(self.accepted.iter().map(|b| &b.0))
+        std::iter::once(&self.bins).chain(self.accepted.all().map(|b| &b.0))
     }
 
     /// Moves the window on to `epoch`.

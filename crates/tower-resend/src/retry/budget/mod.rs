@@ -9,18 +9,19 @@
 //! sharded by thread, so calls on different cores do not contend for one
 //! cache line; a withdrawal sums the shards.
 
-use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 mod grpc;
+mod shard;
 mod state;
 
 use grpc::TokenBucket;
+pub(crate) use shard::{shard, Padded, PerShard, SHARDS};
 use state::{first_probe, Rate, State};
 
 /// Within this of a whole token is a whole token: the decay of the
@@ -101,38 +102,8 @@ pub struct RetryBudget {
     inner: Arc<Inner>,
 }
 
-/// Shards of a count that every call writes (the budget's deposits, the
-/// throttle's accepts, a fleet's answers): enough for the cores a service
-/// typically runs on; threads beyond that share shards, which is still
-/// correct.
-pub(crate) const SHARDS: usize = 8;
-
-/// One deposit counter on its own cache line.
-#[repr(align(128))]
-#[derive(Default)]
-struct Shard(AtomicU64);
-
-thread_local! {
-    /// This thread's shard, given out round-robin on first use.
-    static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-/// This thread's shard of a count that every call writes: calls on
-/// different cores add to different cache lines, and a read sums them.
-pub(crate) fn shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    SHARD.with(|s| {
-        let mut i = s.get();
-        if i == usize::MAX {
-            i = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
-            s.set(i);
-        }
-        i
-    })
-}
-
 struct Inner {
-    calls: [Shard; SHARDS],
+    calls: PerShard<AtomicU64>,
     ratio: f64,
     min_per_sec: f64,
     /// What the floor bucket holds at most: five seconds' worth, and at
@@ -266,7 +237,7 @@ impl RetryBudget {
     /// Records one logical call. Lock-free: one relaxed atomic add, on this
     /// thread's shard.
     pub(crate) fn deposit(&self) {
-        self.inner.calls[shard()].0.fetch_add(1, Ordering::Relaxed);
+        self.inner.calls.mine().fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes one retry token, if there is one, and says where from.
@@ -290,7 +261,7 @@ impl RetryBudget {
         }
         let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        let calls: u64 = i.calls.iter().map(|s| s.0.load(Ordering::Relaxed)).sum();
+        let calls: u64 = i.calls.all().map(|c| c.load(Ordering::Relaxed)).sum();
         st.refill(i, now, calls);
         if wants == Want::Retry && st.outcome_waiting > 0 {
             if st.balance >= WHOLE || st.recovery >= WHOLE {
