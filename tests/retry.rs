@@ -568,6 +568,35 @@ async fn not_sent_retries_spend_no_budget_token_until_the_upstream_fails_as_a_wh
     assert_eq!(err.attempts(), 1, "{err}");
 }
 
+/// In an outage, the refusals retried free before the stack knew it (the
+/// first four of five failures in a row) are charged to the budget when it
+/// does: a hundred GETs over a second, every attempt refused, cost the
+/// upstream the budget's share of them in all (1.2 attempts a call), not
+/// that share and the free refusals on top.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_outage_costs_the_budgets_share_from_its_first_refusal() {
+    let budget = tower_resend::retry::RetryBudget::new(0.2, 0.0, SECOND).expect("a budget");
+    let client = stack().budget(budget).service(transport());
+    let port = closed_port();
+    let mut calls = JoinSet::new();
+    for i in 0..100 {
+        let uri = format!("http://127.0.0.1:{port}/items/{i}");
+        calls.spawn(within(
+            client.clone().oneshot(get(uri.parse().expect("a URI"))),
+        ));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut attempts = 0;
+    while let Some(ended) = calls.join_next().await {
+        let err = ended
+            .expect("the call's task")
+            .expect_err("nothing listens");
+        assert!(err.is_not_sent(), "{err}");
+        attempts += err.attempts();
+    }
+    assert!(attempts <= 120, "{attempts} attempts for 100 calls");
+}
+
 /// A GET whose 200 head arrives and whose small body then breaks (the
 /// connection drops) is an attempt that failed: its body is read before the
 /// response is returned, so the retry layer retries it, and the caller

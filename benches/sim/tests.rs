@@ -242,12 +242,13 @@ fn sent_per_call(s: &Second) -> f64 {
 /// whole), a refusal is retried as any failure, after a backoff and with
 /// a budget token. So in every second of the outage after its first it
 /// sends at most 1.2 attempts a call (where it sent 3, every attempt
-/// refused and retried at once), in the first at most 1.3 (the refusals
-/// before the fifth in a row, and the budget's reserve: its burst and its
-/// floor; 1.32 when the late answers of the instances draining their
-/// queues ended the streak, 1.26 since they no longer do), and it is back
-/// within 2 s, the retries that waited for a token answered as soon as
-/// the fleet is.
+/// refused and retried at once), and in the first at most 1.22: the
+/// refusals retried free before the fifth in a row are charged to the
+/// budget then, and what is left above 1.2 is what the budget keeps (100
+/// ms of deposits, one floor token; that second read 1.32 when the late answers of instances
+/// draining their queues ended the streak, 1.26 when they no longer did,
+/// 1.21 since the charge). It is back within 2 s, the retries that waited
+/// for a token answered as soon as the fleet is.
 #[test]
 fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
     let (report, start) = the_fleet_stack_through(Scenario::FullOutage);
@@ -256,7 +257,7 @@ fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
         outage.iter().all(|s| s.reached == 0),
         "an outage: {outage:?}"
     );
-    assert!(sent_per_call(&outage[0]) <= 1.3, "{outage:?}");
+    assert!(sent_per_call(&outage[0]) <= 1.22, "{outage:?}");
     for s in &outage[1..] {
         assert!(sent_per_call(s) <= 1.21, "{outage:?}");
     }

@@ -197,7 +197,12 @@ impl<S, B, C> Call<S, B, C> {
                 self.finish(elapsed, &mut result, end);
                 Next::Done(result)
             }
-            Decision::Retry(retry) => self.retry(retry, next_body, result),
+            Decision::Retry(retry) => {
+                if retry.token.is_none() && refused.is_none() {
+                    self.shared.streak.free_retry();
+                }
+                self.retry(retry, next_body, result)
+            }
         }
     }
 
@@ -229,7 +234,12 @@ impl<S, B, C> Call<S, B, C> {
                 _ => None,
             };
             let at = self.attempt_start + took;
-            (self.shared.streak).ended(c.class(), instance, self.attempt_start, at);
+            let free = (self.shared.streak).ended(c.class(), instance, self.attempt_start, at);
+            // The upstream fails as a whole: what the streak retried free
+            // was an outage's, and costs its tokens after all.
+            if let (Some(n), Some(budget)) = (free, &self.shared.budget) {
+                budget.charge(n);
+            }
         }
         if let Some(throttle) = &self.shared.throttle {
             throttle.answered_as(self.throttle_bin, c.class(), refused.is_some());

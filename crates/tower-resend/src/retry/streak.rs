@@ -11,12 +11,18 @@
 //! still hold the healthy second before the outage; a fleet's counts say
 //! it too ([`Elsewhere::failing`](crate::vocab::Elsewhere::failing)).
 //!
+//! The refusals retried free in the streak before it said so were, it
+//! turns out, an outage's: they are charged to the budget then
+//! ([`Streak::ended`] says how many, `RetryBudget::charge` takes them), so
+//! that what an outage costs the upstream in its first second is the
+//! budget's share of the calls, as in every later second.
+//!
 //! The streak is the stack's (its clones share it), whatever host each
 //! attempt went to: a stack that calls several upstreams sees one of them
 //! down as failures between the others' answers, no streak, and its
 //! refusals stay free, as they were before the rule.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
@@ -44,6 +50,9 @@ pub(crate) struct Streak {
     count: AtomicU64,
     /// When the streak's first failure ended, in nanoseconds from `origin`.
     began: AtomicU64,
+    /// Refusals retried free (without a budget token) since the streak's
+    /// first failure.
+    free: AtomicU32,
     origin: Instant,
 }
 
@@ -52,6 +61,7 @@ impl Default for Streak {
         Self {
             count: AtomicU64::new(0),
             began: AtomicU64::new(0),
+            free: AtomicU32::new(0),
             origin: Instant::now(),
         }
     }
@@ -59,8 +69,17 @@ impl Default for Streak {
 
 impl Streak {
     /// An attempt sent at `sent` ended at `at` as `class`, at `instance`
-    /// (a fleet's id) if known.
-    pub(crate) fn ended(&self, class: Class, instance: Option<u64>, sent: Instant, at: Instant) {
+    /// (a fleet's id) if known. When this failure is the one that makes
+    /// the streak say the upstream fails as a whole, the refusals retried
+    /// free before it in the streak (see [`free_retry`](Self::free_retry)),
+    /// to be charged as the tokens they would have taken.
+    pub(crate) fn ended(
+        &self,
+        class: Class,
+        instance: Option<u64>,
+        sent: Instant,
+        at: Instant,
+    ) -> Option<u32> {
         let nanos = |t: Instant| {
             u64::try_from(t.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
         };
@@ -72,21 +91,35 @@ impl Streak {
                 // taken for the same.)
                 let id = instance.map_or(0, |i| (i as u32).max(1));
                 if id != 0 && id == last && count > 0 {
-                    return;
+                    return None;
                 }
                 if count == 0 {
                     self.began.store(nanos(at), Ordering::Relaxed);
                 }
-                let next = (u64::from(count.saturating_add(1)) << 32) | u64::from(id);
-                self.count.store(next, Ordering::Relaxed);
+                let count = count.saturating_add(1);
+                self.count
+                    .store((u64::from(count) << 32) | u64::from(id), Ordering::Relaxed);
+                (count == IN_A_ROW).then(|| self.free.swap(0, Ordering::Relaxed))
             }
             // (Not written again while it is 0: most attempts answer well,
             // and a store takes the line from every other core.)
             _ => {
                 if now != 0 && nanos(sent) >= self.began.load(Ordering::Relaxed) {
                     self.count.store(0, Ordering::Relaxed);
+                    self.free.store(0, Ordering::Relaxed);
                 }
+                None
             }
+        }
+    }
+
+    /// A refusal counted in the streak is retried free: while the streak
+    /// has not yet said the upstream fails as a whole, it is counted, to
+    /// be charged if it does.
+    pub(crate) fn free_retry(&self) {
+        let count = (self.count.load(Ordering::Relaxed) >> 32) as u32;
+        if count > 0 && count < IN_A_ROW {
+            self.free.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -148,6 +181,26 @@ mod tests {
             s.ended(Class::NotSent, Some(id), t0(), t0());
         }
         assert!(s.failing(), "five instances in a row");
+    }
+
+    #[test]
+    fn the_fifth_failure_says_how_many_refusals_were_retried_free() {
+        let s = Streak::default();
+        s.free_retry();
+        assert_eq!(s.ended(Class::NotSent, Some(1), t0(), t0()), None);
+        s.free_retry();
+        s.ended(Class::NotSent, Some(2), t0(), t0());
+        s.free_retry();
+        // An answer ends the streak and what it counted.
+        s.ended(Class::Success, Some(3), t0(), t0());
+        for id in 1..=4 {
+            assert_eq!(s.ended(Class::NotSent, Some(id), t0(), t0()), None);
+            s.free_retry();
+        }
+        assert_eq!(s.ended(Class::NotSent, Some(5), t0(), t0()), Some(4));
+        // Said once: later failures and retries are charged as they go.
+        s.free_retry();
+        assert_eq!(s.ended(Class::NotSent, Some(6), t0(), t0()), None);
     }
 
     #[test]

@@ -22,7 +22,7 @@ mod state;
 
 use grpc::TokenBucket;
 pub(crate) use shard::{shard, Padded, PerShard, SHARDS};
-use state::{first_probe, Rate, State};
+use state::{calls_per_sec, first_probe, Rate, State};
 
 /// Within this of a whole token is a whole token: the decay of the
 /// microseconds between the last deposit and a look would otherwise take k
@@ -58,7 +58,8 @@ const RECOVERY_MAX: f64 = 100.0;
 /// at most about 20% of calls); every retry of a request that may have
 /// reached the upstream withdraws one (a request that was not sent —
 /// connection refused, REFUSED_STREAM — costs the upstream nothing and
-/// spends none). The balance keeps no more than a tenth of a second of
+/// spends none while the upstream otherwise answers; once it fails as a
+/// whole, those it sent free are charged, see `retry::streak`). The balance keeps no more than a tenth of a second of
 /// deposits at the recent rate of calls (measured over `window`, 10 s by
 /// default): retries go out at the rate calls come in, a fifth of it,
 /// never a hoard at once, so that in no second does a storm cost the
@@ -259,10 +260,8 @@ impl RetryBudget {
         if let Some(bucket) = &i.bucket {
             return bucket.open().then_some(Token::Balance);
         }
-        let mut st = i.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        let calls: u64 = i.calls.all().map(|c| c.load(Ordering::Relaxed)).sum();
-        st.refill(i, now, calls);
+        let mut st = self.refilled(now);
         if wants == Want::Retry && st.outcome_waiting > 0 {
             if st.balance >= WHOLE || st.recovery >= WHOLE {
                 i.left_for_outcome.notify_one();
@@ -359,6 +358,25 @@ impl RetryBudget {
         }
     }
 
+    /// `n` retries went out free (refusals, while the upstream seemed to
+    /// answer) and turned out to be an outage's (see `retry::streak`):
+    /// their tokens are taken after the fact. The balance may go below
+    /// zero for them, by a second of deposits at the recent rate at most,
+    /// so that the calls' next deposits pay for them before another retry
+    /// goes out, and an outage's first second costs the upstream no more
+    /// than its later ones; a quiet client, whose retries the floor pays
+    /// for, owes next to nothing.
+    pub(crate) fn charge(&self, n: u32) {
+        let i = &*self.inner;
+        if i.bucket.is_some() || n == 0 {
+            return;
+        }
+        let mut st = self.refilled(Instant::now());
+        let second = i.ratio * calls_per_sec(&st, i.window.as_secs_f64(), i.burst);
+        let lowest = (-second).min(st.balance);
+        st.balance = (st.balance - f64::from(n)).max(lowest);
+    }
+
     /// When a token is likely to be there again without any given back:
     /// the deposits' next whole token (at the rate calls have been coming),
     /// the floor's (once its pause ends), or recovery's; `None` if none
@@ -407,6 +425,15 @@ impl RetryBudget {
     /// Resolves when another retry left a token to a waiting outcome retry.
     pub(crate) fn left_for_outcome(&self) -> tokio::sync::futures::OwnedNotified {
         Arc::clone(&self.inner.left_for_outcome).notified_owned()
+    }
+
+    /// The state, brought to `now` with every shard's calls.
+    fn refilled(&self, now: Instant) -> std::sync::MutexGuard<'_, State> {
+        let i = &*self.inner;
+        let mut st = self.state();
+        let calls: u64 = i.calls.all().map(|c| c.load(Ordering::Relaxed)).sum();
+        st.refill(i, now, calls);
+        st
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -569,6 +596,45 @@ mod tests {
         let seconds = retries_each_second(&b, 1, 10).await;
         let made: usize = seconds.iter().sum();
         assert!((9..=10).contains(&made), "{seconds:?}");
+    }
+
+    /// Retries sent free and charged after the fact: the balance owes
+    /// them, a second of deposits at most, and the next retry waits until
+    /// the calls have paid; a quiet client owes next to nothing.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn free_retries_charged_after_the_fact_are_paid_by_the_next_deposits() {
+        // A minute of 50 calls a second: 10 tokens a second, one kept.
+        let b = aged(RetryBudget::new(0.2, 0.0, Duration::from_secs(10)).unwrap()).await;
+        let step = Duration::from_millis(20);
+        for _ in 0..3000 {
+            b.deposit();
+            tokio::time::advance(step).await;
+        }
+        b.charge(4);
+        // The 4 owed and the one kept: 15 calls pay it (3 tokens), 5 more
+        // give the next token.
+        let mut calls = 0;
+        while b.withdraw().is_none() {
+            b.deposit();
+            calls += 1;
+            tokio::time::advance(step).await;
+        }
+        assert!((18..=21).contains(&calls), "{calls} calls paid it");
+        // At most a second of deposits is owed, whatever was sent free.
+        drain(&b);
+        b.charge(1_000);
+        let mut calls = 0;
+        while b.withdraw().is_none() {
+            b.deposit();
+            calls += 1;
+            tokio::time::advance(step).await;
+        }
+        assert!((50..=60).contains(&calls), "{calls} calls paid it");
+        // A quiet client (a call every 10 s) keeps its floor's retry.
+        let quiet = aged(RetryBudget::default()).await;
+        quiet.deposit();
+        quiet.charge(4);
+        assert!(quiet.withdraw().is_some(), "the floor still pays");
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -140,7 +140,7 @@ impl Rate {
 /// The recent rate of calls, over the budget's age while it is younger
 /// than a window; at its start, as if its calls so far came within one
 /// burst (so a new client may spend all it has deposited).
-fn calls_per_sec(st: &State, window: f64, burst: f64) -> f64 {
+pub(super) fn calls_per_sec(st: &State, window: f64, burst: f64) -> f64 {
     st.rate.per_sec / st.seen.max(burst / window).max(1e-9)
 }
 
