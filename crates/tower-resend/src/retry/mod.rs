@@ -58,7 +58,10 @@
 //! fail as much as an outlier would), a refusal is an outage, not one
 //! instance gone: it is retried as any failure is, after a backoff and
 //! with a token, so that an outage costs the upstream little more than
-//! the calls (gRPC sends nothing to a failing connection at all).
+//! the calls (gRPC sends nothing to a failing connection at all). The
+//! refusals retried free in those last five attempts are charged to the
+//! budget then: an outage's first second costs the budget's share of the
+//! calls, as every later one does.
 //!
 //! Backoff is exponential with full jitter ([`Backoff`]): random in
 //! `[0, min(cap, base * 2^n)]`. After an overloaded answer the jittered
