@@ -601,6 +601,17 @@ mod tests {
         assert!((9..=10).contains(&made), "{seconds:?}");
     }
 
+    /// Calls made, one every `step`, until a retry finds a token.
+    async fn calls_until_a_token(b: &RetryBudget, step: Duration) -> usize {
+        let mut calls = 0;
+        while b.withdraw().is_none() {
+            b.deposit();
+            calls += 1;
+            tokio::time::advance(step).await;
+        }
+        calls
+    }
+
     /// Retries sent free and charged after the fact: the balance owes
     /// them, a second of deposits at most, and the next retry waits until
     /// the calls have paid; a quiet client owes next to nothing.
@@ -616,24 +627,15 @@ mod tests {
         b.charge(4);
         // The 4 owed and the one kept: 15 calls pay it (3 tokens), 5 more
         // give the next token.
-        let mut calls = 0;
-        while b.withdraw().is_none() {
-            b.deposit();
-            calls += 1;
-            tokio::time::advance(step).await;
-        }
+        let calls = calls_until_a_token(&b, step).await;
         assert!((18..=21).contains(&calls), "{calls} calls paid it");
         // At most a second of deposits is owed, whatever was sent free.
         drain(&b);
         b.charge(1_000);
-        let mut calls = 0;
-        while b.withdraw().is_none() {
-            b.deposit();
-            calls += 1;
-            tokio::time::advance(step).await;
-        }
+        let calls = calls_until_a_token(&b, step).await;
         assert!((50..=60).contains(&calls), "{calls} calls paid it");
-        // A quiet client (a call every 10 s) keeps its floor's retry.
+        // A quiet client (its first call in a minute) keeps its floor's
+        // retry.
         let quiet = aged(RetryBudget::default()).await;
         quiet.deposit();
         quiet.charge(4);
