@@ -245,10 +245,10 @@ fn sent_per_call(s: &Second) -> f64 {
 /// refused and retried at once), and in the first at most 1.22: the
 /// refusals retried free before the fifth in a row are charged to the
 /// budget then, and what is left above 1.2 is what the budget keeps (100
-/// ms of deposits, one floor token; that second read 1.32 when the late answers of instances
-/// draining their queues ended the streak, 1.26 when they no longer did,
-/// 1.21 since the charge). It is back within 2 s, the retries that waited
-/// for a token answered as soon as the fleet is.
+/// ms of deposits, one floor token). That second read 1.32 when the late
+/// answers of instances draining their queues ended the streak, 1.26
+/// when they no longer did, 1.21 since the charge. It is back within 2 s,
+/// the retries that waited for a token answered as soon as the fleet is.
 #[test]
 fn in_a_full_outage_the_fleet_stack_sends_little_more_than_its_calls() {
     let (report, start) = the_fleet_stack_through(Scenario::FullOutage);
