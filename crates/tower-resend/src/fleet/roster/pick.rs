@@ -36,7 +36,11 @@ impl Roster {
             None => None,
             Some(cfg) => Some(Place::take(&self.total, cfg).ok_or(Unpicked::AtCapacity)?),
         };
-        let moment = self.moment_of(view.settings);
+        let mut moment = self.moment_of(view.settings);
+        // A call is a probe on its first attempt only: a retry, after an
+        // attempt that failed (maybe a probe refused), goes to an instance
+        // in service, so that no call bears two probes' risk.
+        moment.probe_room &= used.is_empty();
         let mut refused: Vec<u64> = Vec::new();
         let mut refusal = None;
         let mut full = false;
