@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_resend::fleet::{FleetLayer, InstanceLimit};
 
-use tower_resend_benches::{median, Body, Instant200};
+use tower_resend_benches::{median, Body, Instant200, TowerRetry};
 
 /// Calls per measure.
 const CALLS: u32 = 20_000;
@@ -73,15 +73,71 @@ fn whole_stack() -> impl tower::Service<
         .service(Instant200)
 }
 
+/// `stack()` alone over the transport: its retry, budget and timeouts,
+/// no fleet, no breaker, no throttle: what [`tower_retry_budget`] does.
+fn retry_stack() -> impl tower::Service<
+    Request<Body>,
+    Response = http::Response<impl Send>,
+    Error = tower_resend::Error,
+    Future: Send,
+> + Clone
+       + Send
+       + Sync
+       + 'static {
+    tower_resend::stack().service(Instant200)
+}
+
+/// What a tower user stacks for the same behaviour as [`retry_stack`]: a
+/// call timeout (10 s), tower's `Retry` (3 attempts, jittered exponential
+/// backoff) with tower's `TpsBudget` as the stack's budget is set (20 %
+/// over 10 s, at least one a second),
+/// an attempt timeout (5 s): the like-for-like row of the thread table.
+fn tower_retry_budget() -> impl tower::Service<
+    Request<Body>,
+    Response = http::Response<Body>,
+    Error = tower::BoxError,
+    Future: Send,
+> + Clone
+       + Send
+       + Sync
+       + 'static {
+    use std::time::Duration;
+    use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
+    use tower::retry::budget::TpsBudget;
+    let backoff = ExponentialBackoffMaker::new(
+        Duration::from_millis(100),
+        Duration::from_secs(5),
+        1.0,
+        tower::util::rng::HasherRng::default(),
+    )
+    .expect("a valid backoff")
+    .make_backoff();
+    let policy = TowerRetry {
+        left: 2,
+        backoff,
+        budget: Some(Arc::new(TpsBudget::new(Duration::from_secs(10), 1, 0.2))),
+    };
+    tower::ServiceBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .retry(policy)
+        .timeout(Duration::from_secs(5))
+        .service(Instant200)
+}
+
 /// Nanoseconds per call, each of `threads` threads (each with a runtime of
-/// its own, started together) making `CALLS` calls on clones of one
-/// [`whole_stack`] (`shared`), or each on a stack of its own: the same
+/// its own, started together) making `CALLS` calls on clones of one stack
+/// that `make` builds (`shared`), or each on a stack of its own: the same
 /// work with nothing shared, to tell what sharing costs from what the
 /// machine does with more threads. The mean of the threads' own times:
 /// threads of one runtime's pool would measure its scheduling too (two
 /// tasks that never wait can run on one worker while the other idles).
-fn per_call_threads(threads: usize, shared: bool) -> f64 {
-    let one = Arc::new(whole_stack());
+fn per_call_threads<S>(threads: usize, shared: bool, make: fn() -> S) -> f64
+where
+    S: tower::Service<Request<Body>> + Clone + Send + Sync,
+    S::Error: std::fmt::Debug,
+    S::Future: Send,
+{
+    let one = Arc::new(make());
     let start = Barrier::new(threads);
     let times: Vec<f64> = std::thread::scope(|scope| {
         let running: Vec<_> = (0..threads)
@@ -89,7 +145,7 @@ fn per_call_threads(threads: usize, shared: bool) -> f64 {
                 let stack = if shared {
                     Arc::clone(&one)
                 } else {
-                    Arc::new(whole_stack())
+                    Arc::new(make())
                 };
                 let start = &start;
                 scope.spawn(move || {
@@ -118,6 +174,29 @@ fn per_call_threads(threads: usize, shared: bool) -> f64 {
             .collect()
     });
     times.iter().sum::<f64>() / times.len() as f64
+}
+
+/// Each of `rounds` rounds, the threads in another order (so that drift
+/// hits all alike), shared and each its own: per thread count, the
+/// medians, shared and own, in nanoseconds a call.
+fn by_threads<S>(threads: &[usize], rounds: usize, make: fn() -> S) -> Vec<(f64, f64)>
+where
+    S: tower::Service<Request<Body>> + Clone + Send + Sync,
+    S::Error: std::fmt::Debug,
+    S::Future: Send,
+{
+    let mut samples: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; threads.len()];
+    for r in 0..rounds {
+        for k in 0..threads.len() {
+            let i = (k + r) % threads.len();
+            samples[i][0].push(per_call_threads(threads[i], true, make));
+            samples[i][1].push(per_call_threads(threads[i], false, make));
+        }
+    }
+    samples
+        .into_iter()
+        .map(|[shared, own]| (median(shared), median(own)))
+        .collect()
 }
 
 fn main() {
@@ -170,17 +249,9 @@ fn main() {
     );
 
     let threads = [1usize, 2, 4, 8];
-    let mut by_threads: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; threads.len()];
-    for r in 0..rounds {
-        for k in 0..threads.len() {
-            let i = (k + r) % threads.len();
-            by_threads[i][0].push(per_call_threads(threads[i], true));
-            by_threads[i][1].push(per_call_threads(threads[i], false));
-        }
-    }
-    let one = median(by_threads[0][0].clone());
-    for (t, [shared, own]) in threads.iter().zip(by_threads) {
-        let (m, own) = (median(shared), median(own));
+    let whole = by_threads(&threads, rounds, whole_stack);
+    let one = whole[0].0;
+    for (t, (m, own)) in threads.iter().zip(whole) {
         let note = if *t > cores {
             " (more threads than cores)"
         } else {
@@ -191,5 +262,29 @@ fn main() {
             m / one,
             own / one
         );
+    }
+
+    // Like for like, on as many threads as there are cores: the retry
+    // layers alone, resend's and what a tower user stacks for them.
+    let few: Vec<usize> = threads.iter().copied().filter(|t| *t <= cores).collect();
+    let rows: [(&str, Vec<(f64, f64)>); 2] = [
+        (
+            "stack() alone (retry, budget, timeouts)",
+            by_threads(&few, rounds, retry_stack),
+        ),
+        (
+            "tower's timeouts, retry and TpsBudget",
+            by_threads(&few, rounds, tower_retry_budget),
+        ),
+    ];
+    for (name, medians) in rows {
+        let one = medians[0].0;
+        for (t, (m, own)) in few.iter().zip(medians) {
+            println!(
+                "{t} thread(s) sharing {name}: median {m:7.1} ns per call each ({:.3}x one thread's; each its own: {:.3}x)",
+                m / one,
+                own / one
+            );
+        }
     }
 }
