@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_resend::fleet::{FleetLayer, InstanceLimit};
 
-use tower_resend_benches::{median, Body, Instant200, TowerRetry};
+use tower_resend_benches::{median, tower_backoff, Body, Instant200, TowerRetry};
 
 /// Calls per measure.
 const CALLS: u32 = 20_000;
@@ -54,18 +54,21 @@ async fn per_call_over(fleet: FleetLayer) -> f64 {
     start.elapsed().as_nanos() as f64 / f64::from(CALLS)
 }
 
+/// A stack that threads can share: what the thread measures take.
+trait Shareable:
+    tower::Service<Request<Body>, Error: std::fmt::Debug, Future: Send> + Clone + Send + Sync
+{
+}
+
+impl<S> Shareable for S where
+    S: tower::Service<Request<Body>, Error: std::fmt::Debug, Future: Send> + Clone + Send + Sync
+{
+}
+
 /// The stack the threads share: every piece of shared state on the way of
 /// a call (the retry budget, the adaptive throttle, the circuit breaker's
 /// circuit per instance, the fleet) over 100 instances.
-fn whole_stack() -> impl tower::Service<
-    Request<Body>,
-    Response = http::Response<impl Send>,
-    Error = tower_resend::Error,
-    Future: Send,
-> + Clone
-       + Send
-       + Sync
-       + 'static {
+fn whole_stack() -> impl Shareable {
     tower_resend::stack()
         .circuit_breaker()
         .adaptive_throttling()
@@ -75,15 +78,7 @@ fn whole_stack() -> impl tower::Service<
 
 /// `stack()` alone over the transport: its retry, budget and timeouts,
 /// no fleet, no breaker, no throttle: what [`tower_retry_budget`] does.
-fn retry_stack() -> impl tower::Service<
-    Request<Body>,
-    Response = http::Response<impl Send>,
-    Error = tower_resend::Error,
-    Future: Send,
-> + Clone
-       + Send
-       + Sync
-       + 'static {
+fn retry_stack() -> impl Shareable {
     tower_resend::stack().service(Instant200)
 }
 
@@ -92,26 +87,10 @@ fn retry_stack() -> impl tower::Service<
 /// backoff) with tower's `TpsBudget` as the stack's budget is set (20 %
 /// over 10 s, at least one a second),
 /// an attempt timeout (5 s): the like-for-like row of the thread table.
-fn tower_retry_budget() -> impl tower::Service<
-    Request<Body>,
-    Response = http::Response<Body>,
-    Error = tower::BoxError,
-    Future: Send,
-> + Clone
-       + Send
-       + Sync
-       + 'static {
+fn tower_retry_budget() -> impl Shareable {
     use std::time::Duration;
-    use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
     use tower::retry::budget::TpsBudget;
-    let backoff = ExponentialBackoffMaker::new(
-        Duration::from_millis(100),
-        Duration::from_secs(5),
-        1.0,
-        tower::util::rng::HasherRng::default(),
-    )
-    .expect("a valid backoff")
-    .make_backoff();
+    let backoff = tower_backoff(tower::util::rng::HasherRng::default());
     let policy = TowerRetry {
         left: 2,
         backoff,
@@ -131,12 +110,7 @@ fn tower_retry_budget() -> impl tower::Service<
 /// machine does with more threads. The mean of the threads' own times:
 /// threads of one runtime's pool would measure its scheduling too (two
 /// tasks that never wait can run on one worker while the other idles).
-fn per_call_threads<S>(threads: usize, shared: bool, make: fn() -> S) -> f64
-where
-    S: tower::Service<Request<Body>> + Clone + Send + Sync,
-    S::Error: std::fmt::Debug,
-    S::Future: Send,
-{
+fn per_call_threads<S: Shareable>(threads: usize, shared: bool, make: fn() -> S) -> f64 {
     let one = Arc::new(make());
     let start = Barrier::new(threads);
     let times: Vec<f64> = std::thread::scope(|scope| {
@@ -179,12 +153,7 @@ where
 /// Each of `rounds` rounds, the threads in another order (so that drift
 /// hits all alike), shared and each its own: per thread count, the
 /// medians, shared and own, in nanoseconds a call.
-fn by_threads<S>(threads: &[usize], rounds: usize, make: fn() -> S) -> Vec<(f64, f64)>
-where
-    S: tower::Service<Request<Body>> + Clone + Send + Sync,
-    S::Error: std::fmt::Debug,
-    S::Future: Send,
-{
+fn by_threads<S: Shareable>(threads: &[usize], rounds: usize, make: fn() -> S) -> Vec<(f64, f64)> {
     let mut samples: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; threads.len()];
     for r in 0..rounds {
         for k in 0..threads.len() {

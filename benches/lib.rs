@@ -300,6 +300,18 @@ where
     }
 }
 
+/// tower's exponential backoff as the tower columns use it: 100 ms to 5 s,
+/// jittered by `rng`.
+pub fn tower_backoff<R>(rng: R) -> tower::retry::backoff::ExponentialBackoff<R>
+where
+    R: tower::util::rng::Rng + Clone,
+{
+    use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
+    ExponentialBackoffMaker::new(Duration::from_millis(100), Duration::from_secs(5), 1.0, rng)
+        .expect("a valid backoff")
+        .make_backoff()
+}
+
 /// A stack as a caller that only keeps each answer's status, boxed so that
 /// every column of a bench has one type.
 pub fn statuses<S, RB>(

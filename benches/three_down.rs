@@ -77,12 +77,11 @@ use tower::balance::p2c::Balance;
 use tower::buffer::Buffer;
 use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PendingRequestsDiscover};
-use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
 use tower::util::BoxCloneService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_resend::fleet::FleetLayer;
 use tower_resend_benches::sim::{self, Client, Column, Model, Plan, Scale, Scenario, Server};
-use tower_resend_benches::{statuses, Bare, Body, To, TowerRetry};
+use tower_resend_benches::{statuses, tower_backoff, Bare, Body, To, TowerRetry};
 
 /// Workers per instance.
 const WORKERS: usize = 4;
@@ -425,14 +424,7 @@ fn build(which: Which, addrs: &[SocketAddr]) -> Caller {
             let discover =
                 PendingRequestsDiscover::new(ServiceList::new(list), CompleteOnResponse::default());
             let balanced = Buffer::new(Balance::new(discover), 1024);
-            let backoff = ExponentialBackoffMaker::new(
-                Duration::from_millis(100),
-                Duration::from_secs(5),
-                1.0,
-                tower::util::rng::HasherRng::default(),
-            )
-            .expect("a valid backoff")
-            .make_backoff();
+            let backoff = tower_backoff(tower::util::rng::HasherRng::default());
             // 5xx and errors retried after tower's exponential backoff
             // (100 ms to 5 s), no budget: the simulator's tower column.
             let policy = TowerRetry {

@@ -7,7 +7,6 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures_util::Stream;
 use http::uri::{Authority, Parts, Scheme};
@@ -18,7 +17,6 @@ use tower::balance::p2c::Balance;
 use tower::buffer::Buffer;
 use tower::discover::Change;
 use tower::load::{CompleteOnResponse, PendingRequestsDiscover};
-use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
 use tower::retry::budget::TpsBudget;
 use tower::util::BoxCloneService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
@@ -211,14 +209,7 @@ where
     S: Service<Request<Body>, Response = Response<Body>, Error = BoxError> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
-    let backoff = ExponentialBackoffMaker::new(
-        Duration::from_millis(100),
-        Duration::from_secs(5),
-        1.0,
-        Seeded::new(seed.rotate_left(7)),
-    )
-    .expect("a valid backoff")
-    .make_backoff();
+    let backoff = crate::tower_backoff(Seeded::new(seed.rotate_left(7)));
     let policy = TowerRetry {
         left: model.attempts.saturating_sub(1),
         backoff,
