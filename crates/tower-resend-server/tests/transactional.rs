@@ -446,6 +446,45 @@ async fn concurrent_duplicates_wait_then_replay_or_409_in_time() {
     assert_eq!(effects(&pool, &op).await, 1);
 }
 
+/// A holder that works far past its lease (100 ms; its handler takes
+/// 1.5 s, as a stalled process or a store slow to answer would) is not
+/// taken over: a duplicate sent once the lease has run out waits on the
+/// holder's open transaction and gets its answer, and the work runs once.
+/// A lease store cannot promise that (its holder's calls must land within
+/// the lease); the README says the transactional mode holds even then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_past_its_lease_is_not_taken_over() {
+    let Some(pool) = pool().await else { return };
+    let short_lease = |pool: &PgPool| {
+        let backend = PostgresStore::with_table(pool.clone(), TABLE)
+            .unwrap()
+            .transactional();
+        Router::new()
+            .route("/charges", post(charge))
+            .layer(IdempotencyLayer::new(backend).lease(Duration::from_millis(100)))
+            .layer(InboundDeadlineLayer::new(Duration::from_secs(30)))
+    };
+    let (op, key) = (unique("op"), unique("k"));
+    let q = format!("op={op}&ms=1500");
+    let name = unique("tx-holder");
+    let holder = hold(short_lease(&pg::named_pool(&pg::url(), 2, &name)), &key, &q);
+    until_claimed(&pool, &name).await;
+    // Past the lease (on PostgreSQL's clock, which started it at the claim).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dup = short_lease(&pool)
+        .oneshot(req(Some(&key), &q, "a"))
+        .await
+        .unwrap();
+    let (status, again) = (dup.status(), replayed(dup.headers()));
+    let body = text(dup).await;
+    assert_eq!(holder.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(effects(&pool, &op).await, 1, "the work ran twice");
+    assert!(
+        (status == StatusCode::CREATED && again) || status == StatusCode::CONFLICT,
+        "{status} (replayed: {again}): {body}"
+    );
+}
+
 // ---- a server killed mid-handler, after its effect ----
 
 /// The child's mode; unset: not a child.

@@ -30,7 +30,16 @@
 //!   not cancel it — it goes on in a task of its own, still bounded by the
 //!   inbound deadline. The lease is renewed every third of its life while
 //!   the handler runs, so no second run starts however long the first
-//!   takes, and a holder that died (a crash) is replaced once it expires;
+//!   takes, and a holder that died (a crash) is replaced once it expires.
+//!   That is also a lease's limit: a holder whose store calls land past its
+//!   lease (a store that answers, or a process that stalls, for longer than
+//!   two thirds of it: over 6 s at the default 10 s) can be taken over
+//!   while its handler still works, and the work may run twice; the layer
+//!   logs it as an error and counts it
+//!   ([`IdempotencyStats::leases_lost`](crate::IdempotencyStats::leases_lost)).
+//!   PostgreSQL's transactional mode (`PostgresStore::transactional`)
+//!   holds even then: the key is a row of the handler's own transaction,
+//!   on which a second claim waits;
 //! - the same key while the first runs: 409 with `Retry-After`;
 //! - the same key after: the stored response, marked
 //!   `Idempotent-Replayed: true`, and the handler does not run;
