@@ -25,6 +25,8 @@ mod redis_cluster;
 #[cfg(feature = "redis")]
 #[path = "support/redis.rs"]
 mod redis_server;
+#[path = "support/runner.rs"]
+mod runner;
 #[path = "support/serve.rs"]
 mod serve;
 
@@ -345,20 +347,7 @@ async fn send_through_faults(
 /// through, whatever the first round met (a busy machine included), and
 /// no key runs twice. Each replaced outcome counts in `followed`.
 async fn follow_advice(server: SocketAddr, outcomes: &mut [Outcome], followed: &mut usize) {
-    let client = ServiceBuilder::new()
-        .layer(CallDeadlineLayer::new(Duration::from_secs(30)).upstream("payments"))
-        .layer(
-            RetryLayer::new()
-                .no_budget()
-                .seed(11)
-                .max_attempts(30)
-                .backoff(
-                    Backoff::new(Duration::from_millis(20), 2.0, Duration::from_millis(500))
-                        .unwrap(),
-                ),
-        )
-        .layer(AttemptTimeoutLayer::new(Duration::from_secs(5)))
-        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    let client = runner::patient_client();
     let limit = Arc::new(Semaphore::new(CONCURRENCY));
     let mut tasks = Vec::new();
     for (i, outcome) in outcomes.iter().enumerate() {

@@ -12,6 +12,8 @@ mod common;
 #[cfg(feature = "postgres")]
 #[path = "support/pg.rs"]
 mod pg;
+#[path = "support/runner.rs"]
+mod runner;
 #[path = "support/serve.rs"]
 mod serve;
 
@@ -183,20 +185,7 @@ async fn run<St: Store>(store: St) {
 /// the faults, and a call can run out of its 12; the key's record answers
 /// it later, and no key runs twice. How many were sent again.
 async fn follow_advice(addr: SocketAddr, failed: &[(usize, Error)]) -> usize {
-    let client = ServiceBuilder::new()
-        .layer(CallDeadlineLayer::new(Duration::from_secs(60)).upstream("payments"))
-        .layer(
-            RetryLayer::new()
-                .no_budget()
-                .seed(11)
-                .max_attempts(30)
-                .backoff(
-                    Backoff::new(Duration::from_millis(20), 2.0, Duration::from_millis(500))
-                        .unwrap(),
-                ),
-        )
-        .layer(AttemptTimeoutLayer::new(Duration::from_secs(2)))
-        .service(tower_resend::hyper_client(Duration::from_secs(1)));
+    let client = runner::patient_client();
     let mut tasks = Vec::new();
     for (i, e) in failed {
         let advice = e.retry_advice();
