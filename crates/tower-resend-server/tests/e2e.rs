@@ -175,6 +175,9 @@ async fn run<St: Store>(store: St) {
         "{CALLS} POSTs: {CALLS} effects; {followed} sent again as their errors advised ({:?})",
         failed.first().map(|(_, e)| e.to_string())
     );
+    // The first round's errors stay rare with 12 attempts (3 of 1000
+    // beside a busy loop taking one of two cores).
+    assert!(failed.len() <= CALLS / 100, "{} failed", failed.len());
 }
 
 /// What a job runner does with a call that failed: sent again under its
