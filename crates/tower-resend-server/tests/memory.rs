@@ -595,6 +595,45 @@ async fn renewals_slow_to_land_still_keep_the_lease() {
     }
 }
 
+/// A claim slow to answer (the store took it at once, its answer came
+/// 1.5 s later: a slow store, a stalled process) takes nothing from the
+/// renewals' margin: they are counted from when the claim was sent, so the
+/// first goes out as the handler starts and lands (1.2 s later) before the
+/// 3 s lease, counted from the claim, lapses. A duplicate sent at 3.2 s
+/// finds the key in progress, and the work runs once. (Counted from the
+/// claim's answer, the first renewal went out at 2.5 s and landed at 3.7 s:
+/// the duplicate took the key over at 3.2 s, and the handler ran twice.)
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_claim_slow_to_answer_leaves_its_renewals_the_lease() {
+    let store = Stalls {
+        begin_delay: Duration::from_millis(1500),
+        renew_delay: Duration::from_millis(1200),
+        ..Stalls::default()
+    };
+    let h = common::Handler::default();
+    let layer = IdempotencyLayer::new(store)
+        .lease(Duration::from_secs(3))
+        .store_timeout(Duration::from_secs(2));
+    let stats = layer.stats();
+    let svc = layer.layer(h.service());
+    let req = || common::with(common::post("slow-claim", "a"), "x-sleep-ms", "3000");
+    let start = tokio::time::Instant::now();
+    let first = tokio::spawn({
+        let first = svc.clone().oneshot(req());
+        async move { (first.await, start.elapsed()) }
+    });
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let duplicate = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    let (first, answered_at) = first.await.unwrap();
+    assert_eq!(first.unwrap().status(), StatusCode::CREATED);
+    // The claim's 1.5 s, then the handler's 3 s.
+    assert_eq!(answered_at, Duration::from_millis(4500));
+    let replay = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!((h.runs(), stats.leases_lost()), (1, 0));
+}
+
 /// The work is bounded by the earlier of the request's own deadline and
 /// the ambient scope's (read where the layer is called): a handler that
 /// outlives it is cut there, with a 504, or for a gRPC request the gRPC way

@@ -29,8 +29,11 @@
 //!   caller that goes away (a dropped connection, an attempt timeout) does
 //!   not cancel it — it goes on in a task of its own, still bounded by the
 //!   inbound deadline. The lease is renewed every third of its life while
-//!   the handler runs, so no second run starts however long the first
-//!   takes, and a holder that died (a crash) is replaced once it expires.
+//!   the handler runs (counted from the request's start, before its claim
+//!   was sent, so a claim slow to answer does not push the renewals
+//!   later), so no second run
+//!   starts however long the first takes, and a holder that died (a
+//!   crash) is replaced once it expires.
 //!   That is also a lease's limit: a holder whose store calls land past its
 //!   lease (a store that answers, or a process that stalls, for longer than
 //!   two thirds of it: over 6 s at the default 10 s) can be taken over

@@ -26,11 +26,25 @@ pub(crate) enum Supervision<T> {
     DeadlineCut(Snapshot),
 }
 
+/// When a hold is renewed while its work runs: every `every`, counted from
+/// `from`, an instant before its claim was sent (the request's start).
+///
+/// Counted from before the claim, not from its answer: the store started
+/// the hold's life no earlier, and a claim that was slow to answer (a slow
+/// store, a process that stalled) would otherwise push every renewal later
+/// by as much, and leave the renewals that much less of the lease to land
+/// in. A claim that took longer than `every` is renewed as the work starts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Renewals {
+    pub(crate) from: Instant,
+    pub(crate) every: Duration,
+}
+
 /// Runs the work `start` makes to its end, unless `deadline` comes first
 /// (then where the time went, read from `ledger`) or it panics; meanwhile
-/// `renew` runs every `every`, each renewal awaited before the next is due
-/// (the times a late one ran past are skipped). The work is polled first,
-/// so an answer that is ready wins a tie with the clock.
+/// `renew` runs as [`Renewals`] says, each renewal awaited before the next
+/// is due (the times a late one ran past are skipped). The work is polled
+/// first, so an answer that is ready wins a tie with the clock.
 ///
 /// (The work is made inside, from `start`: a future handed in would be
 /// kept twice in this one, as a parameter and as the future raced, as an
@@ -40,7 +54,7 @@ pub(crate) fn supervise<S, F, R, RF>(
     start: S,
     deadline: Option<Instant>,
     ledger: Option<&TimeLedger>,
-    renewal: Option<(Duration, R)>,
+    renewal: Option<(Renewals, R)>,
 ) -> impl Future<Output = Supervision<F::Output>> + use<'_, S, F, R, RF>
 where
     S: FnOnce() -> F,
@@ -60,9 +74,10 @@ where
             ledger.map(TimeLedger::snapshot).unwrap_or_default()
         };
         let renewals = async {
-            if let Some((every, mut renew)) = renewal {
+            if let Some((Renewals { from, every }, mut renew)) = renewal {
                 let every = every.max(Duration::from_millis(1));
-                let mut next = on_grid(Instant::now() + every);
+                // Already past when the claim was slow: renewed at once.
+                let mut next = on_grid(from + every);
                 loop {
                     tokio::time::sleep_until(next).await;
                     renew().await;
@@ -96,12 +111,18 @@ where
 /// instant did, with a system call, on every keyed request).
 const GRID: Duration = Duration::from_millis(64);
 
-/// `at`, rounded up to the [`GRID`] (counted from the first use).
+/// `at`, rounded up to the [`GRID`] (counted from the first use); an
+/// instant before the grid's origin is left as it is, not moved on to the
+/// origin (which, on a paused clock, another test's runtime may have set
+/// seconds ahead of this one's).
 fn on_grid(at: Instant) -> Instant {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let origin = *ORIGIN.get_or_init(Instant::now);
     let step = GRID.as_nanos();
-    let since = at.saturating_duration_since(origin).as_nanos();
+    let Some(since) = at.checked_duration_since(origin) else {
+        return at;
+    };
+    let since = since.as_nanos();
     let up = since.div_ceil(step) * step;
     match u64::try_from(up) {
         Ok(nanos) => origin + Duration::from_nanos(nanos),
@@ -181,7 +202,16 @@ mod tests {
 
     use super::*;
 
-    type Renewal = Option<(Duration, fn() -> std::future::Ready<()>)>;
+    type Renewal = Option<(Renewals, fn() -> std::future::Ready<()>)>;
+
+    /// Renewals every `every`, counted from now (a claim that answered at
+    /// once).
+    fn from_now(every: Duration) -> Renewals {
+        Renewals {
+            from: Instant::now(),
+            every,
+        }
+    }
 
     fn no_renewal() -> Renewal {
         None
@@ -223,7 +253,13 @@ mod tests {
             renewed.set(renewed.get() + 1);
             std::future::ready(())
         };
-        let out = supervise(|| work, None, None, Some((Duration::from_secs(1), renew))).await;
+        let out = supervise(
+            || work,
+            None,
+            None,
+            Some((from_now(Duration::from_secs(1)), renew)),
+        )
+        .await;
         assert!(matches!(out, Supervision::Done(())));
         assert_eq!(start.elapsed(), Duration::from_millis(3500));
         assert_eq!(renewed.get(), 3);
@@ -231,6 +267,37 @@ mod tests {
         let panics = async { panic!("boom") };
         let out: Supervision<()> = supervise(|| panics, None, None, no_renewal()).await;
         assert!(matches!(out, Supervision::Panicked));
+    }
+
+    /// A claim that took longer than a renewal's period to answer is
+    /// renewed as the work starts, and then on the period counted from the
+    /// claim's sending, not from its answer: a slow store's claim leaves
+    /// the renewals the same share of the lease to land in.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_slow_claim_is_renewed_as_the_work_starts() {
+        let started = Cell::new(Vec::new());
+        let sent = Instant::now();
+        // The claim answers 1.5 s after it was sent, on a period of 1 s.
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        let renew = || {
+            let mut v = started.take();
+            v.push(sent.elapsed());
+            started.set(v);
+            std::future::ready(())
+        };
+        let renewals = Renewals {
+            from: sent,
+            every: Duration::from_secs(1),
+        };
+        let work = tokio::time::sleep(Duration::from_millis(2000));
+        let out = supervise(|| work, None, None, Some((renewals, renew))).await;
+        assert!(matches!(out, Supervision::Done(())));
+        // In tenths of a second since the claim was sent (a renewal's tick
+        // is rounded up to the 64 ms grid): at once, then at 2 s and 3 s.
+        // Counted from the answer, the first came at 2.5 s: by then the
+        // lease, written as the claim landed, had run 2.5 s unrenewed.
+        let tenths: Vec<u128> = started.take().iter().map(|d| d.as_millis() / 100).collect();
+        assert_eq!(tenths, [15, 20, 30]);
     }
 
     /// A renewal that never answers holds up the next ones (they are
@@ -251,7 +318,7 @@ mod tests {
             std::future::pending::<()>,
             Some(deadline),
             None,
-            Some((Duration::from_secs(1), renew)),
+            Some((from_now(Duration::from_secs(1)), renew)),
         )
         .await;
         assert!(matches!(out, Supervision::DeadlineCut(_)));

@@ -25,7 +25,7 @@ use super::rules::{
     committed, completed, ended, renewed, Answered, Ended, Keep, Kept, OnCommit, OnCompletion,
     OnEnd, OnRenewal, Reply, Unkept,
 };
-use super::supervise::{supervise, to_its_end, Supervision};
+use super::supervise::{supervise, to_its_end, Renewals, Supervision};
 use super::{KeepResponse, NothingDone};
 use crate::body::{read_capped, MaybeBuffered, Read};
 use crate::deadline::Attribution;
@@ -174,6 +174,8 @@ impl<St: Backend> Work<St> {
             let read = read_capped(&mut body, cap).await;
             Ok::<Done<RB>, E>((head, body, read))
         };
+        // Counted from the request's start, which its claim was sent after.
+        let from = self.started_at;
         let renewal = St::renew_every(held).map(|every| {
             let renew = move || async move {
                 // Boxed: a renewal comes every third of the lease, not in
@@ -181,7 +183,7 @@ impl<St: Backend> Work<St> {
                 let renewal = Box::pin(St::renew(&self.shared, held)).await;
                 self.renewed(renewal);
             };
-            (every, renew)
+            (Renewals { from, every }, renew)
         });
         let deadline = self.deadline.map(|d| d.instant());
         supervise(work, deadline, self.ledger.as_ref(), renewal).await
