@@ -634,6 +634,58 @@ async fn a_claim_slow_to_answer_leaves_its_renewals_the_lease() {
     assert_eq!((h.runs(), stats.leases_lost()), (1, 0));
 }
 
+/// A holder whose lease lapses while its handler still works (its
+/// renewals never land: 3 s lease, 8 s handler) is not taken over by a
+/// duplicate that reaches its own process: that process knows the work runs
+/// and says so (409), whatever the store's lease says; the work runs once,
+/// and its response is stored and replayed. (Before, the store granted the
+/// lapsed key to the duplicate at 5 s, and the handler ran twice.) Another
+/// process, which only the store can tell, is not covered: a second layer
+/// on the same store takes the key over.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_holder_past_its_lease_is_not_taken_over_by_its_own_process() {
+    let store = Stalls {
+        hung_renews: Arc::new(AtomicUsize::new(usize::MAX)),
+        ..Stalls::default()
+    };
+    let h = common::Handler::default();
+    let layer = IdempotencyLayer::new(store.clone())
+        .lease(Duration::from_secs(3))
+        .store_timeout(Duration::from_secs(1));
+    let stats = layer.stats();
+    let svc = layer.layer(h.service());
+    let req = || common::with(common::post("lapsed", "a"), "x-sleep-ms", "8000");
+    let first = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for _ in 0..3 {
+        let duplicate = svc.clone().oneshot(req()).await.unwrap();
+        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+        assert!(duplicate.headers().contains_key("retry-after"));
+    }
+    assert_eq!(h.runs(), 1);
+    // Another fingerprint under the key: 422, as the store would say.
+    let other = common::with(common::post("lapsed", "b"), "x-sleep-ms", "8000");
+    let other = svc.clone().oneshot(other).await.unwrap();
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let replay = svc.clone().oneshot(req()).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(h.runs(), 1);
+    assert_eq!((stats.leases_lost(), stats.unstored()), (0, 0));
+
+    // Another process (a layer of its own on the same store) has only the
+    // store to ask: past the lapsed lease, it runs the key again.
+    let key = || common::with(common::post("lapsed-elsewhere", "a"), "x-sleep-ms", "8000");
+    let first = tokio::spawn(svc.clone().oneshot(key()));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let elsewhere = IdempotencyLayer::new(store).layer(h.service());
+    let taken = tokio::spawn(elsewhere.oneshot(key()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(h.runs(), 3);
+    drop((first, taken));
+}
+
 /// The work is bounded by the earlier of the request's own deadline and
 /// the ambient scope's (read where the layer is called): a handler that
 /// outlives it is cut there, with a 504, or for a gRPC request the gRPC way

@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::HeaderName;
 
 use super::held::HeldResponses;
+use super::running::Running;
 use super::stats::IdempotencyStats;
 use crate::store::Ttl;
 
@@ -119,8 +120,9 @@ pub(crate) struct Config {
     pub(crate) per_caller: Arc<[HeaderName]>,
     pub(crate) require: Option<Arc<RequireFn>>,
     /// What every service made by one layer shares: the responses held for
-    /// a store that was down, and the counts.
+    /// a store that was down, the keys whose work runs, and the counts.
     pub(crate) held: Arc<HeldResponses>,
+    pub(crate) running: Arc<Running>,
     pub(crate) stats: IdempotencyStats,
 }
 
@@ -212,6 +214,7 @@ impl Config {
             per_caller: Arc::new(EXCHANGE_HEADERS),
             require: None,
             held: Arc::default(),
+            running: Arc::default(),
             stats: IdempotencyStats::default(),
         }
     }

@@ -36,6 +36,9 @@ pub struct Lease<St: Store> {
     token: LeaseToken,
     fingerprint: Fingerprint,
     ttl: Ttl,
+    /// Its key runs in this process (see [`running`](super::running)), from
+    /// the store's grant to the lease's end.
+    runs_here: bool,
     armed: bool,
 }
 
@@ -67,6 +70,10 @@ impl<St: Store> Lease<St> {
 
 impl<St: Store> Drop for Lease<St> {
     fn drop(&mut self) {
+        if std::mem::take(&mut self.runs_here) {
+            let key = (&*self.scope, self.key.header_value().as_bytes());
+            self.shared.config.running.end(key, self.token);
+        }
         if !self.armed {
             return;
         }
@@ -86,6 +93,11 @@ impl<St: Store> Drop for Lease<St> {
         };
         runtime.spawn(release(lease));
     }
+}
+
+/// `key` as [`Running`](super::running::Running) keeps it.
+fn running_key<'a>(key: &RecordKey<'a>) -> super::running::Key<'a> {
+    (key.scope, key.key.as_bytes())
 }
 
 /// Drops the lease, bounded by the store timeout.
@@ -119,22 +131,38 @@ impl<St: Store> Sealed for St {
             token: LeaseToken::random(),
             fingerprint: c.fingerprint,
             ttl: c.ttl,
+            runs_here: false,
             armed: true,
         };
         let config = &shared.config;
         let claim = lease.claim();
         // A response this process holds for a store that did not take it
-        // answers first. (Chosen in a statement of its own: what it
-        // looked at is not kept while the store is asked.)
+        // answers first, then work this process runs under the key (in
+        // progress, whatever the store's lease says). (Chosen in a
+        // statement of its own: what it looked at is not kept while the
+        // store is asked.)
         let begin = match config.held.answer(&claim.key) {
             Some(held) => Either::Left(std::future::ready(Ok(held))),
-            None => {
-                let begin = || shared.store.begin(&claim, lease.ttl);
-                let metrics = config.stats.metrics();
-                Either::Right(call(metrics, Op::Begin, config.store_timeout, begin))
-            }
+            None => match config.running.runs(running_key(&claim.key)) {
+                Some(fingerprint) => {
+                    Either::Left(std::future::ready(Ok(Begin::InProgress { fingerprint })))
+                }
+                None => {
+                    let begin = || shared.store.begin(&claim, lease.ttl);
+                    let metrics = config.stats.metrics();
+                    Either::Right(call(metrics, Op::Begin, config.store_timeout, begin))
+                }
+            },
         };
         let found = begin.await;
+        // Granted: the key runs here from now.
+        if matches!(found, Ok(Begin::Acquired)) {
+            let (fingerprint, token) = (claim.fingerprint, claim.token);
+            config
+                .running
+                .start(running_key(&claim.key), fingerprint, token);
+            lease.runs_here = true;
+        }
         // The lease is ours, or may be (the store's answer was lost): armed;
         // else it holds nothing.
         lease.armed = matches!(found, Ok(Begin::Acquired) | Err(_));

@@ -30,15 +30,17 @@
 //!   not cancel it — it goes on in a task of its own, still bounded by the
 //!   inbound deadline. The lease is renewed every third of its life while
 //!   the handler runs (counted from the request's start, before its claim
-//!   was sent, so a claim slow to answer does not push the renewals
-//!   later), so no second run
-//!   starts however long the first takes, and a holder that died (a
-//!   crash) is replaced once it expires.
-//!   That is also a lease's limit: a holder whose store calls land past its
-//!   lease (a store that answers, or a process that stalls, for longer than
-//!   two thirds of it: over 6 s at the default 10 s) can be taken over
-//!   while its handler still works, and the work may run twice; the layer
-//!   logs it as an error and counts it
+//!   was sent, so a claim slow to answer does not push the renewals later),
+//!   so no second run starts however long the first takes, and a holder
+//!   that died (a crash) is replaced once it expires. A duplicate that
+//!   reaches the process where the work runs is told so by that process
+//!   (409), whatever the store's lease says.
+//!   That leaves a lease one limit: a holder whose store calls land past
+//!   its lease (a store that answers, or a process that stalls, for longer
+//!   than two thirds of it: over 6 s at the default 10 s) can be taken over
+//!   by a duplicate that reaches *another* process while its handler still
+//!   works, and the work may run twice; the layer logs it as an error and
+//!   counts it
 //!   ([`IdempotencyStats::leases_lost`](crate::IdempotencyStats::leases_lost)).
 //!   PostgreSQL's transactional mode (`PostgresStore::transactional`)
 //!   holds even then: the key is a row of the handler's own transaction,
@@ -124,6 +126,7 @@ mod lease;
 mod request;
 mod response;
 mod rules;
+mod running;
 mod service;
 mod stats;
 mod store_call;
