@@ -60,8 +60,9 @@ impl Running {
         h.write(scope.as_bytes());
         h.write(key);
         let hash = h.finish();
-        // The high bits: the table inside uses the low ones.
-        (hash, &self.shards[(hash >> 60) as usize % SHARDS])
+        // Bits the table inside uses for neither its slot (the low ones) nor
+        // its tag (the top seven).
+        (hash, &self.shards[(hash >> 32) as usize % SHARDS])
     }
 
     /// The fingerprint of the request whose work runs here under `key`, if
