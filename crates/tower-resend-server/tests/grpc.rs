@@ -303,6 +303,68 @@ async fn a_grpc_handler_slower_than_its_lease_runs_once() {
     assert_eq!(server.runs(), 1);
 }
 
+/// A memory store whose renewals never answer (each given up at the
+/// layer's store timeout): a lease that lapses while its handler works.
+#[derive(Clone)]
+struct NeverRenews(MemoryStore);
+
+impl Store for NeverRenews {
+    async fn begin(&self, c: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
+        self.0.begin(c, ttl).await
+    }
+    async fn renew(&self, _: &Claim<'_>, _: Ttl) -> Result<LeaseState, StoreError> {
+        std::future::pending().await
+    }
+    async fn complete(
+        &self,
+        c: &Claim<'_>,
+        r: &StoredResponse,
+        ttl: Ttl,
+    ) -> Result<LeaseState, StoreError> {
+        self.0.complete(c, r, ttl).await
+    }
+    async fn release(&self, c: &Claim<'_>) -> Result<(), StoreError> {
+        self.0.release(c).await
+    }
+}
+
+/// A lease that lapsed while its handler works (its renewals never land:
+/// a 300 ms lease, a 1.5 s handler) is not taken over by a duplicate that
+/// reaches the server running the work: UNAVAILABLE "in progress", and
+/// INVALID_ARGUMENT for another payload, as the store would have said while
+/// the lease held; the work runs once, and its answer is replayed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_grpc_duplicate_past_a_lapsed_lease_is_told_the_work_runs() {
+    let layer = IdempotencyLayer::new(NeverRenews(MemoryStore::new()))
+        .lease(Duration::from_millis(300))
+        .store_timeout(Duration::from_millis(100));
+    let server = GrpcServer::start(layer).await;
+    let call = |amount| {
+        tonic_call(
+            server.channel(),
+            charge("slow", amount),
+            Some("lapsed"),
+            None,
+        )
+    };
+    let first = tokio::spawn(call(4));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    let status = call(4).await.expect_err("the first still runs");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("in progress"), "{status:?}");
+    let status = call(9).await.expect_err("another payload");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(server.runs(), 1);
+
+    let (balance, _) = first.await.unwrap().expect("the first answers");
+    assert_eq!(balance.run, 1);
+    let (replayed, metadata) = call(4).await.expect("the replay");
+    assert_eq!(replayed, Balance { amount: 4, run: 1 });
+    assert_eq!(metadata.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(server.runs(), 1);
+}
+
 /// 4. The same key with another payload: INVALID_ARGUMENT, which
 /// tower-resend's stack does not retry (one attempt).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
