@@ -303,17 +303,26 @@ async fn a_grpc_handler_slower_than_its_lease_runs_once() {
     assert_eq!(server.runs(), 1);
 }
 
-/// A memory store whose renewals never answer (each given up at the
-/// layer's store timeout): a lease that lapses while its handler works.
+/// A memory store that refuses its first `refusals` final writes (the
+/// store went away after the work), never answers a renewal when
+/// `renewals_hang` (each given up at the layer's store timeout: a lease
+/// that lapses while its handler works), and answers everything else.
 #[derive(Clone)]
-struct NeverRenews(MemoryStore);
+struct Faulty {
+    inner: MemoryStore,
+    refusals: Arc<AtomicUsize>,
+    renewals_hang: bool,
+}
 
-impl Store for NeverRenews {
+impl Store for Faulty {
     async fn begin(&self, c: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
-        self.0.begin(c, ttl).await
+        self.inner.begin(c, ttl).await
     }
-    async fn renew(&self, _: &Claim<'_>, _: Ttl) -> Result<LeaseState, StoreError> {
-        std::future::pending().await
+    async fn renew(&self, c: &Claim<'_>, ttl: Ttl) -> Result<LeaseState, StoreError> {
+        if self.renewals_hang {
+            std::future::pending::<()>().await;
+        }
+        self.inner.renew(c, ttl).await
     }
     async fn complete(
         &self,
@@ -321,10 +330,17 @@ impl Store for NeverRenews {
         r: &StoredResponse,
         ttl: Ttl,
     ) -> Result<LeaseState, StoreError> {
-        self.0.complete(c, r, ttl).await
+        let refuse = self
+            .refusals
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refuse {
+            return Err(StoreError::new("gone after the work"));
+        }
+        self.inner.complete(c, r, ttl).await
     }
     async fn release(&self, c: &Claim<'_>) -> Result<(), StoreError> {
-        self.0.release(c).await
+        self.inner.release(c).await
     }
 }
 
@@ -335,7 +351,12 @@ impl Store for NeverRenews {
 /// the lease held; the work runs once, and its answer is replayed.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_grpc_duplicate_past_a_lapsed_lease_is_told_the_work_runs() {
-    let layer = IdempotencyLayer::new(NeverRenews(MemoryStore::new()))
+    let store = Faulty {
+        inner: MemoryStore::new(),
+        refusals: Arc::default(),
+        renewals_hang: true,
+    };
+    let layer = IdempotencyLayer::new(store)
         .lease(Duration::from_millis(300))
         .store_timeout(Duration::from_millis(100));
     let server = GrpcServer::start(layer).await;
@@ -616,50 +637,16 @@ async fn a_grpc_caller_that_gives_up_mid_handler_cancels_nothing() {
     assert_eq!(server.runs(), 1);
 }
 
-/// A memory store that refuses its first `refusals` final writes (the
-/// store went away after the work), and answers everything else.
-#[derive(Clone)]
-struct RefusesFinalWrites {
-    inner: MemoryStore,
-    refusals: Arc<AtomicUsize>,
-}
-
-impl Store for RefusesFinalWrites {
-    async fn begin(&self, c: &Claim<'_>, ttl: Ttl) -> Result<Begin, StoreError> {
-        self.inner.begin(c, ttl).await
-    }
-    async fn renew(&self, c: &Claim<'_>, ttl: Ttl) -> Result<LeaseState, StoreError> {
-        self.inner.renew(c, ttl).await
-    }
-    async fn complete(
-        &self,
-        c: &Claim<'_>,
-        r: &StoredResponse,
-        ttl: Ttl,
-    ) -> Result<LeaseState, StoreError> {
-        let refuse = self
-            .refusals
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if refuse {
-            return Err(StoreError::new("gone after the work"));
-        }
-        self.inner.complete(c, r, ttl).await
-    }
-    async fn release(&self, c: &Claim<'_>) -> Result<(), StoreError> {
-        self.inner.release(c).await
-    }
-}
-
 /// 9. A store that goes away after the work: the first caller still gets
 /// its answer with its trailers; a retry while the response is held (not
 /// yet stored) gets it replayed from this process, trailers and all; once
 /// the store takes it, the replay comes from the store, the same. One run.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_store_gone_after_the_work_still_replays_with_trailers() {
-    let store = RefusesFinalWrites {
+    let store = Faulty {
         inner: MemoryStore::new(),
         refusals: Arc::new(AtomicUsize::new(3)),
+        renewals_hang: false,
     };
     let refusals = Arc::clone(&store.refusals);
     let server = GrpcServer::start(IdempotencyLayer::new(store)).await;
