@@ -515,7 +515,8 @@ async fn a_complete_the_store_never_answers_is_held_then_stored() {
 }
 
 /// A handler slower than its lease, on `store`, whose caller gives up at
-/// 400 ms and retries every 400 ms: one run, 409s, then the replay. With
+/// 400 ms and retries every 400 ms, each retry reaching another process:
+/// one run, 409s (the store's lease, renewed), then the replay. With
 /// `deadline`, each request carries an inbound deadline that far off (the
 /// lease is then renewed by a timer of the request's own, not the layer's
 /// ticker).
@@ -526,10 +527,15 @@ async fn a_slow_handler_runs_once(
     deadline: Option<Duration>,
 ) {
     let h = common::Handler::default();
-    let svc = IdempotencyLayer::new(store)
-        .lease(lease)
-        .store_timeout(store_timeout)
-        .layer(h.service());
+    let layer = |store| {
+        IdempotencyLayer::new(store)
+            .lease(lease)
+            .store_timeout(store_timeout)
+            .layer(h.service())
+    };
+    // The retries reach another process (a layer of its own on the same
+    // store), which only the store's lease can hold off.
+    let (svc, elsewhere) = (layer(store.clone()), layer(store));
     let req = || {
         let mut r = common::with(common::post("slow", "a"), "x-sleep-ms", "8000");
         if let Some(d) = deadline {
@@ -545,7 +551,7 @@ async fn a_slow_handler_runs_once(
     let mut conflicts = 0;
     let replay = loop {
         assert!(start.elapsed() < Duration::from_secs(20), "no replay");
-        let r = tokio::time::timeout(patience, svc.clone().oneshot(req()))
+        let r = tokio::time::timeout(patience, elsewhere.clone().oneshot(req()))
             .await
             .expect("a retry hung")
             .unwrap();
@@ -599,8 +605,8 @@ async fn renewals_slow_to_land_still_keep_the_lease() {
 /// 1.5 s later: a slow store, a stalled process) takes nothing from the
 /// renewals' margin: they are counted from when the claim was sent, so the
 /// first goes out as the handler starts and lands (1.2 s later) before the
-/// 3 s lease, counted from the claim, lapses. A duplicate sent at 3.2 s
-/// finds the key in progress, and the work runs once. (Counted from the
+/// 3 s lease, counted from the claim, lapses. A duplicate sent at 3.2 s to
+/// another process finds the key in progress, and the work runs once. (Counted from the
 /// claim's answer, the first renewal went out at 2.5 s and landed at 3.7 s:
 /// the duplicate took the key over at 3.2 s, and the handler ran twice.)
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -611,11 +617,17 @@ async fn a_claim_slow_to_answer_leaves_its_renewals_the_lease() {
         ..Stalls::default()
     };
     let h = common::Handler::default();
-    let layer = IdempotencyLayer::new(store)
-        .lease(Duration::from_secs(3))
-        .store_timeout(Duration::from_secs(2));
-    let stats = layer.stats();
-    let svc = layer.layer(h.service());
+    let layer = |store| {
+        IdempotencyLayer::new(store)
+            .lease(Duration::from_secs(3))
+            .store_timeout(Duration::from_secs(2))
+    };
+    let layer_here = layer(store.clone());
+    let stats = layer_here.stats();
+    let svc = layer_here.layer(h.service());
+    // The duplicate reaches another process, which only the store's lease
+    // can hold off.
+    let elsewhere = layer(store).layer(h.service());
     let req = || common::with(common::post("slow-claim", "a"), "x-sleep-ms", "3000");
     let start = tokio::time::Instant::now();
     let first = tokio::spawn({
@@ -623,7 +635,7 @@ async fn a_claim_slow_to_answer_leaves_its_renewals_the_lease() {
         async move { (first.await, start.elapsed()) }
     });
     tokio::time::sleep(Duration::from_millis(3200)).await;
-    let duplicate = svc.clone().oneshot(req()).await.unwrap();
+    let duplicate = elsewhere.oneshot(req()).await.unwrap();
     assert_eq!(duplicate.status(), StatusCode::CONFLICT);
     let (first, answered_at) = first.await.unwrap();
     assert_eq!(first.unwrap().status(), StatusCode::CREATED);

@@ -531,7 +531,8 @@ pub async fn a_caller_that_goes_away_does_not_cancel_the_work<St: Backend>(store
 }
 
 /// A handler slower than its lease (`work` against `lease`), whose caller
-/// gives up at `patience` and retries: the lease is renewed while it works,
+/// gives up at `patience` and retries, each retry reaching another process:
+/// the lease is renewed while it works,
 /// so it runs once; the retries get 409, then the replay.
 pub async fn a_slow_handler_keeps_its_lease<St: Store>(
     store: St,
@@ -540,7 +541,10 @@ pub async fn a_slow_handler_keeps_its_lease<St: Store>(
     patience: Duration,
 ) {
     let h = Handler::default();
-    let s = svc(&h, layer(store).lease(lease));
+    let s = svc(&h, layer(store.clone()).lease(lease));
+    // The retries reach another process (a layer of its own on the same
+    // store), which only the store's lease, renewed, can hold off.
+    let elsewhere = svc(&h, layer(store).lease(lease));
     let key = unique("slow");
     let req = || with(post(&key, "a"), "x-sleep-ms", &work.as_millis().to_string());
     let start = tokio::time::Instant::now();
@@ -549,7 +553,7 @@ pub async fn a_slow_handler_keeps_its_lease<St: Store>(
         .is_err());
     let (mut conflicts, mut answer) = (0, None);
     while start.elapsed() < work * 3 {
-        match tokio::time::timeout(patience, call(&s, req())).await {
+        match tokio::time::timeout(patience, call(&elsewhere, req())).await {
             Ok(r) if r.as_ref().unwrap().status() == StatusCode::CONFLICT => conflicts += 1,
             Ok(r) => {
                 answer = Some(r.unwrap());
