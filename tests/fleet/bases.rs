@@ -125,3 +125,53 @@ async fn when_every_instance_refuses_the_error_names_each() {
     // The summary for callers names no address.
     assert!(!e.summary().to_string().contains("127.0.0.1"), "{e}");
 }
+
+/// Three instances of four gone (their ports refuse): a call whose first
+/// attempts meet them goes on to the fourth, however many refused it, as
+/// gRPC's transparent retries do not count toward `maxAttempts` (gRFC
+/// A6): the refused attempts went nowhere, at once, and the call answers
+/// 200 within its 3 attempts' cap. Each call has a fleet of its own, so
+/// that one call's refusals set nothing aside for the next: with refusals
+/// counted, a quarter of them failed (their three attempts all refused).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn refused_attempts_go_on_to_an_instance_that_answers_uncounted() {
+    let live = server(Script::new().otherwise(Reply::ok())).await;
+    let gone = refusing(3).await;
+    let (mut refused_in_all, mut thrice) = (0, 0);
+    for call in 0..40 {
+        let mut bases: Vec<String> = gone.iter().map(|a| format!("http://{a}")).collect();
+        bases.push(base(&live));
+        let stack = tower_resend::stack()
+            .fleet(FleetLayer::fixed(bases).unwrap())
+            .service(tower_resend::hyper_client(Duration::from_secs(1)));
+        let req = Request::get("http://inventory/items/1")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = match stack.oneshot(req).await {
+            Ok(resp) => resp,
+            Err(e) => panic!("call {call}: {e}"),
+        };
+        assert_eq!(resp.status(), StatusCode::OK, "call {call}");
+        let history = resp
+            .extensions()
+            .get::<tower_resend::retry::Attempts>()
+            .expect("the attempts");
+        let attempts: Vec<_> = history.iter().collect();
+        let (last, refused) = attempts.split_last().expect("an attempt");
+        assert_eq!(last.class(), Class::Success, "call {call}: {history}");
+        assert!(
+            refused
+                .iter()
+                .all(|a| a.class() == Class::NotSent && a.waited() == Duration::ZERO),
+            "call {call}: {history}"
+        );
+        refused_in_all += refused.len();
+        thrice += usize::from(refused.len() == 3);
+    }
+    assert_eq!(live.take_arrivals().len(), 40);
+    // Each call meets the gone instances at their share (1.5 a call), and
+    // a quarter of the calls all three of them before the one that answers
+    // (none of 40 with a chance of 1 in 100 000).
+    assert!(refused_in_all > 20, "{refused_in_all} attempts refused");
+    assert!(thrice > 0, "no call met all three gone instances");
+}

@@ -69,6 +69,9 @@ pub(crate) struct Call<S, B, C> {
     /// fails).
     pub(super) token: Option<Token>,
     pub(super) history: Attempts,
+    /// Attempts not counted toward the cap: refused before they were
+    /// sent, and tried at once at another instance.
+    uncounted: u32,
     rng: Option<fastrand::Rng>,
     /// The call's span, and the span of the attempt in flight (none
     /// between attempts).
@@ -126,6 +129,7 @@ impl<S, B, C> Call<S, B, C> {
             options,
             token: None,
             history: Attempts::new(),
+            uncounted: 0,
             rng: None,
             span,
             attempt,
@@ -170,6 +174,7 @@ impl<S, B, C> Call<S, B, C> {
             class: &c,
             status: result.as_ref().ok().map(Response::status),
             made: self.history.len(),
+            uncounted: self.uncounted,
             replay_safe: self.replay_safe,
             allowed: self.allowed,
             refused,
@@ -201,6 +206,7 @@ impl<S, B, C> Call<S, B, C> {
                 if retry.token.is_none() && refused.is_none() {
                     self.shared.streak.free_retry();
                 }
+                self.uncounted += u32::from(retry.uncounted);
                 self.retry(retry, next_body, result)
             }
         }

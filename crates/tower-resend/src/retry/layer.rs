@@ -166,7 +166,10 @@ impl<C> RetryLayer<C> {
     }
 
     /// Attempts in all, the first included. Default 3; 1 turns retries off
-    /// (0 counts as 1).
+    /// (0 counts as 1). An attempt refused before it was sent, which a
+    /// fleet sends on at once to an instance the call has not used, is not
+    /// counted, as gRPC's transparent retries are not (see the
+    /// [module docs](super)).
     #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.policy.max_attempts = attempts.max(1);

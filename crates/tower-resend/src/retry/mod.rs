@@ -53,7 +53,14 @@
 //!
 //! A request that was not sent (a refused connection) needs no token, as
 //! gRPC's transparent retries, and goes to another instance of a fleet at
-//! once, while the upstream otherwise answers. When it fails as a whole
+//! once, while the upstream otherwise answers. Nor does it count toward
+//! the attempts in all while such an instance, one the call has not used,
+//! can take it (gRFC A6: transparent retries do not count toward
+//! `maxAttempts`): a call whose first attempts meet instances that are gone
+//! goes on to one that answers. With none left to take it, its refusals
+//! count with the rest, so that a fleet that refuses everywhere ends the
+//! call once each instance refused it; a cap of 1 turns these retries off
+//! too. When it fails as a whole
 //! (the stack's last five attempts all failed, or its fleet's instances
 //! fail as much as an outlier would), a refusal is an outage, not one
 //! instance gone: it is retried as any failure is, after a backoff and
@@ -141,7 +148,9 @@ pub use throttle::{AdaptiveThrottle, DEFAULT_THROTTLE_RATIO, DEFAULT_THROTTLE_WI
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CallOptions {
-    /// Attempts in all, the first included (0 counts as 1).
+    /// Attempts in all, the first included (0 counts as 1); refused
+    /// attempts a fleet sent on to another instance not counted (see the
+    /// [module docs](self)).
     pub max_attempts: Option<u32>,
     /// The limit of each attempt.
     pub attempt_timeout: Option<std::time::Duration>,
@@ -156,7 +165,8 @@ impl CallOptions {
         }
     }
 
-    /// Attempts in all for this request, the first included.
+    /// Attempts in all for this request, the first included (refused
+    /// attempts a fleet sent on to another instance not counted).
     #[must_use]
     pub const fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = Some(attempts);

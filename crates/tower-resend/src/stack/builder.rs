@@ -154,7 +154,9 @@ impl<C, B, F, H, P> StackBuilder<C, B, F, H, P> {
         self
     }
 
-    /// Attempts in all, the first included. Default 3.
+    /// Attempts in all, the first included. Default 3. Attempts refused
+    /// before they were sent, which a [fleet](crate::fleet) sends on at once
+    /// to another instance, are not counted (gRPC's transparent retries).
     ///
     /// ```
     /// use tower::{service_fn, ServiceExt};

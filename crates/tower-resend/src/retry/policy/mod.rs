@@ -75,6 +75,10 @@ pub(crate) struct Attempted<'a> {
     pub(crate) status: Option<StatusCode>,
     /// The attempt's number: 1 for the first.
     pub(crate) made: u32,
+    /// Of the attempts before it, those not counted toward the cap:
+    /// refused before they were sent and tried at once at another
+    /// instance (see [`Retry::uncounted`]).
+    pub(crate) uncounted: u32,
     /// The request may be sent again even if it was processed (an
     /// idempotent method, or an Idempotency-Key).
     pub(crate) replay_safe: bool,
@@ -142,6 +146,10 @@ pub(crate) struct Retry {
     /// first in line for a keyed call whose attempt may have run (it
     /// retries to learn its outcome).
     pub(crate) token: Option<Want>,
+    /// The attempt it follows is not counted toward the cap: it was not
+    /// sent, and another instance the call has not used takes the retry
+    /// (gRFC A6: transparent retries do not count toward `maxAttempts`).
+    pub(crate) uncounted: bool,
 }
 
 impl Policy {
@@ -183,25 +191,6 @@ impl Policy {
         if attempt.remaining == Some(Duration::ZERO) {
             return stop(Stop::Deadline);
         }
-        // 2. Attempts left?
-        let max = attempt.max_attempts.map_or(self.max_attempts, |n| n.max(1));
-        if attempt.made >= max {
-            return stop(Stop::MaxAttempts);
-        }
-        // 3. How long to wait: full jitter; after an overloaded answer, the
-        // server's wait (or the floor), spread over half as much again and
-        // never shorter, plus the jittered backoff, so that clients told the
-        // same thing do not come back in step. A server wait on another
-        // class (gRPC's pushback on any retryable status) is honoured the
-        // same way.
-        // With another instance to go to, an answer that speaks for its
-        // own instance only has its wait: the next attempt goes elsewhere
-        // after the usual backoff, or at once if nothing was sent. A 429
-        // (or gRPC's RESOURCE_EXHAUSTED) speaks for the whole service: a
-        // rate limit or a quota is the caller's wherever it goes.
-        let for_service = attempt.status == Some(StatusCode::TOO_MANY_REQUESTS)
-            || c.grpc_code() == Some(GrpcCode::ResourceExhausted);
-        let elsewhere = attempt.next.elsewhere && !for_service;
         // A request not sent is sent again without a token (gRPC's
         // transparent retries; at once when another instance can take
         // it), while the upstream otherwise answers. When it fails as a
@@ -210,6 +199,37 @@ impl Policy {
         // token: gRPC does not send to a failing connection at all, and an
         // outage must cost the upstream little more than the calls.
         let transparent = c.class() == Class::NotSent && !attempt.next.upstream_failing;
+        // With another instance to go to, an answer that speaks for its
+        // own instance only has its wait: the next attempt goes elsewhere
+        // after the usual backoff, or at once if nothing was sent. A 429
+        // (or gRPC's RESOURCE_EXHAUSTED) speaks for the whole service: a
+        // rate limit or a quota is the caller's wherever it goes.
+        let for_service = attempt.status == Some(StatusCode::TOO_MANY_REQUESTS)
+            || c.grpc_code() == Some(GrpcCode::ResourceExhausted);
+        let elsewhere = attempt.next.elsewhere && !for_service;
+        // 2. Attempts left? The cap counts attempts that went out, as
+        // gRPC's `maxAttempts` does not count its transparent retries: a
+        // request refused before it was sent, with another instance the
+        // call has not used to take it, goes there uncounted. Once none
+        // is left, its refusals count with the rest, so that a fleet that
+        // refuses everywhere ends the call once each instance refused it.
+        // A cap of 1 turns every retry off, these too.
+        let max = attempt.max_attempts.map_or(self.max_attempts, |n| n.max(1));
+        let uncounted = transparent && elsewhere && max > 1;
+        let counted = if c.class() == Class::NotSent {
+            attempt.made
+        } else {
+            attempt.made.saturating_sub(attempt.uncounted)
+        };
+        if !uncounted && counted >= max {
+            return stop(Stop::MaxAttempts);
+        }
+        // 3. How long to wait: full jitter; after an overloaded answer, the
+        // server's wait (or the floor), spread over half as much again and
+        // never shorter, plus the jittered backoff, so that clients told the
+        // same thing do not come back in step. A server wait on another
+        // class (gRPC's pushback on any retryable status) is honoured the
+        // same way.
         let server_wait = c.retry_after().filter(|_| !elsewhere);
         if server_wait.is_some_and(|w| w > self.max_server_wait) {
             return stop(Stop::ServerSaidNo);
@@ -217,7 +237,7 @@ impl Policy {
         let jitter = if transparent && elsewhere {
             Duration::ZERO
         } else {
-            self.backoff.wait(attempt.made.saturating_sub(1), rng)
+            self.backoff.wait(counted.saturating_sub(1), rng)
         };
         let (asked, reason) = match (server_wait, c.class()) {
             (Some(w), _) => (Some(w), WaitReason::RetryAfter),
@@ -260,6 +280,7 @@ impl Policy {
             wait,
             reason,
             token,
+            uncounted,
         })
     }
 }

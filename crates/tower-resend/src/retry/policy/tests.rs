@@ -22,6 +22,7 @@ pub(super) fn attempted(
         class: c,
         status: None,
         made,
+        uncounted: 0,
         replay_safe: safe,
         allowed: true,
         refused: None,

@@ -40,6 +40,7 @@ fn with_another_instance_the_wait_is_the_instances() {
             wait: Duration::ZERO,
             reason: WaitReason::Backoff,
             token: None,
+            uncounted: true,
         })
     );
     // A 429, or RESOURCE_EXHAUSTED, speaks for the whole service (a rate
@@ -106,4 +107,76 @@ fn a_refusal_in_an_outage_takes_a_token() {
             ..
         })
     ));
+}
+
+/// gRFC A6: transparent retries do not count toward `maxAttempts`. A
+/// request refused before it was sent, with another instance to take it,
+/// goes there whatever the count, and the attempts the call made so do not
+/// count toward its cap; a refusal with no instance left, or in an outage,
+/// counts every attempt, as does nothing else.
+#[test]
+fn refusals_with_another_instance_to_go_to_are_not_counted() {
+    let p = policy(); // 3 attempts
+    let rng = &mut fastrand::Rng::with_seed(9);
+    let not_sent = cls(Class::NotSent);
+    let c503 = cls(Class::Overloaded).with_maybe_processed(true);
+    let at = |c, made, uncounted, elsewhere, upstream_failing| Attempted {
+        uncounted,
+        next: NextAttempt {
+            elsewhere,
+            upstream_failing,
+        },
+        ..attempted(c, true, made, Some(10 * S))
+    };
+    let uncounted = |d| match d {
+        Decision::Retry(r) => Some(r.uncounted),
+        Decision::Stop(_) => None,
+    };
+    // The third attempt (and the fifth) refused, another instance left:
+    // retried, uncounted.
+    assert_eq!(
+        uncounted(p.decide(at(&not_sent, 3, 2, true, false), rng)),
+        Some(true)
+    );
+    assert_eq!(
+        uncounted(p.decide(at(&not_sent, 5, 4, true, false), rng)),
+        Some(true)
+    );
+    // A 503 at the fourth attempt after two uncounted: the second that
+    // counts, so retried (counted); at the fifth, the third: the call stops.
+    assert_eq!(
+        uncounted(p.decide(at(&c503, 4, 2, true, false), rng)),
+        Some(false)
+    );
+    assert_eq!(
+        why(p.decide(at(&c503, 5, 2, true, false), rng)),
+        Some(Stop::MaxAttempts)
+    );
+    // Refused with no instance left to try: every attempt counts (a fleet
+    // that refuses everywhere ends the call once each refused it).
+    assert_eq!(
+        why(p.decide(at(&not_sent, 3, 2, false, false), rng)),
+        Some(Stop::MaxAttempts)
+    );
+    // In an outage (the upstream fails as a whole) a refusal is no
+    // transparent retry: counted, and at the cap the call stops.
+    assert_eq!(
+        why(p.decide(at(&not_sent, 3, 2, true, true), rng)),
+        Some(Stop::MaxAttempts)
+    );
+    // A cap of 1 turns retries off, these too.
+    let once = Attempted {
+        max_attempts: Some(1),
+        ..at(&not_sent, 1, 0, true, false)
+    };
+    assert_eq!(why(p.decide(once, rng)), Some(Stop::MaxAttempts));
+    // Without a fleet (no instance elsewhere), as before: counted.
+    assert_eq!(
+        uncounted(p.decide(at(&not_sent, 1, 0, false, false), rng)),
+        Some(false)
+    );
+    assert_eq!(
+        why(p.decide(at(&not_sent, 3, 0, false, false), rng)),
+        Some(Stop::MaxAttempts)
+    );
 }
