@@ -1,6 +1,7 @@
 //! Fleets over gRPC: three tonic servers of one service, a tonic `Channel`
 //! per instance ([`PerInstance`]). One instance bad: no retry goes back to
-//! it; one instance stalling: every hedged copy goes elsewhere.
+//! it; one instance stalling: every hedged copy goes elsewhere; three of
+//! four gone: every call goes on to the fourth, its refusals uncounted.
 //!
 //! `cargo test -p tower-resend-tests --features tonic --test tonic_fleet`
 
@@ -130,4 +131,53 @@ async fn a_hedged_grpc_copy_goes_to_another_instance() {
     let [a, _, _] = &servers;
     assert!(a.arrival_count() > 0, "A was picked first now and then");
     assert_eq!(seconds(a), 0, "no copy after the first went to A");
+}
+
+/// Three instances of four gone (their ports refuse): over gRPC too, a
+/// call whose first attempts meet them goes on to the fourth uncounted,
+/// as gRPC's own transparent retries do not count toward `maxAttempts`
+/// (gRFC A6). Each call has a fleet and channels of its own, so that one
+/// call's refusals set nothing aside for the next; with refusals counted,
+/// a quarter of the calls (their three attempts all refused) failed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn refused_grpc_attempts_go_on_to_an_instance_that_answers_uncounted() {
+    let live = GrpcServer::start(|_, _| Do::Answer).await;
+    let mut gone = Vec::new();
+    for _ in 0..3 {
+        // Bound, then let go: nothing listens there.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        gone.push(l.local_addr().unwrap());
+    }
+    let mut refused_in_all = 0;
+    for n in 0..40 {
+        let mut bases: Vec<String> = gone.iter().map(|a| format!("http://{a}")).collect();
+        bases.push(format!("http://{}", live.addr));
+        let channels = PerInstance::new(|base: Uri| Endpoint::from(base).connect_lazy());
+        let stack = tower_resend::stack()
+            .retry(|r| r.classifier(GrpcClassifier::new().idempotent(GET_BALANCE)))
+            .fleet(FleetLayer::fixed(bases).unwrap())
+            .service(TonicTransport::new(channels));
+        let resp = match stack.oneshot(call(GET_BALANCE, None)).await {
+            Ok(resp) => resp,
+            Err(e) => panic!("call {n}: {e}"),
+        };
+        let attempts = resp
+            .extensions()
+            .get::<tower_resend::retry::Attempts>()
+            .expect("the attempts")
+            .clone();
+        let (balance, code) = answer(resp).await;
+        assert_eq!((balance.amount, code), (100, Some(Code::Ok)), "call {n}");
+        let refused = attempts.iter().count() - 1;
+        assert!(
+            attempts
+                .iter()
+                .take(refused)
+                .all(|a| a.class() == tower_resend::classify::Class::NotSent),
+            "call {n}: {attempts}"
+        );
+        refused_in_all += refused;
+    }
+    assert_eq!(live.arrival_count(), 40);
+    assert!(refused_in_all > 20, "{refused_in_all} attempts refused");
 }
