@@ -6,6 +6,7 @@
 //! DESIGN sections 3, 4 and 8.
 #![allow(clippy::print_stderr)]
 
+#[allow(dead_code)] // each test binary uses part of the shared helpers
 mod common;
 
 use std::collections::BTreeMap;

@@ -142,12 +142,7 @@ async fn a_hedged_grpc_copy_goes_to_another_instance() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn refused_grpc_attempts_go_on_to_an_instance_that_answers_uncounted() {
     let live = GrpcServer::start(|_, _| Do::Answer).await;
-    let mut gone = Vec::new();
-    for _ in 0..3 {
-        // Bound, then let go: nothing listens there.
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        gone.push(l.local_addr().unwrap());
-    }
+    let gone = common::closed_addrs(3);
     let mut refused_in_all = 0;
     for n in 0..40 {
         let mut bases: Vec<String> = gone.iter().map(|a| format!("http://{a}")).collect();

@@ -93,6 +93,18 @@ pub(crate) fn closed_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
+/// `n` distinct addresses on 127.0.0.1 that nothing listens on: bound
+/// together (so that no two are the same), then closed.
+pub(crate) fn closed_addrs(n: usize) -> Vec<std::net::SocketAddr> {
+    let listeners: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local address"))
+        .collect()
+}
+
 /// A request body streamed in chunks, with a `Pending` between chunks so that
 /// it really streams (no size hint: sent chunked over HTTP/1.1).
 #[derive(Debug)]

@@ -13,6 +13,7 @@ use tower_resend::classify::Class;
 use tower_resend::fleet::FleetLayer;
 use tower_resend_testkit::{Reply, Script};
 
+use super::common::closed_addrs;
 use super::{base, server};
 
 /// A base with a path keeps it: each attempt's path goes under it, joined
@@ -68,23 +69,13 @@ fn a_fleet_refuses_at_build_what_it_cannot_honour() {
     assert!(e.contains("a base URI cannot have a fragment"), "{e}");
 }
 
-/// Loopback ports nothing listens on: bound, then let go.
-async fn refusing(n: usize) -> Vec<std::net::SocketAddr> {
-    let mut listeners = Vec::new();
-    for _ in 0..n {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        listeners.push(l);
-    }
-    listeners.iter().map(|l| l.local_addr().unwrap()).collect()
-}
-
 /// Every instance refuses the connection: the call tries each once, at
 /// once (not sent, so no wait: the classifier sees through the error that
 /// names the instance), and its error names every instance it tried, in
 /// the order it tried them, then the cause.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn when_every_instance_refuses_the_error_names_each() {
-    let addrs = refusing(3).await;
+    let addrs = closed_addrs(3);
     let fleet = FleetLayer::fixed(addrs.iter().map(|a| format!("http://{a}"))).unwrap();
     let stack = tower_resend::stack()
         .name("inventory")
@@ -136,7 +127,7 @@ async fn when_every_instance_refuses_the_error_names_each() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn refused_attempts_go_on_to_an_instance_that_answers_uncounted() {
     let live = server(Script::new().otherwise(Reply::ok())).await;
-    let gone = refusing(3).await;
+    let gone = closed_addrs(3);
     let (mut refused_in_all, mut thrice) = (0, 0);
     for call in 0..40 {
         let mut bases: Vec<String> = gone.iter().map(|a| format!("http://{a}")).collect();
